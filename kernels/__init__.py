@@ -1,0 +1,1 @@
+"""Triton kernels, each beside its torch reference (the reference is the CPU path)."""

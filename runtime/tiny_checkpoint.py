@@ -1,0 +1,126 @@
+"""Build tiny, real Hugging Face checkpoints offline: a trained byte-level BPE tokenizer
+with a chat template, and a randomly initialised Llama-family model.
+
+They load through exactly the code path real checkpoints take, which is what tests and
+the no-hub quick start need. The weights are random: the text they produce is noise.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|end|>"]
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+_WORDS = ["the", "a", "an", "of", "to", "in", "and", "is", "was", "for", "on", "with", "as", "by", "at", "from", "it", "that", "this", "which", "be", "are", "model", "token", "cache", "prefix", "radix", "tree", "request", "batch", "decode", "prefill", "answer", "question", "what", "how", "why", "when", "where", "who", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "Paris", "France", "capital", "city", "river", "number", "sum", "add", "plus", "minus", "times", "result", "step", "think", "alpha", "beta", "gamma", "delta", "cat", "dog", "bird", "fish", "red", "green", "blue", "quick", "brown", "fox", "jumps", "over", "lazy", "hello", "world", "system", "user", "assistant", "yes", "no", "true", "false", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "-", "=", "?"]
+
+
+def _corpus(n_lines: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 16))]
+        lines.append(" ".join(words) + rng.choice([".", "?", "!", ":", ",", ""]))
+    lines.append('{"name": "x", "age": 12, "tags": ["a", "b"]} [1, 2, 3] (a) <b> é ü 中文')
+    return lines
+
+
+def build_tokenizer(path: str | Path, vocab_size: int = 512, seed: int = 0):
+    """Train a byte-level BPE on generated text and save it as a `PreTrainedTokenizerFast`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(2000, seed), trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="</s>",
+        additional_special_tokens=["<|end|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return fast
+
+
+def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
+    if arch in ("qwen3",):
+        common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
+    if arch == "mistral":
+        common.setdefault("sliding_window", None)
+    return cls(**common)
+
+
+def build_tiny_checkpoint(
+    path: str | Path,
+    arch: str = "llama",
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    vocab_size: int = 512,
+    **config_overrides,
+) -> Path:
+    """Write a tokenizer and a random `arch` model (one of ARCHITECTURES) to `path`.
+
+    `config_overrides` go to the transformers config (e.g. `num_key_value_heads=1`,
+    `tie_word_embeddings=True`, `rope_scaling={...}`). Deterministic for a given seed.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(path, vocab_size=vocab_size, seed=seed)
+    config = _config(arch, len(tok), tok.bos_token_id, tok.eos_token_id, config_overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    with torch.no_grad():  # norms start at ones; perturb them so a wrong norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(path), safe_serialization=True)
+    GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id).save_pretrained(
+        str(path)
+    )
+    (path / "sprig_tiny.json").write_text(json.dumps({"arch": arch, "seed": seed}))
+    return path
