@@ -114,7 +114,7 @@ class NaiveTrie:
 
     def insert(self, key: np.ndarray, slots: torch.Tensor) -> int:
         node, now, cached = self.root, next(self.clock), 0
-        for i, (tok, slot) in enumerate(zip(key.tolist(), slots.tolist())):
+        for i, (tok, slot) in enumerate(zip(key.tolist(), slots.tolist(), strict=True)):
             child = node.children.get(tok)
             if child is None:
                 child = _Node(node, tok, slot)
