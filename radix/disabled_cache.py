@@ -65,7 +65,7 @@ class DisabledCache:
     def cache_finished(
         self, token_ids: TokenIds, slots: torch.Tensor, *, prefix_len: int, last_node: TreeNode
     ) -> None:
-        self.allocator.free(slots[: len(token_ids)])
+        self.allocator.free(slots)
 
     def cache_unfinished(
         self, token_ids: TokenIds, slots: torch.Tensor, *, prefix_len: int, last_node: TreeNode

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # Triton kernels run in the interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
 

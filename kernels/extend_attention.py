@@ -1,0 +1,235 @@
+"""Extend (prefill) attention over a paged KV pool; the new tokens' K/V are already stored.
+
+Request b has q_len = qo_indptr[b+1]-qo_indptr[b] new tokens and kv_len =
+kv_indptr[b+1]-kv_indptr[b] context slots (prefix then new tokens, in position order;
+kv_len >= q_len). New token i sits at position kv_len - q_len + i and attends to context
+positions 0 .. kv_len - q_len + i inclusive. GQA: query head h reads kv head
+h // (Hq // Hkv). Softmax in float32; output in q's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._dispatch import dot_in_f32, next_pow2, use_triton
+
+
+@triton.jit
+def _attend_range(
+    acc, l_i, m_i,  # running output [BM, BD], sum [BM], max [BM] (float32)
+    q,  # [BM, BD]
+    k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    lo, hi,  # context positions [lo, hi) to visit
+    row_pos,  # [BM] position of each query row (used when CAUSAL)
+    sm_scale,
+    CAUSAL: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Online-softmax accumulation over one range of context positions."""
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)  # [BN]
+        nmask = n < hi
+        slot = tl.load(kv_indices_ptr + ctx_start + n, mask=nmask, other=0).to(tl.int64)
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+                    mask=kv_mask, other=0.0)  # [BN, BD]
+        if DOT_F32:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale  # [BM, BN]
+        keep = nmask[None, :]
+        if CAUSAL:
+            keep = keep & (n[None, :] <= row_pos[:, None])
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(qk - m_new[:, None])
+        v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+                    mask=kv_mask, other=0.0)  # [BN, BD]
+        if DOT_F32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_ptr,  # [S, Hkv, D]
+    v_ptr,  # [S, Hkv, D]
+    o_ptr,  # [T, Hq, D]
+    qo_indptr_ptr,  # [B+1]
+    kv_indptr_ptr,  # [B+1]
+    kv_indices_ptr,  # [N]
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,  # Hq // Hkv
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """One program: request b, query head h, BLOCK_M consecutive new tokens."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    mb = tl.program_id(2)
+    q_start = tl.load(qo_indptr_ptr + b).to(tl.int64)
+    q_len = tl.load(qo_indptr_ptr + b + 1).to(tl.int64) - q_start
+    m_start = mb * BLOCK_M
+    if m_start < q_len:
+        ctx_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+        kv_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - ctx_start
+        prefix = kv_len - q_len
+        kvh = h // GROUP
+        m = m_start + tl.arange(0, BLOCK_M)  # [BM]
+        mmask = m < q_len
+        d = tl.arange(0, BLOCK_D)  # [BD]
+        dmask = d < D
+        q = tl.load(q_ptr + (q_start + m[:, None]) * stride_qt + h * stride_qh + d[None, :],
+                    mask=mmask[:, None] & dmask[None, :], other=0.0)  # [BM, BD]
+        if DOT_F32:
+            q = q.to(tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        row_pos = prefix + m  # [BM]
+        # every row of this block sees all of [0, prefix + m_start): no causal mask there
+        diag = prefix + m_start
+        acc, l_i, m_i = _attend_range(
+            acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
+            stride_ks, stride_kh, stride_vs, stride_vh, 0, diag, row_pos, sm_scale,
+            CAUSAL=False, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+            PRECISION=PRECISION, DOT_F32=DOT_F32,
+        )
+        acc, l_i, m_i = _attend_range(
+            acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
+            stride_ks, stride_kh, stride_vs, stride_vh, diag,
+            tl.minimum(diag + BLOCK_M, kv_len), row_pos, sm_scale,
+            CAUSAL=True, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+            PRECISION=PRECISION, DOT_F32=DOT_F32,
+        )
+        o = acc / l_i[:, None]
+        tl.store(o_ptr + (q_start + m[:, None]) * stride_ot + h * stride_oh + d[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
+
+
+def extend_attention_triton(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    qo_indptr: torch.Tensor,  # [B+1] int32
+    kv_indptr: torch.Tensor,  # [B+1] int32
+    kv_indices: torch.Tensor,  # [N] int32
+    *,
+    sm_scale: float,
+    max_q_len: int,
+    out: torch.Tensor | None = None,  # [T, Hq, D]
+) -> torch.Tensor:  # [T, Hq, D]
+    """Flash-attention launcher: grid (requests, query heads, blocks of max_q_len).
+
+    `max_q_len` must be >= every request's q_len (rows past it are silently not computed).
+    Requires the last dim of q, k_buffer, v_buffer (and out) to be contiguous.
+    """
+    T, Hq, D = q.shape
+    Hkv = k_buffer.shape[1]
+    assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
+    assert q.stride(-1) == 1 and k_buffer.stride(-1) == 1 and v_buffer.stride(-1) == 1
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.stride(-1) == 1
+    B = qo_indptr.shape[0] - 1
+    if T == 0 or B == 0 or max_q_len <= 0:
+        return out
+    block_d = max(16, next_pow2(D))
+    block = 32 if block_d > 128 else 64
+    _extend_kernel[(B, Hq, triton.cdiv(max_q_len, block))](
+        q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices, sm_scale,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
+        GROUP=Hq // Hkv, D=D, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_F32=dot_in_f32(q.dtype), num_warps=4, num_stages=2,
+    )
+    return out
+
+
+def extend_attention_ref(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    qo_indptr: torch.Tensor,  # [B+1] int32
+    kv_indptr: torch.Tensor,  # [B+1] int32
+    kv_indices: torch.Tensor,  # [N] int32
+    *,
+    sm_scale: float,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Torch reference (the CPU path): per request, gather K/V and one masked SDPA."""
+    Hq, Hkv = q.shape[1], k_buffer.shape[1]
+    out = torch.empty_like(q)
+    qo = qo_indptr.tolist()
+    kv = kv_indptr.tolist()
+    for b in range(len(qo) - 1):
+        q0, q1, k0, k1 = qo[b], qo[b + 1], kv[b], kv[b + 1]
+        q_len, kv_len = q1 - q0, k1 - k0
+        if q_len == 0:
+            continue
+        if kv_len < q_len:
+            raise ValueError(f"request {b}: kv_len {kv_len} < q_len {q_len}")
+        slots = kv_indices[k0:k1].to(torch.int64)  # [L]
+        k = k_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
+        v = v_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
+        qb = q[q0:q1].float().transpose(0, 1)  # [Hq, Lq, D]
+        rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # [Lq, 1]
+        mask = torch.arange(kv_len, device=q.device)[None, :] <= rows  # [Lq, L]
+        o = F.scaled_dot_product_attention(
+            qb, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=Hq != Hkv
+        )  # [Hq, Lq, D]
+        out[q0:q1] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def extend_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    qo_indptr: torch.Tensor,  # [B+1] int32
+    kv_indptr: torch.Tensor,  # [B+1] int32
+    kv_indices: torch.Tensor,  # [N] int32
+    *,
+    sm_scale: float,
+    max_q_len: int,
+    out: torch.Tensor | None = None,  # [T, Hq, D]
+) -> torch.Tensor:  # [T, Hq, D]
+    """Extend attention; Triton flash attention on CUDA, the reference otherwise."""
+    if use_triton(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices):
+        return extend_attention_triton(
+            q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+            sm_scale=sm_scale, max_q_len=max_q_len, out=out,
+        )
+    o = extend_attention_ref(
+        q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale=sm_scale
+    )
+    if out is None:
+        return o
+    out.copy_(o)
+    return out

@@ -1,0 +1,159 @@
+"""Rotary position embeddings, neox / Hugging Face `rotate_half` style.
+
+`rope_cos_sin` builds the HF cos/sin tables ([P, D], frequencies concatenated twice);
+`apply_rotary` rotates q and k by the table rows at `positions`:
+    out = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[D/2:], x[:D/2])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import next_pow2, use_triton
+
+
+def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int,
+              device: torch.device | str | None) -> torch.Tensor:  # [D/2] float32
+    """Inverse frequencies with exactly HF transformers' float32 math per rope type."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float)
+    inv_freq = 1.0 / (base ** (exponent / head_dim))
+    rope_type = "default"
+    if scaling:
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type == "llama3":
+        factor = scaling["factor"]
+        low_ff = scaling["low_freq_factor"]
+        high_ff = scaling["high_freq_factor"]
+        old_len = scaling.get("original_max_position_embeddings", max_positions)
+        low_freq_wavelen = old_len / low_ff
+        high_freq_wavelen = old_len / high_ff
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope_type {rope_type!r} (default, linear, llama3)")
+
+
+def rope_cos_sin(
+    head_dim: int,
+    max_positions: int,
+    *,
+    base: float,
+    scaling: dict[str, Any] | None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin: [max_positions, head_dim]
+    """HF cos/sin tables for positions 0..max_positions-1 (computed in float32, then cast)."""
+    inv_freq = _inv_freq(head_dim, base, scaling, max_positions, device)  # [D/2]
+    positions = torch.arange(max_positions, device=device, dtype=torch.int64).float()
+    freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@triton.jit
+def _rotary_kernel(
+    x_ptr,  # [T, H, D], last dim contiguous
+    out_ptr,  # [T, H, D] contiguous
+    pos_ptr,  # [T] int64
+    cos_ptr,  # [P, D] contiguous
+    sin_ptr,  # [P, D] contiguous
+    H,
+    stride_xt,
+    stride_xh,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)  # [BH]
+    d = tl.arange(0, BLOCK_HALF)  # [BD]
+    dmask = d < HALF
+    mask = (heads[:, None] < H) & dmask[None, :]
+    cos1 = tl.load(cos_ptr + pos * (2 * HALF) + d, mask=dmask, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_ptr + pos * (2 * HALF) + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + pos * (2 * HALF) + d, mask=dmask, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_ptr + pos * (2 * HALF) + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    base = x_ptr + t * stride_xt + heads[:, None] * stride_xh + d[None, :]
+    x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)  # [BH, BD]
+    x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+    o1 = x1 * cos1[None, :] - x2 * sin1[None, :]
+    o2 = x2 * cos2[None, :] + x1 * sin2[None, :]
+    obase = out_ptr + t * H * (2 * HALF) + heads[:, None] * (2 * HALF) + d[None, :]
+    tl.store(obase, o1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(obase + HALF, o2.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rotate_triton(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> torch.Tensor:
+    T, H, D = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty((T, H, D), dtype=x.dtype, device=x.device)
+    if T == 0 or H == 0:
+        return out
+    block_h = min(next_pow2(H), 16)
+    _rotary_kernel[(T, triton.cdiv(H, block_h))](
+        x, out, positions, cos, sin, H, x.stride(0), x.stride(1),
+        HALF=D // 2, BLOCK_H=block_h, BLOCK_HALF=next_pow2(D // 2),
+    )
+    return out
+
+
+def apply_rotary_triton(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hk, D]
+    positions: torch.Tensor,  # [T] int
+    cos: torch.Tensor,  # [P, D]
+    sin: torch.Tensor,  # [P, D]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton launcher: one program per (token, block of heads); math in float32."""
+    positions = positions.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    return _rotate_triton(q, positions, cos, sin), _rotate_triton(k, positions, cos, sin)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary_ref(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hk, D]
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [P, D]
+    sin: torch.Tensor,  # [P, D]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference; float32 results equal HF `apply_rotary_pos_emb` exactly."""
+    c = cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D]
+    s = sin[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D]
+    q_out = q * c + _rotate_half(q) * s
+    k_out = k * c + _rotate_half(k) * s
+    return q_out, k_out
+
+
+def apply_rotary(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hk, D]
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [P, D]
+    sin: torch.Tensor,  # [P, D]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k by the table rows at `positions`; returns new tensors (inputs untouched)."""
+    if use_triton(q, k, positions, cos, sin):
+        return apply_rotary_triton(q, k, positions, cos, sin)
+    return apply_rotary_ref(q, k, positions, cos, sin)

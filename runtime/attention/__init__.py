@@ -1,0 +1,40 @@
+"""The attention-backend registry: name -> backend class, imported only when chosen
+(so that importing this package never imports Triton).
+
+Every backend class is constructed as `cls(model_config: ModelConfig, kv_cache: KVCache)`
+and implements `AttentionBackend` (see base.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from sprig.runtime.attention.base import AttentionBackend
+
+# name -> "module:Class"
+ATTENTION_BACKENDS: dict[str, str] = {
+    "torch": "sprig.runtime.attention.torch_backend:TorchAttentionBackend",
+    "triton": "sprig.runtime.attention.triton_backend:TritonAttentionBackend",
+}
+# the backend "auto" picks, by device type
+DEFAULT_BACKENDS: dict[str, str] = {"cuda": "triton", "cpu": "torch"}
+
+
+def backend_class(name: str) -> type[AttentionBackend]:
+    """Import and return the backend class registered as `name`."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"unknown attention backend {name!r}; available: {', '.join(ATTENTION_BACKENDS)}"
+        )
+    module, _, cls = ATTENTION_BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def default_backend(device_type: str) -> str:
+    """The backend `attention_backend="auto"` means on a device of this type."""
+    if device_type not in DEFAULT_BACKENDS:
+        raise ValueError(f"no default attention backend for device type {device_type!r}")
+    return DEFAULT_BACKENDS[device_type]
+
+
+__all__ = ["ATTENTION_BACKENDS", "DEFAULT_BACKENDS", "AttentionBackend", "backend_class", "default_backend"]

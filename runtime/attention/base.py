@@ -1,0 +1,30 @@
+"""The attention-backend interface: every backend reads the same `ForwardBatch` metadata."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from sprig.runtime.forward_batch import ForwardBatch
+
+
+class AttentionBackend(Protocol):
+    """Stores a layer's new K/V in the paged pool, then attends over each request's context."""
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_q_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        layer: int,
+        batch: ForwardBatch,
+        *,
+        sm_scale: float,
+    ) -> torch.Tensor:  # [T, num_q_heads, head_dim]
+        """Write k, v at `batch.out_cache_loc` of `layer`, then return attention output.
+
+        Extend: new token i of request b attends causally to its context (see
+        `ForwardBatch`). Decode: each request's single token attends to its whole context.
+        """
+        ...

@@ -1,0 +1,41 @@
+"""The reference attention backend (and the CPU path): torch ops from `sprig.kernels`."""
+
+from __future__ import annotations
+
+import torch
+
+from sprig.kernels.decode_attention import decode_attention_ref
+from sprig.kernels.extend_attention import extend_attention_ref
+from sprig.kernels.store_kv import store_kv_ref
+from sprig.radix.kv_cache import KVCache
+from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
+from sprig.runtime.model_config import ModelConfig
+
+
+class TorchAttentionBackend:
+    """Stores new K/V with `store_kv_ref`, then `extend_attention_ref` or
+    `decode_attention_ref` by the batch's mode. Stateless: the pool comes with each batch."""
+
+    def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
+        """The registry's constructor convention; the reference needs neither argument."""
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        layer: int,
+        batch: ForwardBatch,
+        *,
+        sm_scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
+        store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
+        if batch.mode is ForwardMode.DECODE:
+            return decode_attention_ref(
+                q, k_buffer, v_buffer, batch.kv_indptr, batch.kv_indices, sm_scale=sm_scale
+            )
+        return extend_attention_ref(
+            q, k_buffer, v_buffer, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+            sm_scale=sm_scale,
+        )

@@ -1,0 +1,1 @@
+"""Layers shared by every model family; a model file only wires them together."""

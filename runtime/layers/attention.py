@@ -1,0 +1,73 @@
+"""Self-attention of the Llama family: fused qkv projection, optional per-head q/k norm,
+RoPE, the attention backend (paged KV store + attention), output projection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sprig.runtime.attention.base import AttentionBackend
+from sprig.runtime.forward_batch import ForwardBatch
+from sprig.runtime.layers.linear import MergedLinear
+from sprig.runtime.layers.norm import RMSNorm
+from sprig.runtime.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """How a family's attention differs: biases, and RMSNorm of each q/k head before RoPE."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+
+
+class SelfAttention(nn.Module):
+    """MHA, GQA or MQA (`num_heads % num_kv_heads == 0`) for decoder layer `layer_id`."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        layer_id: int,
+        options: AttentionOptions,
+        norm_eps: float,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.layer_id = layer_id
+        self.sm_scale = head_dim**-0.5
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = MergedLinear(
+            hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=options.qkv_bias
+        )
+        self.o_proj = nn.Linear(q_size, hidden_size, bias=options.o_bias)
+        self.q_norm = RMSNorm(head_dim, norm_eps) if options.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, norm_eps) if options.qk_norm else None
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, H]
+        batch: ForwardBatch,
+        backend: AttentionBackend,
+        rotary: RotaryEmbedding,
+    ) -> torch.Tensor:  # [T, H]
+        T = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) D]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(batch.positions, q, k)
+        o = backend.forward(q, k, v, self.layer_id, batch, sm_scale=self.sm_scale)  # [T, Hq, D]
+        return self.o_proj(o.reshape(T, q_size))

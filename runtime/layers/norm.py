@@ -1,0 +1,25 @@
+"""RMSNorm as a module over `sprig.kernels.rmsnorm` (fused residual add included)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sprig.kernels.rmsnorm import rms_norm
+
+
+class RMSNorm(nn.Module):
+    """Hugging Face `LlamaRMSNorm` semantics over the last dim of size `size`."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(size))  # [size]
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [..., size]
+        residual: torch.Tensor | None = None,  # [..., size]
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Returns norm(x), or (norm(x + residual), x + residual) when given a residual."""
+        return rms_norm(x, self.weight, self.eps, residual)

@@ -1,0 +1,141 @@
+"""What sprig needs to know about a Hugging Face Llama-family checkpoint, read from its
+config.json (and generation_config.json for the stop tokens)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# rope types sprig computes exactly as transformers does (see sprig.kernels.rotary)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_ROPE_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor",
+              "original_max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A checkpoint's architecture and geometry.
+
+    Invariants: `num_heads % num_kv_heads == 0`; `rope_scaling` is None for plain RoPE,
+    else a dict with `rope_type` in ("linear", "llama3") and that type's parameters (for
+    llama3 `original_max_position_embeddings` is always present); `context_len` is the
+    longest context sprig computes exactly (capped by a sliding window, which sprig does
+    not implement); `eos_token_ids` is the union of config.json's and
+    generation_config.json's, in that order.
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    context_len: int
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    torch_dtype: str | None = None  # the checkpoint's dtype name, e.g. "bfloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "context_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        """Parse `path`/config.json; raises ValueError naming what is missing or unsupported."""
+        from sprig.runtime.models import supported_architectures
+
+        path = Path(path)
+        if not path.is_dir():
+            raise ValueError(f"model path {str(path)!r} is not a directory")
+        cfg = _read_json(path / "config.json", required=True)
+        archs = cfg.get("architectures") or []
+        if not archs or archs[0] not in supported_architectures():
+            raise ValueError(
+                f"{path / 'config.json'}: unsupported architecture {archs[:1] or None}; "
+                f"supported: {', '.join(supported_architectures())}"
+            )
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{path / 'config.json'}: hidden_act {cfg['hidden_act']!r} is not silu")
+        num_heads = cfg["num_attention_heads"]
+        gen = _read_json(path / "generation_config.json", required=False)
+        eos = _as_ids(cfg.get("eos_token_id")) + _as_ids(gen.get("eos_token_id"))
+        rope_theta, rope_scaling = _rope(cfg)
+        return cls(
+            architecture=archs[0],
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            rope_theta=rope_theta,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            context_len=_context_len(cfg),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", False),
+            mlp_bias=cfg.get("mlp_bias", False),
+            eos_token_ids=tuple(dict.fromkeys(eos)),
+            bos_token_id=cfg.get("bos_token_id", gen.get("bos_token_id")),
+            torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
+        )
+
+
+def _read_json(file: Path, *, required: bool) -> dict[str, Any]:
+    if not file.is_file():
+        if required:
+            raise ValueError(f"{file.parent}: no {file.name} (not a Hugging Face checkpoint?)")
+        return {}
+    return json.loads(file.read_text())
+
+
+def _as_ids(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(theta, scaling) from transformers 5.x `rope_parameters` or the older
+    top-level `rope_theta` + `rope_scaling` (whose type key may be spelt `type`)."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
+    if rope_type == "default":
+        return theta, None
+    scaling = {k: params[k] for k in _ROPE_KEYS if k in params} | {"rope_type": rope_type}
+    if rope_type == "llama3":
+        scaling.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
+    return theta, scaling
+
+
+def _context_len(cfg: dict[str, Any]) -> int:
+    """max_position_embeddings, capped by the sliding window when one is in use."""
+    max_len = cfg["max_position_embeddings"]
+    window = cfg.get("sliding_window")
+    if "layer_types" in cfg:
+        sliding = "sliding_attention" in cfg["layer_types"]
+    else:
+        sliding = cfg.get("use_sliding_window", True)
+    return min(max_len, window) if sliding and window else max_len

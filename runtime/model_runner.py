@@ -1,0 +1,162 @@
+"""The model runner: owns the model, the KV pool and every device tensor; the scheduler
+calls `forward(StepInput)` once per step and gets float32 logits back."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sprig.radix.kv_cache import KVCache, KVShape, slots_for_budget
+from sprig.runtime.attention import ATTENTION_BACKENDS, backend_class, default_backend
+from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.step_input import StepInput, build_forward_batch
+from sprig.runtime.weight_loader import load_model
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+CPU_DEFAULT_TOKENS = 16384  # KV pool size on CPU when max_total_tokens is not given ...
+CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How to run one model. "auto" means: dtype = the checkpoint's (float32 if it names
+    none); device = cuda if available, else cpu; attention backend = the device's default
+    (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
+    pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
+    weights load, on CPU `CPU_DEFAULT_TOKENS` capped at `CPU_KV_BUDGET_BYTES`."""
+
+    model_path: str | os.PathLike[str]
+    dtype: str = "auto"
+    device: str = "auto"
+    attention_backend: str = "auto"
+    page_size: int = 1
+    max_total_tokens: int | None = None
+    mem_fraction_static: float = 0.85
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not str(self.model_path):
+            raise ValueError("model_path must not be empty")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.device != "auto":
+            try:
+                device_type = torch.device(self.device).type
+            except RuntimeError as e:
+                raise ValueError(f"invalid device {self.device!r}: {e}") from None
+            if device_type not in ("cpu", "cuda"):
+                raise ValueError(f"device must be 'auto', cpu or cuda[:N], got {self.device!r}")
+        if self.attention_backend != "auto" and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be 'auto' or one of {list(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(
+                f"max_total_tokens ({self.max_total_tokens}) must be >= page_size ({self.page_size})"
+            )
+        if not 0.0 < self.mem_fraction_static <= 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+
+
+class ModelRunner:
+    """One model on one device, with its KV pool.
+
+    `kv_cache` has `num_slots` usable slots, `page_size .. page_size + num_slots - 1`
+    (a multiple of `page_size`); the first page is padding. `generator` is the seeded RNG
+    samplers draw from. Not thread-safe: one step at a time.
+    """
+
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+        self.model_config = ModelConfig.from_pretrained(config.model_path)
+        self.device = _resolve_device(config.device)
+        self.dtype = _resolve_dtype(config.dtype, self.model_config)
+        self.model = load_model(
+            self.model_config, Path(config.model_path), dtype=self.dtype, device=self.device
+        )
+        shape = KVShape(
+            self.model_config.num_layers, self.model_config.num_kv_heads,
+            self.model_config.head_dim, self.dtype,
+        )
+        self.kv_cache = KVCache(
+            shape, _num_slots(config, shape, self.device), page_size=config.page_size,
+            device=self.device,
+        )
+        self.attention_backend = (
+            default_backend(self.device.type)
+            if config.attention_backend == "auto"
+            else config.attention_backend
+        )
+        self.backend = backend_class(self.attention_backend)(self.model_config, self.kv_cache)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+
+    @property
+    def num_slots(self) -> int:
+        return self.kv_cache.num_slots
+
+    def forward(self, step: StepInput) -> torch.Tensor:
+        """Run one step; returns float32 logits `[sum(q_len - logits_from), vocab]` on the
+        runner's device, rows in request order (within a request, token order).
+
+        Writes the new tokens' K/V into their slots (the last q_len of each request's
+        kv_slots); the slots of the cached prefix must already hold that prefix's K/V.
+        """
+        longest = max(s.numel() for s in step.kv_slots)
+        if longest > self.model_config.context_len:
+            raise ValueError(
+                f"a context of {longest} tokens exceeds the model's context_len "
+                f"{self.model_config.context_len}"
+            )
+        batch, logit_rows = build_forward_batch(step, self.kv_cache, self.device)
+        with torch.inference_mode():
+            hidden = self.model(batch, self.backend)  # [T, H]
+            return self.model.compute_logits(hidden[logit_rows])  # [R, V]
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def _resolve_dtype(name: str, model_config: ModelConfig) -> torch.dtype:
+    if name != "auto":
+        return DTYPES[name]
+    checkpoint = model_config.torch_dtype or "float32"
+    if checkpoint not in DTYPES:
+        raise ValueError(
+            f"the checkpoint's dtype {checkpoint!r} is not supported; pass one of {list(DTYPES)}"
+        )
+    return DTYPES[checkpoint]
+
+
+def _num_slots(config: RunnerConfig, shape: KVShape, device: torch.device) -> int:
+    """Usable KV slots, a positive multiple of the page size (see `RunnerConfig`)."""
+    page = config.page_size
+    if config.max_total_tokens is not None:
+        slots = config.max_total_tokens - config.max_total_tokens % page
+    elif device.type == "cuda":
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(device)
+        slots = slots_for_budget(int(free * config.mem_fraction_static), shape, page)
+    else:
+        cap = CPU_DEFAULT_TOKENS - CPU_DEFAULT_TOKENS % page
+        slots = min(cap, slots_for_budget(CPU_KV_BUDGET_BYTES, shape, page))
+    if slots <= 0:
+        raise ValueError(
+            f"no room for a KV cache: {shape.bytes_per_token} bytes per token, page size {page}"
+        )
+    return slots

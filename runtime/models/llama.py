@@ -1,0 +1,108 @@
+"""Llama (and Mistral, whose dense-attention form is the same network): the wiring
+of the shared layers that the Qwen families reuse with other attention options."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from sprig.runtime.attention.base import AttentionBackend
+from sprig.runtime.forward_batch import ForwardBatch
+from sprig.runtime.layers.attention import AttentionOptions, SelfAttention
+from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
+from sprig.runtime.layers.mlp import GatedMLP
+from sprig.runtime.layers.norm import RMSNorm
+from sprig.runtime.layers.rotary import RotaryEmbedding
+from sprig.runtime.model_config import ModelConfig
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block; the residual stream travels beside the hidden states so that each
+    norm fuses the previous residual add."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = SelfAttention(
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+            layer_id=layer_id, options=options, norm_eps=config.rms_norm_eps,
+        )
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, H]
+        residual: torch.Tensor | None,  # [T, H]; None in the first layer
+        batch: ForwardBatch,
+        backend: AttentionBackend,
+        rotary: RotaryEmbedding,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # hidden, residual: [T, H] each
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, batch, backend, rotary)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.context_len, base=config.rope_theta, scaling=config.rope_scaling
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, options) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # [T, H]
+        hidden = self.embed_tokens(batch.input_ids)  # [T, H]
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, batch, backend, self.rotary)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """Parameter names mirror the HF checkpoint's, except the fused projections listed
+    in `packed_modules` (HF module name -> (sprig module name, shard))."""
+
+    packed_modules: ClassVar[dict[str, tuple[str, str]]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+    }
+
+    @staticmethod
+    def attention_options(config: ModelConfig) -> AttentionOptions:
+        return AttentionOptions(qkv_bias=config.attention_bias, o_bias=config.attention_bias)
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, self.attention_options(config))
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied=config.tie_word_embeddings)
+
+    def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
+        """Final-norm hidden states `[T, H]` of every new token; stores K/V of each layer."""
+        return self.model(batch, backend)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] f32
+        return self.lm_head(hidden, self.model.embed_tokens)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral without a sliding window (ModelConfig caps context_len to the window)."""
+
+    @staticmethod
+    def attention_options(config: ModelConfig) -> AttentionOptions:
+        return AttentionOptions()

@@ -1,0 +1,91 @@
+"""What the scheduler hands the model runner each step (integers and CPU index tensors
+only), and how the runner turns it into a device-side `ForwardBatch`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sprig.radix.kv_cache import KVCache
+from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
+
+
+@dataclass
+class StepInput:
+    """One forward step over B requests, in request order.
+
+    Invariants (checked on construction): the four per-request lists have length B >= 1;
+    `len(input_ids) == sum(q_lens)`; every `q_len >= 1`, and `== 1` in DECODE mode;
+    `len(kv_slots[b]) >= q_lens[b]` (the context ends with the new tokens, whose slots are
+    the last `q_lens[b]`); `0 <= logits_from[b] <= q_lens[b] - 1`.
+    """
+
+    mode: ForwardMode
+    input_ids: list[int]  # new tokens of all requests, flattened in request order
+    q_lens: list[int]  # new tokens per request (decode: all 1)
+    kv_slots: list[torch.Tensor]  # per request: [kv_len] int CPU slots of the full context
+    logits_from: list[int]  # per request: first new-token index whose next-token logits return
+
+    def __post_init__(self) -> None:
+        n = len(self.q_lens)
+        if n == 0:
+            raise ValueError("a step needs at least one request")
+        if len(self.kv_slots) != n or len(self.logits_from) != n:
+            raise ValueError(
+                f"q_lens, kv_slots, logits_from must have one entry per request; got "
+                f"{n}, {len(self.kv_slots)}, {len(self.logits_from)}"
+            )
+        if len(self.input_ids) != sum(self.q_lens):
+            raise ValueError(f"{len(self.input_ids)} input_ids but sum(q_lens) = {sum(self.q_lens)}")
+        for b, (q_len, slots, first) in enumerate(zip(self.q_lens, self.kv_slots, self.logits_from, strict=True)):
+            if q_len < 1 or (self.mode is ForwardMode.DECODE and q_len != 1):
+                raise ValueError(f"request {b}: q_len {q_len} invalid in {self.mode.value} mode")
+            if slots.dim() != 1 or slots.device.type != "cpu" or slots.is_floating_point():
+                raise ValueError(f"request {b}: kv_slots must be a 1-D integer CPU tensor")
+            if slots.numel() < q_len:
+                raise ValueError(f"request {b}: {slots.numel()} kv slots < q_len {q_len}")
+            if not 0 <= first <= q_len - 1:
+                raise ValueError(f"request {b}: logits_from {first} not in [0, {q_len - 1}]")
+
+
+def build_forward_batch(
+    step: StepInput, kv_cache: KVCache, device: torch.device
+) -> tuple[ForwardBatch, torch.Tensor]:
+    """The `ForwardBatch` for `step` on `device`, and the rows `[R]` of its new tokens whose
+    logits are wanted (request order). All index math runs on the CPU; the result crosses to
+    the device in one copy. Raises ValueError if a slot is outside the pool."""
+    B = len(step.q_lens)
+    q_lens = torch.tensor(step.q_lens, dtype=torch.int64)  # [B]
+    kv_lens = torch.tensor([s.numel() for s in step.kv_slots], dtype=torch.int64)  # [B]
+    qo_indptr = F.pad(q_lens.cumsum(0), (1, 0))  # [B+1]
+    kv_indptr = F.pad(kv_lens.cumsum(0), (1, 0))  # [B+1]
+    kv_indices = torch.cat(step.kv_slots).to(torch.int64)  # [N]
+    rows_in_pool = kv_cache.num_slots + kv_cache.page_size
+    if int(kv_indices.min()) < 0 or int(kv_indices.max()) >= rows_in_pool:
+        raise ValueError(f"kv slot out of range [0, {rows_in_pool}) of the KV pool")
+    T = int(qo_indptr[-1])
+    req = torch.repeat_interleave(torch.arange(B), q_lens)  # [T] request of each new token
+    local = torch.arange(T) - qo_indptr[req]  # [T] index among its request's new tokens
+    positions = local + (kv_lens - q_lens)[req]  # [T]
+    out_cache_loc = kv_indices[kv_indptr[req] + positions]  # [T]
+    logit_rows = torch.nonzero(local >= torch.tensor(step.logits_from)[req]).flatten()  # [R]
+    input_ids = torch.tensor(step.input_ids, dtype=torch.int64)  # [T]
+
+    parts = [input_ids, positions, qo_indptr, kv_indptr, kv_indices, out_cache_loc, logit_rows]
+    on_device = torch.cat(parts).to(device).split([p.numel() for p in parts])
+    ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d = on_device
+    batch = ForwardBatch(
+        mode=step.mode,
+        input_ids=ids_d,
+        positions=pos_d,
+        qo_indptr=qo_d.to(torch.int32),
+        kv_indptr=kv_d.to(torch.int32),
+        kv_indices=idx_d.to(torch.int32),
+        out_cache_loc=loc_d,
+        kv_cache=kv_cache,
+        max_q_len=max(step.q_lens),
+        max_kv_len=int(kv_lens.max()),
+    )
+    return batch, rows_d

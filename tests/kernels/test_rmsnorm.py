@@ -1,0 +1,69 @@
+"""rms_norm: the reference against HF LlamaRMSNorm, the Triton kernel against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from sprig.kernels import rms_norm, rms_norm_ref
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 64), (5, 3, 32)])
+def test_ref_matches_hf_bitwise(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    hidden = shape[-1]
+    hf = LlamaRMSNorm(hidden, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        hf.weight.copy_(torch.randn(hidden))
+    x = torch.randn(shape, dtype=dtype) * 3
+    with torch.no_grad():
+        expected = hf(x)
+    got = rms_norm_ref(x, hf.weight.detach(), 1e-5)
+    assert got.dtype == expected.dtype
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ref_residual_is_norm_of_sum(dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    x, r = torch.randn(2, 6, 48, dtype=dtype)
+    w = torch.randn(48, dtype=dtype)
+    y, s = rms_norm_ref(x, w, 1e-6, residual=r)
+    assert s.dtype == dtype and torch.equal(s, x + r)
+    assert torch.equal(y, rms_norm_ref(x + r, w, 1e-6))
+    assert not torch.equal(y, rms_norm_ref(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(9, 40), (3, 4, 128), (1, 33), (0, 16)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_triton_matches_ref(
+    dtype: torch.dtype, shape: tuple[int, ...], with_residual: bool,
+    device: str, force_triton: None, tol: dict,
+) -> None:
+    torch.manual_seed(2)
+    x = torch.randn(shape, dtype=dtype) * 2
+    w = torch.randn(shape[-1], dtype=dtype)
+    r = torch.randn(shape, dtype=dtype) if with_residual else None
+    expected = rms_norm_ref(x, w, 1e-6, r)
+    got = rms_norm(x.to(device), w.to(device), 1e-6, None if r is None else r.to(device))
+    if with_residual:
+        torch.testing.assert_close(got[0].cpu(), expected[0], **tol[dtype])
+        torch.testing.assert_close(got[1].cpu(), expected[1], **tol[dtype])
+    else:
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        torch.testing.assert_close(got.cpu(), expected, **tol[dtype])
+
+
+def test_triton_float32_weight_on_half_input(device: str, force_triton: None, tol: dict) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(4, 64, dtype=torch.float16)
+    w = torch.randn(64)  # float32 weight promotes the output, as in HF
+    expected = rms_norm_ref(x, w, 1e-5)
+    got = rms_norm(x.to(device), w.to(device), 1e-5)
+    assert got.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(got.cpu(), expected, **tol[torch.float16])
