@@ -1,7 +1,7 @@
 """Benchmark sprig's Triton attention kernels against PyTorch SDPA on the same GPU, same run.
 
 Decode: achieved KV bandwidth (K and V bytes read / time) and its ratio to the measured
-device-to-device copy bandwidth, beside SDPA over pre-gathered (contiguous, padded-free)
+device-to-device copy bandwidth, beside SDPA over pre-gathered (contiguous, padding-free)
 KV. Extend (prefill without a prefix): causal attention TFLOP/s beside SDPA(is_causal).
 Times are CUDA-event medians after warmup. Prints markdown tables.
 
@@ -89,11 +89,13 @@ def make_case(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype
     return k_buf, v_buf, kv_indptr, kv_indices, k_dense, v_dense
 
 
-def fits(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype) -> bool:
+def fits(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype,
+         q_tokens: int = 0) -> bool:
     elem = torch.empty((), dtype=dtype).element_size()
     kv = 2 * batch * ctx * args.num_kv_heads * args.head_dim * elem
+    qo = 2 * q_tokens * args.num_q_heads * args.head_dim * elem  # q and out
     free, _ = torch.cuda.mem_get_info()
-    return 2 * kv * 1.15 < free  # the pool plus the gathered baseline copy
+    return (2 * kv + qo) * 1.15 < free  # the pool, the gathered baseline copy, q and out
 
 
 def bench_decode(args: argparse.Namespace, dtype: torch.dtype, copy_gbs: float) -> None:
@@ -139,7 +141,8 @@ def bench_extend(args: argparse.Namespace, dtype: torch.dtype) -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for batch in args.batches:
         for ctx in args.contexts:
-            if batch * ctx > args.max_extend_tokens or not fits(batch, ctx, args, dtype):
+            if batch * ctx > args.max_extend_tokens or not fits(
+                    batch, ctx, args, dtype, q_tokens=batch * ctx):
                 print(f"| {batch} | {ctx} | skipped: over --max-extend-tokens or memory "
                       "| | | | |")
                 continue

@@ -119,6 +119,7 @@ class ModelRunner:
             )
         batch, logit_rows = build_forward_batch(step, self.kv_cache, self.device)
         with torch.inference_mode():
+            self.backend.begin_step(batch)
             hidden = self.model(batch, self.backend)  # [T, H]
             return self.model.compute_logits(hidden[logit_rows])  # [R, V]
 

@@ -10,7 +10,15 @@ from sprig.runtime.forward_batch import ForwardBatch
 
 
 class AttentionBackend(Protocol):
-    """Stores a layer's new K/V in the paged pool, then attends over each request's context."""
+    """Stores a layer's new K/V in the paged pool, then attends over each request's context.
+
+    Per step: `begin_step(batch)` once, then `forward(..., layer, batch)` for each layer
+    with that same batch.
+    """
+
+    def begin_step(self, batch: ForwardBatch) -> None:
+        """Prepare what every layer of this step shares (split factors, buffers)."""
+        ...
 
     def forward(
         self,

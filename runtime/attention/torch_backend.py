@@ -19,6 +19,9 @@ class TorchAttentionBackend:
     def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
         """The registry's constructor convention; the reference needs neither argument."""
 
+    def begin_step(self, batch: ForwardBatch) -> None:
+        """Nothing to plan: the reference works per layer."""
+
     def forward(
         self,
         q: torch.Tensor,  # [T, Hq, D]

@@ -1,0 +1,82 @@
+"""The Triton attention backend (the CUDA path): `store_kv`, `extend_attention` and
+`decode_attention` launchers from `sprig.kernels`, called directly so that the backend is
+Triton on any device (on the CPU it runs in the interpreter, `TRITON_INTERPRET=1`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sprig.kernels.decode_attention import decode_attention_triton, default_num_kv_splits
+from sprig.kernels.extend_attention import extend_attention_triton
+from sprig.kernels.store_kv import store_kv_triton
+from sprig.radix.kv_cache import KVCache
+from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
+from sprig.runtime.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    """What every layer of one step shares, computed once by `begin_step`."""
+
+    batch: ForwardBatch  # the batch this plan was made for (checked by identity)
+    out: torch.Tensor  # [T, Hq, D] attention output, reused by every layer
+    num_kv_splits: int  # decode split-KV factor (a function of B and Hkv only)
+
+
+class TritonAttentionBackend:
+    """Stores new K/V with `store_kv_triton`, then `extend_attention_triton` or
+    `decode_attention_triton` by the batch's mode.
+
+    Invariants: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
+    step (forward raises otherwise). The tensor `forward` returns is the step's shared
+    output buffer: the next layer's call overwrites it, so consume it first.
+    """
+
+    def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
+        self.num_heads = model_config.num_heads
+        self.num_kv_heads = model_config.num_kv_heads
+        self.head_dim = model_config.head_dim
+        self._plan: _StepPlan | None = None
+
+    def begin_step(self, batch: ForwardBatch) -> None:
+        """Plan the step: allocate the output buffer and pick the decode split factor."""
+        cache = batch.kv_cache
+        out = torch.empty(
+            (batch.num_tokens, self.num_heads, self.head_dim),
+            dtype=cache.shape.dtype, device=cache.device,
+        )  # [T, Hq, D]
+        splits = (
+            default_num_kv_splits(batch.batch_size, self.num_kv_heads, cache.device)
+            if batch.mode is ForwardMode.DECODE
+            else 1
+        )
+        self._plan = _StepPlan(batch, out, splits)
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        layer: int,
+        batch: ForwardBatch,
+        *,
+        sm_scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        plan = self._plan
+        if plan is None or plan.batch is not batch:
+            raise RuntimeError("TritonAttentionBackend.forward: call begin_step(batch) first")
+        if q.dtype != plan.out.dtype:
+            raise ValueError(f"q is {q.dtype} but the KV cache is {plan.out.dtype}")
+        k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
+        store_kv_triton(k_buffer, v_buffer, batch.out_cache_loc, k, v)
+        if batch.mode is ForwardMode.DECODE:
+            return decode_attention_triton(
+                q, k_buffer, v_buffer, batch.kv_indptr, batch.kv_indices,
+                sm_scale=sm_scale, num_kv_splits=plan.num_kv_splits, out=plan.out,
+            )
+        return extend_attention_triton(
+            q, k_buffer, v_buffer, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+            sm_scale=sm_scale, max_q_len=batch.max_q_len, out=plan.out,
+        )

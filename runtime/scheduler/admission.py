@@ -1,0 +1,108 @@
+"""Choosing the next prefill batch: which waiting requests enter, and how many of their
+tokens are computed this step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sprig.radix.tree import common_prefix_len
+from sprig.runtime.scheduler.config import SchedulerConfig
+from sprig.runtime.scheduler.kv import RequestKV
+from sprig.runtime.scheduler.policy import SCHEDULE_ORDERINGS
+from sprig.runtime.scheduler.request import Req
+
+
+@dataclass
+class Extend:
+    """Compute `fill_ids[req.kv_len : req.kv_len + length]` of `req` this step."""
+
+    req: Req
+    length: int
+    cached: int = 0  # prefix tokens reused from the cache when the request was admitted
+
+    @property
+    def completes(self) -> bool:
+        """True when the step reaches the end of `fill_ids`: the next token gets sampled."""
+        return self.req.kv_len + self.length == len(self.req.fill_ids)
+
+
+def decode_reserve(req: Req, ratio: float) -> int:
+    """Slots kept aside for `req`'s future decode tokens when admitting other work."""
+    remaining = req.params.max_new_tokens - len(req.output_ids)
+    return int(max(0, remaining) * ratio)
+
+
+class Admission:
+    """Builds prefill batches under the step's token budget and the pool's capacity."""
+
+    def __init__(self, config: SchedulerConfig, kv: RequestKV) -> None:
+        self.config = config
+        self.kv = kv
+        self.order = SCHEDULE_ORDERINGS[config.schedule_policy]
+
+    def build(self, waiting: list[Req], running: list[Req], chunked: Req | None, ratio: float) -> list[Extend]:
+        """The extends of this prefill step; admitted requests leave `waiting`.
+
+        A request mid-way through a chunked prefill continues first. A new request enters
+        when a table row is free, the step's token budget has room, and the pool can hold
+        its extend plus the decode reserve of everyone running (`ratio` of their remaining
+        `max_new_tokens`); with nothing running it enters whenever its extend fits.
+        """
+        budget = self.config.max_prefill_tokens
+        reserved = sum(decode_reserve(r, ratio) for r in running)
+        extends: list[Extend] = []
+        if chunked is not None:
+            ext = self._extend_for(chunked, budget)
+            if not self.kv.reserve(chunked, chunked.kv_len + ext.length):
+                return []
+            extends.append(ext)
+            budget -= ext.length
+        if not waiting or budget <= 0 or (extends and not extends[-1].completes):
+            return extends
+        matches = {id(r): self.kv.match(r) for r in waiting}
+        busy = len(running) + len(extends)
+        for req in self.order(waiting, matches, self.kv.cache.root):
+            if budget <= 0 or busy >= self.config.max_running_requests:
+                break
+            if self._shares_uncomputed_prefix(req, extends, len(matches[id(req)])):
+                continue
+            match = self.kv.match(req)  # again: admitting others may have evicted part of it
+            ext_len = min(len(req.fill_ids) - len(match), budget, self._chunk_cap())
+            need = self.kv.pages(ext_len) + decode_reserve(req, ratio)
+            if busy and not self.kv.can_fit(need + reserved + len(match)):
+                break
+            if not self.kv.admit(req, match):
+                break
+            if not self.kv.reserve(req, len(match) + ext_len):
+                self.kv.release(req)
+                break
+            waiting.remove(req)
+            extends.append(Extend(req, ext_len, cached=len(match)))
+            if not extends[-1].completes:
+                break  # one chunked prefill at a time
+            budget -= ext_len
+            reserved += decode_reserve(req, ratio)
+            busy += 1
+        return extends
+
+    def _chunk_cap(self) -> int:
+        size = self.config.chunked_prefill_size
+        return size if size is not None else 1 << 62
+
+    def _extend_for(self, req: Req, budget: int) -> Extend:
+        return Extend(req, min(len(req.fill_ids) - req.kv_len, max(1, budget), self._chunk_cap()))
+
+    def _shares_uncomputed_prefix(self, req: Req, extends: list[Extend], cached: int) -> bool:
+        """Whether `req` would recompute tokens another request of this step computes."""
+        if not extends:
+            return False
+        ids = np.asarray(req.fill_ids, dtype=np.int32)
+        uncached = len(ids) - cached
+        for ext in extends:
+            other = np.asarray(ext.req.fill_ids[: ext.req.kv_len + ext.length], dtype=np.int32)
+            shared = common_prefix_len(ids, other) - cached
+            if shared > 0 and shared >= min(self.config.in_batch_prefix_min, uncached - 1):
+                return True
+        return False

@@ -1,0 +1,64 @@
+"""Scheduler settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sprig.radix import EVICTION_POLICIES
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How requests are admitted, batched and cached.
+
+    - `schedule_policy`: the order waiting requests are admitted in. `fcfs`: arrival order.
+      `lpm`: longest cached prefix first (most reuse now). `dfs-weight`: the SGLang paper's
+      cache-aware order — a depth-first walk of the radix tree that visits heavier subtrees
+      (more waiting requests) first, so requests that share a prefix run back to back.
+    - `chunked_prefill_size`: most prompt tokens one request computes in a step; a longer
+      prompt is prefilled in chunks interleaved with decode steps (None: no chunking).
+    - `max_prefill_tokens`: most new tokens in one prefill step over all requests.
+    - `new_token_ratio`: the share of each running request's remaining `max_new_tokens`
+      reserved in the pool before admitting more work; it decays towards
+      `min_new_token_ratio` while decoding goes well and resets after a retraction.
+    - `in_batch_prefix_min`: a waiting request that shares at least this many uncached
+      tokens (or all but its last one) with a request admitted in the same step waits a
+      step, so the shared prefix is computed once and then reused.
+    """
+
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 8192
+    chunked_prefill_size: int | None = 2048
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
+    eviction_policy: str = "lru"
+    max_queued_requests: int = 4096
+    new_token_ratio: float = 0.5
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    in_batch_prefix_min: int = 32
+    check_integrity: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size < 1:
+            raise ValueError(f"chunked_prefill_size must be >= 1 or None, got {self.chunked_prefill_size}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"eviction_policy must be one of {sorted(EVICTION_POLICIES)}, got {self.eviction_policy!r}"
+            )
+        if self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if not 0.0 <= self.min_new_token_ratio <= self.new_token_ratio <= 1.0:
+            raise ValueError("need 0 <= min_new_token_ratio <= new_token_ratio <= 1")
+        if self.new_token_ratio_decay < 0:
+            raise ValueError("new_token_ratio_decay must be >= 0")
+        if self.in_batch_prefix_min < 1:
+            raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

@@ -1,0 +1,102 @@
+"""Where each request's KV lives: rows of the request-to-token table, slots from the
+allocator, prefixes shared through the radix cache."""
+
+from __future__ import annotations
+
+import torch
+
+from sprig.radix import DisabledCache, MatchResult, RadixCache, ReqToTokenPool, SlotAllocator
+from sprig.runtime.scheduler.request import Req
+
+
+class RequestKV:
+    """The scheduler's KV bookkeeping. Holds integers and CPU index tensors only.
+
+    Every slot is, at any idle moment, free, in the tree (evictable or protected), or
+    owned by exactly one request (`Req.own_slots`): `check_integrity` verifies this.
+    """
+
+    def __init__(
+        self,
+        allocator: SlotAllocator,
+        cache: RadixCache | DisabledCache,
+        req_to_token: ReqToTokenPool,
+    ) -> None:
+        self.allocator = allocator
+        self.cache = cache
+        self.table = req_to_token
+        self.page_size = allocator.page_size
+        self.holders: set[Req] = set()
+
+    def match(self, req: Req) -> MatchResult:
+        """The cached prefix `req` may reuse: at least one token is always left to compute,
+        and prompt positions whose logprobs are wanted are recomputed."""
+        ids = req.fill_ids
+        limit = len(ids) - 1
+        if req.wants_input_logprobs:
+            limit = min(limit, max(0, req.logprob_start_len - 1))
+        return self.cache.match_prefix(ids[:limit])
+
+    def can_fit(self, tokens: int) -> bool:
+        return self.allocator.available() + self.cache.evictable_size() >= self.pages(tokens)
+
+    def pages(self, tokens: int) -> int:
+        """`tokens` rounded up to whole pages."""
+        return -(-tokens // self.page_size) * self.page_size
+
+    def admit(self, req: Req, match: MatchResult) -> bool:
+        """Give `req` a table row holding its cached prefix, locked. False: no free row."""
+        row = self.table.alloc()
+        if row is None:
+            return False
+        n = len(match)
+        self.table.write(row, 0, match.indices)
+        self.cache.inc_lock_ref(match.last_node)
+        req.row, req.last_node = row, match.last_node
+        req.prefix_len = req.kv_len = req.alloc_len = n
+        req.cached_tokens += n
+        self.holders.add(req)
+        return True
+
+    def reserve(self, req: Req, length: int) -> bool:
+        """Make `table[row, :length]` usable slots, evicting cold cache if needed.
+        False (nothing changed) if the pool cannot supply them."""
+        need = self.pages(length) - req.alloc_len
+        if need <= 0:
+            return True
+        short = need - self.allocator.available()
+        if short > 0:
+            self.cache.evict(short)
+        slots = self.allocator.alloc(need)
+        if slots is None:
+            return False
+        self.table.write(req.row, req.alloc_len, slots)
+        req.alloc_len += need
+        return True
+
+    def cache_prefix(self, req: Req) -> None:
+        """Put `req`'s computed tokens in the tree so others can share them; it keeps going."""
+        ids = req.fill_ids[: req.kv_len]
+        slots = self.table.read(req.row, req.alloc_len)
+        kept = self.cache.cache_unfinished(ids, slots, prefix_len=req.prefix_len, last_node=req.last_node)
+        self.table.write(req.row, 0, kept.indices)
+        req.prefix_len, req.last_node = len(kept.indices), kept.last_node
+
+    def release(self, req: Req) -> None:
+        """`req` stops holding KV (finished, aborted or retracted): its computed tokens go to
+        the tree, everything else is freed, its row and lock are released."""
+        if req.row is None:
+            return
+        ids = req.fill_ids[: req.kv_len]
+        slots = self.table.read(req.row, req.alloc_len)
+        self.cache.cache_finished(ids, slots, prefix_len=req.prefix_len, last_node=req.last_node)
+        self.table.free(req.row)
+        self.holders.discard(req)
+        req.row, req.last_node = None, None
+        req.prefix_len = req.kv_len = req.alloc_len = 0
+
+    def slots_of(self, req: Req, end: int) -> torch.Tensor:
+        return self.table.read(req.row, end)
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity(held_by_requests=sum(r.own_slots for r in self.holders))

@@ -1,0 +1,84 @@
+"""A request as the scheduler sees it: token ids, sampling parameters, and where its KV lives."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sprig.radix import TreeNode
+from sprig.runtime.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """SGLang's finish_reason: stop (on a token id or a string), length, or abort."""
+
+    type: str
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.type == "stop":
+            out["matched"] = self.matched
+        elif self.type == "length":
+            out["length"] = self.length
+        else:
+            out["message"] = self.message
+        return out
+
+
+@dataclass(eq=False)
+class Req:
+    """One sequence being generated.
+
+    KV invariants while the request holds a row of the request-to-token table:
+    - `table[row, :alloc_len]` are slots this request may use; the first `prefix_len`
+      belong to the radix tree (locked through `last_node`), the rest are its own;
+    - `kv_len <= alloc_len`: the first `kv_len` tokens of `fill_ids` have their KV stored;
+    - while decoding, `kv_len == len(fill_ids) - 1`: the last sampled token is fed next.
+    """
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stop_ids: frozenset[int] = frozenset()
+    output_ids: list[int] = field(default_factory=list)
+    row: int | None = None
+    last_node: TreeNode | None = None
+    prefix_len: int = 0
+    kv_len: int = 0
+    alloc_len: int = 0
+    cached_tokens: int = 0
+    finish: FinishReason | None = None
+    retractions: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    # logprobs gathered so far; entries are (logprob, token_id)
+    input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs_done: bool = False
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token whose KV is needed before the next one can be sampled."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
+
+    @property
+    def own_slots(self) -> int:
+        """Slots held outside the radix tree (for the KV invariant)."""
+        return self.alloc_len - self.prefix_len if self.row is not None else 0

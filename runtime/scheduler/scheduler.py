@@ -1,0 +1,339 @@
+"""The scheduler: continuous batching over the model runner with radix prefix reuse.
+
+One `step()`: admit and prefill (extend) waiting requests, or decode one token for every
+running request; sample; retire finished requests into the radix cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from sprig.radix import ReqToTokenPool, SlotAllocator, make_prefix_cache
+from sprig.runtime.detokenizer import DetokenizeConfig, RequestDetokenizer
+from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.sampling import SamplingBatch, sample
+from sprig.runtime.sampling.logprobs import token_logprobs
+from sprig.runtime.scheduler.admission import Admission, Extend
+from sprig.runtime.scheduler.config import SchedulerConfig
+from sprig.runtime.scheduler.kv import RequestKV
+from sprig.runtime.scheduler.output import TokenOutput
+from sprig.runtime.scheduler.request import FinishReason, Req
+from sprig.runtime.step_input import StepInput
+
+log = logging.getLogger("sprig.scheduler")
+
+
+class RequestRejected(ValueError):
+    """A request that can never be served as given (too long, bad ids, duplicate rid)."""
+
+
+class QueueFull(RuntimeError):
+    """More requests are queued than `max_queued_requests` allows."""
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since start (tokens), for logs, metrics and benchmarks."""
+
+    prefill_tokens: int = 0  # prompt tokens computed
+    cached_tokens: int = 0  # prompt tokens reused from the radix cache
+    decode_tokens: int = 0  # tokens generated
+    retractions: int = 0
+    steps: int = 0
+
+
+class Scheduler:
+    """Holds requests and integer indices; the model runner owns every device tensor."""
+
+    def __init__(self, config: SchedulerConfig, runner: ModelRunner, tokenizer=None) -> None:
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        mc = runner.model_config
+        self.context_len = mc.context_len
+        self.vocab_size = mc.vocab_size
+        self.eos_ids = tuple(mc.eos_token_ids)
+        allocator = SlotAllocator(runner.num_slots, runner.config.page_size, check=config.check_integrity)
+        cache = make_prefix_cache(
+            allocator, enabled=not config.disable_radix_cache, policy=config.eviction_policy
+        )
+        table = ReqToTokenPool(config.max_running_requests, mc.context_len)
+        self.kv = RequestKV(allocator, cache, table)
+        self.admission = Admission(config, self.kv)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.ratio = config.new_token_ratio
+        self.stats = SchedulerStats()
+        self._reqs: dict[str, Req] = {}
+        self._sent: dict[str, tuple[int, bool]] = {}
+        self._stop_checkers: dict[str, RequestDetokenizer] = {}
+        self._aborted: list[Req] = []
+        self._last_was_prefill = False
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, req: Req) -> None:
+        """Queue `req`; raises `RequestRejected` if it can never run, `QueueFull` if the
+        queue is at its bound."""
+        p = req.params
+        if req.rid in self._reqs:
+            raise RequestRejected(f"request id {req.rid!r} is already in use")
+        if not req.prompt_ids:
+            raise RequestRejected("the prompt is empty")
+        if bad := [t for t in req.prompt_ids if not 0 <= t < self.vocab_size]:
+            raise RequestRejected(f"input_ids contain token ids outside [0, {self.vocab_size}): {bad[:5]}")
+        total = len(req.prompt_ids) + p.max_new_tokens
+        if total > self.context_len:
+            raise RequestRejected(
+                f"prompt ({len(req.prompt_ids)} tokens) + max_new_tokens ({p.max_new_tokens}) = {total} "
+                f"exceeds the model's context length {self.context_len}"
+            )
+        if self.kv.pages(total) > self.kv.allocator.size:
+            raise RequestRejected(
+                f"prompt + max_new_tokens = {total} tokens exceeds the KV pool ({self.kv.allocator.size} tokens)"
+            )
+        try:
+            p.validate_for_model(self.vocab_size)
+        except ValueError as e:
+            raise RequestRejected(str(e)) from None
+        if req.top_logprobs_num < 0:
+            raise RequestRejected(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num}")
+        if len(self.waiting) >= self.config.max_queued_requests:
+            raise QueueFull(f"{len(self.waiting)} requests are queued (max_queued_requests); retry later")
+        if p.stop:
+            if self.tokenizer is None:
+                raise RequestRejected("stop strings need the scheduler to have a tokenizer")
+            config = DetokenizeConfig(
+                skip_special_tokens=p.skip_special_tokens,
+                spaces_between_special_tokens=p.spaces_between_special_tokens,
+                stop=p.stop,
+                no_stop_trim=p.no_stop_trim,
+            )
+            self._stop_checkers[req.rid] = RequestDetokenizer(self.tokenizer, req.prompt_ids, config)
+        req.stop_ids = p.stop_token_set(self.eos_ids)
+        self._reqs[req.rid] = req
+        self._sent[req.rid] = (0, False)
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        """Stop `rid` wherever it is; its KV not kept in the tree is freed. False if unknown."""
+        req = self._reqs.get(rid)
+        if req is None or req.finished:
+            return False
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        if req is self.chunked:
+            self.chunked = None
+        self.kv.release(req)
+        req.finish = FinishReason("abort", message="aborted")
+        self._aborted.append(req)
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked or self._aborted)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while requests are in flight."""
+        if self.waiting or self.running or self.chunked:
+            return False
+        self.kv.cache.reset()
+        return True
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[TokenOutput]:
+        """One scheduling step; returns what is new for each request it touched."""
+        touched: list[Req] = self._aborted
+        self._aborted = []
+        extends: list[Extend] = []
+        if not (self._last_was_prefill and self.running):
+            extends = self.admission.build(self.waiting, self.running, self.chunked, self.ratio)
+        if extends:
+            touched += self._run_extend(extends)
+            self._last_was_prefill = True
+        elif self.running:
+            touched += self._run_decode()
+            self._last_was_prefill = False
+        elif self.waiting and not self.chunked:
+            raise RuntimeError("no request can be admitted although nothing is running (KV pool too small?)")
+        self.stats.steps += 1
+        if self.config.check_integrity:
+            self.kv.check_integrity()
+        return [self._collect(r) for r in touched]
+
+    def _run_extend(self, extends: list[Extend]) -> list[Req]:
+        firsts = [self._logits_from(e) for e in extends]
+        step = StepInput(
+            mode=ForwardMode.EXTEND,
+            input_ids=[t for e in extends for t in e.req.fill_ids[e.req.kv_len : e.req.kv_len + e.length]],
+            q_lens=[e.length for e in extends],
+            kv_slots=[self.kv.slots_of(e.req, e.req.kv_len + e.length) for e in extends],
+            logits_from=firsts,
+        )
+        logits = self.runner.forward(step)
+        to_sample: list[Req] = []
+        last_rows: list[torch.Tensor] = []
+        offset = 0
+        self.chunked = None
+        for ext, first in zip(extends, firsts, strict=True):
+            req, rows = ext.req, logits[offset : offset + ext.length - first]
+            offset += ext.length - first
+            if req.wants_input_logprobs:
+                self._record_input_logprobs(req, rows, req.kv_len + first)
+            self.stats.prefill_tokens += ext.length
+            self.stats.cached_tokens += ext.cached
+            completes = ext.completes
+            req.kv_len += ext.length
+            self.kv.cache_prefix(req)
+            if not completes:
+                self.chunked = req
+                continue
+            req.input_logprobs_done = True
+            if req.params.max_new_tokens == 0:
+                self._finish(req, FinishReason("length", length=0))
+                continue
+            to_sample.append(req)
+            last_rows.append(rows[-1])
+            self.running.append(req)
+        if to_sample:
+            self._sample(to_sample, torch.stack(last_rows))
+        return [e.req for e in extends]
+
+    def _run_decode(self) -> list[Req]:
+        self._make_room_for_decode()
+        batch = list(self.running)
+        step = StepInput(
+            mode=ForwardMode.DECODE,
+            input_ids=[r.fill_ids[r.kv_len] for r in batch],
+            q_lens=[1] * len(batch),
+            kv_slots=[self.kv.slots_of(r, r.kv_len + 1) for r in batch],
+            logits_from=[0] * len(batch),
+        )
+        logits = self.runner.forward(step)
+        for r in batch:
+            r.kv_len += 1
+        self._sample(batch, logits)
+        self.ratio = max(self.config.min_new_token_ratio, self.ratio - self.config.new_token_ratio_decay)
+        return batch
+
+    def _make_room_for_decode(self) -> None:
+        """Reserve one more slot per running request; retract requests when the pool,
+        after evicting cold cache, cannot supply them."""
+        while True:
+            need = sum(self.kv.pages(r.kv_len + 1) - r.alloc_len for r in self.running)
+            if self.kv.can_fit(need) or len(self.running) <= 1:
+                break
+            self._retract(max(self.running, key=self._retract_priority))
+        for r in self.running:
+            if not self.kv.reserve(r, r.kv_len + 1):
+                raise RuntimeError(f"no KV slot for request {r.rid} even after retraction")
+
+    @staticmethod
+    def _retract_priority(req: Req) -> float:
+        """Slots a retraction frees per token of work it may have to redo."""
+        return req.own_slots / (len(req.output_ids) + 1)
+
+    def _retract(self, req: Req) -> None:
+        self.running.remove(req)
+        self.kv.release(req)
+        req.retractions += 1
+        self.waiting.append(req)
+        self.stats.retractions += 1
+        self.ratio = self.config.new_token_ratio
+        log.info("retracted request %s (%d tokens generated) to free KV slots", req.rid, len(req.output_ids))
+
+    # ------------------------------------------------------------------ sampling and stopping
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        batch = SamplingBatch.build(
+            [r.params for r in reqs],
+            output_ids=[r.output_ids for r in reqs],
+            prompt_ids=[r.prompt_ids for r in reqs] if any(r.params.repetition_penalty != 1.0 for r in reqs) else None,
+            eos_ids=self.eos_ids,
+            vocab_size=logits.shape[-1],
+            device=logits.device,
+        )
+        top_n = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
+        out = sample(logits, batch, top_logprobs_num=top_n, generator=self.runner.generator)
+        ids = out.next_ids.tolist()
+        logprobs = out.logprobs.tolist()
+        top = (out.top_logprobs.values.tolist(), out.top_logprobs.ids.tolist()) if out.top_logprobs else None
+        for b, req in enumerate(reqs):
+            token = ids[b]
+            req.output_ids.append(token)
+            self.stats.decode_tokens += 1
+            if req.return_logprob:
+                req.output_logprobs.append((logprobs[b], token))
+                if top is not None and top_n[b]:
+                    req.output_top_logprobs.append(list(zip(top[0][b][: top_n[b]], top[1][b][: top_n[b]], strict=True)))
+            self._check_stop(req, token)
+
+    def _check_stop(self, req: Req, token: int) -> None:
+        p, n_out = req.params, len(req.output_ids)
+        reason = None
+        if token in req.stop_ids and n_out >= p.min_new_tokens:
+            reason = FinishReason("stop", matched=token)
+        elif (checker := self._stop_checkers.get(req.rid)) is not None:
+            matched = checker.step([token]).stop_matched
+            if matched is not None:
+                reason = FinishReason("stop", matched=matched)
+        if reason is None and n_out >= p.max_new_tokens:
+            reason = FinishReason("length", length=n_out)
+        if reason is None and len(req.prompt_ids) + n_out >= self.context_len:
+            reason = FinishReason("length", length=n_out)
+        if reason is not None:
+            self._finish(req, reason)
+
+    def _finish(self, req: Req, reason: FinishReason) -> None:
+        req.finish = reason
+        if req in self.running:
+            self.running.remove(req)
+        self.kv.release(req)
+
+    # ------------------------------------------------------------------ logprobs and outputs
+    def _logits_from(self, ext: Extend) -> int:
+        """First new-token row whose logits this step needs (the last one at least)."""
+        req = ext.req
+        if not req.wants_input_logprobs:
+            return ext.length - 1
+        first_needed = max(req.logprob_start_len, 1) - 1
+        return min(max(0, first_needed - req.kv_len), ext.length - 1)
+
+    def _record_input_logprobs(self, req: Req, rows: torch.Tensor, first_pos: int) -> None:
+        """`rows[i]` holds the model's prediction after position `first_pos + i`; record the
+        logprob of each prompt token at or after `logprob_start_len` it predicts."""
+        prompt, start = req.prompt_ids, req.logprob_start_len
+        if start == 0 and not req.input_logprobs:
+            req.input_logprobs.append((None, prompt[0]))
+            req.input_top_logprobs.append(None)
+        positions = [first_pos + i for i in range(rows.shape[0])]
+        keep = [i for i, pos in enumerate(positions) if max(start, 1) <= pos + 1 < len(prompt)]
+        if not keep:
+            return
+        targets = torch.tensor([prompt[positions[i] + 1] for i in keep], device=rows.device)
+        chosen, top = token_logprobs(rows[keep], targets, top_k=req.top_logprobs_num)
+        top_vals = (top.values.tolist(), top.ids.tolist()) if top is not None else None
+        for j, (lp, tok) in enumerate(zip(chosen.tolist(), targets.tolist(), strict=True)):
+            req.input_logprobs.append((lp, tok))
+            req.input_top_logprobs.append(
+                list(zip(top_vals[0][j], top_vals[1][j], strict=True)) if top_vals else None
+            )
+
+    def _collect(self, req: Req) -> TokenOutput:
+        sent_ids, sent_input = self._sent.get(req.rid, (0, False))
+        out = TokenOutput.collect(req, sent_ids, sent_input)
+        if req.finished:
+            self._reqs.pop(req.rid, None)
+            self._sent.pop(req.rid, None)
+            self._stop_checkers.pop(req.rid, None)
+        else:
+            self._sent[req.rid] = (len(req.output_ids), sent_input or out.input_logprobs is not None)
+        return out
