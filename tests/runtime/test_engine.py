@@ -1,0 +1,168 @@
+"""The offline Engine: each sampling parameter it plumbs, n, seeds, stop strings,
+streaming, aborts and rejections — with the KV invariant checked after each."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from engine_helpers import assert_idle_and_intact, make_prompts
+
+from sprig.runtime import Engine
+from sprig.runtime.scheduler import RequestRejected
+
+PROMPT = "the quick fox and the lazy dog"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    with Engine(tiny_llama, dtype="float32", check_integrity=True) as eng:
+        yield eng
+
+
+@pytest.fixture(autouse=True)
+def intact_after(request):
+    yield
+    if "engine" in request.fixturenames:
+        assert_idle_and_intact(request.getfixturevalue("engine"))
+
+
+def greedy(engine: Engine, prompt: str = PROMPT, **params) -> dict:
+    return engine.generate(prompt, {"max_new_tokens": 12, "temperature": 0, **params})
+
+
+def test_max_new_tokens(engine) -> None:
+    out = greedy(engine, max_new_tokens=5, ignore_eos=True)
+    assert len(out["output_ids"]) == 5
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+
+
+def test_stop_token_ids_and_min_new_tokens(engine) -> None:
+    ref = greedy(engine)["output_ids"]
+    out = greedy(engine, stop_token_ids=[ref[2]])
+    assert out["output_ids"] == ref[:3]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ref[2]}
+    banned = greedy(engine, stop_token_ids=[ref[0]], min_new_tokens=4, max_new_tokens=6)
+    assert ref[0] not in banned["output_ids"][:4]
+
+
+def test_eos_stops_unless_ignore_eos(engine) -> None:
+    eos = engine.tokenizer.eos_token_id
+    forced = {"logit_bias": {eos: 100.0}}
+    out = greedy(engine, **forced)
+    assert out["output_ids"] == [eos] and out["meta_info"]["finish_reason"]["matched"] == eos
+    out = greedy(engine, ignore_eos=True, max_new_tokens=4, **forced)
+    assert out["output_ids"] == [eos] * 4 and out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_skip_special_tokens(engine) -> None:
+    end = engine.tokenizer.convert_tokens_to_ids("<|end|>")
+    params = {"logit_bias": {end: 100.0}, "max_new_tokens": 2}
+    assert "<|end|>" not in greedy(engine, **params)["text"]
+    assert greedy(engine, skip_special_tokens=False, **params)["text"] == "<|end|><|end|>"
+
+
+def test_stop_strings_across_tokens_trimmed_or_kept(engine) -> None:
+    ref = greedy(engine, max_new_tokens=16, ignore_eos=True)
+    text = ref["text"]
+    stop = text[3:9]  # spans token boundaries in this tiny vocabulary
+    out = greedy(engine, max_new_tokens=16, ignore_eos=True, stop=[stop])
+    assert out["text"] == text[: text.index(stop)]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    kept = greedy(engine, max_new_tokens=16, ignore_eos=True, stop=stop, no_stop_trim=True)
+    assert kept["text"] == text[: text.index(stop) + len(stop)]
+
+
+def test_logit_bias_and_temperature_reach_the_sampler(engine) -> None:
+    forced = engine.tokenizer.encode("fox")[-1]
+    out = engine.generate(PROMPT, {"max_new_tokens": 3, "temperature": 1.5, "logit_bias": {str(forced): 100}})
+    assert out["output_ids"] == [forced] * 3
+    outs = engine.generate([PROMPT] * 4, {"max_new_tokens": 8, "temperature": 5.0, "ignore_eos": True})
+    assert len({tuple(o["output_ids"]) for o in outs}) > 1  # sampled, not greedy
+
+
+def test_n_samples_share_the_prompt_prefill(engine) -> None:
+    engine.flush_cache()
+    before = engine.scheduler.stats.prefill_tokens
+    outs = engine.generate(PROMPT, {"max_new_tokens": 6, "temperature": 1.0, "n": 4, "seed": 3})
+    assert len(outs) == 4 and len({tuple(o["output_ids"]) for o in outs}) > 1
+    prompt_len = outs[0]["meta_info"]["prompt_tokens"]
+    assert engine.scheduler.stats.prefill_tokens - before == prompt_len + 3  # one token each after the first
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0] + [prompt_len - 1] * 3
+
+
+def test_seeded_sampling_is_independent_of_the_batch(engine) -> None:
+    params = {"max_new_tokens": 10, "temperature": 1.0, "top_p": 0.9, "seed": 1234, "ignore_eos": True}
+    alone = engine.generate(PROMPT, params)["output_ids"]
+    others = make_prompts(5, seed=3)
+    mixed = engine.generate([*others[:3], PROMPT, *others[3:]], [{"max_new_tokens": 7}] * 3 + [params] + [{}] * 2)
+    assert mixed[3]["output_ids"] == alone
+    assert engine.generate(PROMPT, {**params, "seed": 99})["output_ids"] != alone
+
+
+def test_stream_yields_cumulative_text_ending_in_the_full_output(engine) -> None:
+    full = greedy(engine, ignore_eos=True)
+    chunks = list(engine.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}, stream=True))
+    assert len(chunks) == 12
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
+    assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] is not None
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_abandoned_stream_aborts_and_frees(engine) -> None:
+    stream = engine.generate(PROMPT, {"max_new_tokens": 50, "ignore_eos": True}, stream=True)
+    next(stream)
+    next(stream)
+    stream.close()
+
+
+def test_abort_by_rid(engine) -> None:
+    stream = engine.generate(PROMPT, {"max_new_tokens": 50, "ignore_eos": True}, stream=True, rid="victim")
+    next(stream)
+    assert engine.scheduler.abort("victim")
+    last = list(stream)[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert not engine.scheduler.abort("victim")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"sampling_params": {"temperature": -1}}, "temperature"),
+        ({"sampling_params": {"top_p": 0}}, "top_p"),
+        ({"sampling_params": {"max_new_tokens": 10_000}}, "context length"),
+        ({"sampling_params": {"stop_token_ids": [10**6]}}, "stop_token_ids"),
+        ({"sampling_params": {"bogus": 1}}, "bogus"),
+        ({"sampling_params": {"n": 0}}, "n"),
+    ],
+)
+def test_invalid_requests_are_rejected_by_name(engine, kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine.generate(PROMPT, **kwargs)
+    assert greedy(engine, max_new_tokens=2)["meta_info"]["completion_tokens"] == 2
+
+
+def test_prompt_errors(engine) -> None:
+    with pytest.raises(RequestRejected, match="empty"):
+        engine.generate(input_ids=[[]])
+    with pytest.raises(RequestRejected, match="outside"):
+        engine.generate(input_ids=[1, 2, 10**7])
+    with pytest.raises(ValueError, match="exactly one"):
+        engine.generate()
+    with pytest.raises(RequestRejected, match="exceeds"):
+        engine.generate(input_ids=[5] * 2000, sampling_params={"max_new_tokens": 1})
+
+
+def test_pool_too_small_for_a_request(tiny_llama) -> None:
+    with Engine(tiny_llama, dtype="float32", max_total_tokens=32) as small:
+        with pytest.raises(RequestRejected, match="KV pool"):
+            small.generate(PROMPT, {"max_new_tokens": 40})
+        assert len(small.generate(PROMPT, {"max_new_tokens": 4, "ignore_eos": True})["output_ids"]) == 4
+        assert_idle_and_intact(small)
+
+
+def test_unknown_engine_argument(tiny_llama) -> None:
+    with pytest.raises(TypeError, match="unknown engine argument 'max_tokens'"):
+        Engine(tiny_llama, max_tokens=3)
