@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -203,15 +202,14 @@ def decode_attention_ref(
 ) -> torch.Tensor:  # [B, Hq, D]
     """Torch reference (the CPU path), float32 math.
 
-    Contexts of similar length are padded to the longest and run as one masked SDPA; when
-    padding would more than double the work, each request runs on its own.
+    Contexts of similar length are padded to the longest and attended in one grouped
+    matmul (the query heads of a KV group share their gathered K/V; nothing is repeated);
+    when padding would more than double the work, each request runs on its own.
     """
-    B, Hq = q.shape[0], q.shape[1]
-    Hkv = k_buffer.shape[1]
+    B = q.shape[0]
     out = torch.zeros_like(q)
     if B == 0:
         return out
-    gqa = Hq != Hkv
     indptr = kv_indptr.to(device=q.device, dtype=torch.int64)
     lens = indptr[1:] - indptr[:-1]  # [B]
     max_len, total = int(lens.max()), int(lens.sum())
@@ -221,29 +219,39 @@ def decode_attention_ref(
     if B * max_len > 2 * total:
         starts = indptr.tolist()
         for b in range(B):
-            if starts[b + 1] == starts[b]:
-                continue
-            slots = indices[starts[b] : starts[b + 1]]  # [L]
-            k = k_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
-            v = v_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
-            o = F.scaled_dot_product_attention(
-                q[b].float().unsqueeze(1), k, v, scale=sm_scale, enable_gqa=gqa
-            )  # [Hq, 1, D]
-            out[b] = o.squeeze(1).to(q.dtype)
+            if starts[b + 1] > starts[b]:
+                slots = indices[starts[b] : starts[b + 1]]  # [L]
+                out[b] = _grouped_attention(q[b : b + 1], k_buffer, v_buffer, slots[None], None, sm_scale)[0]
         return out
     offs = torch.arange(max_len, device=q.device)  # [L]
     valid = offs[None, :] < lens[:, None]  # [B, L]
-    pos = torch.where(valid, indptr[:-1, None] + offs[None, :], 0)  # [B, L]
-    slots = indices[pos]  # [B, L]
-    k = k_buffer[slots].float().transpose(1, 2)  # [B, Hkv, L, D]
-    v = v_buffer[slots].float().transpose(1, 2)  # [B, Hkv, L, D]
-    mask = valid[:, None, None, :]  # [B, 1, 1, L]
-    o = F.scaled_dot_product_attention(
-        q.float().unsqueeze(2), k, v, attn_mask=mask, scale=sm_scale, enable_gqa=gqa
-    ).squeeze(2)  # [B, Hq, D]
+    slots = indices[torch.where(valid, indptr[:-1, None] + offs[None, :], 0)]  # [B, L]
+    o = _grouped_attention(q, k_buffer, v_buffer, slots, valid, sm_scale)  # [B, Hq, D]
     has_ctx = lens > 0  # [B]
-    out[has_ctx] = o[has_ctx].to(q.dtype)
+    out[has_ctx] = o[has_ctx]
     return out
+
+
+def _grouped_attention(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    slots: torch.Tensor,  # [B, L] int64
+    valid: torch.Tensor | None,  # [B, L] bool, None when every slot is valid
+    sm_scale: float,
+) -> torch.Tensor:  # [B, Hq, D] in q.dtype
+    B, Hq, D = q.shape
+    Hkv = k_buffer.shape[1]
+    L = slots.shape[1]
+    flat = slots.reshape(-1)
+    k = k_buffer.index_select(0, flat).view(B, L, Hkv, D).permute(0, 2, 3, 1).float()  # [B, Hkv, D, L]
+    v = v_buffer.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2).float()  # [B, Hkv, L, D]
+    qg = q.float().view(B, Hkv, Hq // Hkv, D)  # [B, Hkv, G, D]
+    scores = torch.matmul(qg, k) * sm_scale  # [B, Hkv, G, L]
+    if valid is not None:
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    o = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, Hkv, G, D]
+    return o.reshape(B, Hq, D).to(q.dtype)
 
 
 def decode_attention(

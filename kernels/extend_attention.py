@@ -199,10 +199,13 @@ def extend_attention_ref(
         k = k_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
         v = v_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
         qb = q[q0:q1].float().transpose(0, 1)  # [Hq, Lq, D]
-        rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # [Lq, 1]
-        mask = torch.arange(kv_len, device=q.device)[None, :] <= rows  # [Lq, L]
+        if kv_len == q_len:  # no cached prefix: plain causal attention (a fused CPU kernel)
+            mask, causal = None, True
+        else:
+            rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # [Lq, 1]
+            mask, causal = torch.arange(kv_len, device=q.device)[None, :] <= rows, False  # [Lq, L]
         o = F.scaled_dot_product_attention(
-            qb, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=Hq != Hkv
+            qb, k, v, attn_mask=mask, is_causal=causal, scale=sm_scale, enable_gqa=Hq != Hkv
         )  # [Hq, Lq, D]
         out[q0:q1] = o.transpose(0, 1).to(q.dtype)
     return out

@@ -1,0 +1,141 @@
+"""Offline throughput on a shared-prefix workload: sprig vs sprig without the radix cache
+vs transformers' batched `generate`.
+
+Workload (SGLang's generated-shared-prefix shape, scaled for a CPU): G groups x P prompts;
+each group shares a system prompt of S tokens, each prompt adds a Q-token question, and
+every request generates exactly O tokens. Prompts arrive shuffled.
+
+Printed for each run: wall time, output tokens/s, prompt tokens computed; then the ratios.
+The least prompt computation possible is G*S + G*P*Q (each shared prefix once).
+
+    python benchmarks/bench_offline.py                 # a small random checkpoint, built here
+    python benchmarks/bench_offline.py --model PATH    # any local Llama-family checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from sprig.runtime import Engine
+from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
+
+
+@dataclass
+class Result:
+    name: str
+    seconds: float
+    output_tokens: int
+    prompt_tokens_computed: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def workload(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+    rng = random.Random(args.seed)
+    low = 8  # stay clear of the tiny tokenizer's special tokens
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(low, vocab) for _ in range(n)]
+
+    prompts = []
+    for _ in range(args.groups):
+        system = ids(args.system_len)
+        prompts += [system + ids(args.question_len) for _ in range(args.prompts_per_group)]
+    rng.shuffle(prompts)
+    return prompts
+
+
+def run_sprig(name: str, model: str, prompts: list[list[int]], args: argparse.Namespace, **options) -> Result:
+    params = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
+    with Engine(model, dtype="float32", max_running_requests=args.batch, **options) as engine:
+        engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})  # warm up
+        engine.flush_cache()
+        before = engine.scheduler.stats.prefill_tokens
+        start = time.perf_counter()
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        seconds = time.perf_counter() - start
+        computed = engine.scheduler.stats.prefill_tokens - before
+    return Result(name, seconds, sum(len(o["output_ids"]) for o in outs), computed)
+
+
+def run_transformers(model_path: str, prompts: list[list[int]], args: argparse.Namespace) -> Result:
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    pad = 0
+    computed = produced = 0
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(prompts), args.hf_batch):
+            chunk = prompts[i : i + args.hf_batch]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=args.output_len,
+                min_new_tokens=args.output_len, do_sample=False, pad_token_id=pad,
+            )
+            computed += ids.numel()
+            produced += (out.shape[1] - width) * len(chunk)
+    return Result("transformers generate", time.perf_counter() - start, produced, computed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="local checkpoint directory (default: build a small random Llama)")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--prompts-per-group", type=int, default=16)
+    parser.add_argument("--system-len", type=int, default=512)
+    parser.add_argument("--question-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=64, help="sprig's max running requests")
+    parser.add_argument("--hf-batch", type=int, default=32, help="transformers' batch size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-transformers", action="store_true")
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    model = args.model
+    if model is None:
+        model = tempfile.mkdtemp(prefix="sprig-bench-")
+        build_tiny_checkpoint(
+            model, "llama", hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+            num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
+        )
+    vocab = AutoModelForCausalLM.from_pretrained(model).config.vocab_size
+    prompts = workload(args, vocab)
+    minimum = args.groups * args.system_len + len(prompts) * args.question_len
+    print(
+        f"{len(prompts)} requests: {args.groups} groups x {args.prompts_per_group}, system {args.system_len} "
+        f"+ question {args.question_len} tokens, {args.output_len} output tokens; threads={torch.get_num_threads()}"
+    )
+    results = [
+        run_sprig("sprig", model, prompts, args),
+        run_sprig("sprig, radix cache off", model, prompts, args, disable_radix_cache=True),
+    ]
+    if not args.skip_transformers:
+        results.append(run_transformers(model, prompts, args))
+
+    print("\n| run | wall s | output tok/s | prompt tokens computed | vs minimum |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for r in results:
+        print(
+            f"| {r.name} | {r.seconds:.1f} | {r.tokens_per_s:,.0f} | {r.prompt_tokens_computed:,} | "
+            f"{r.prompt_tokens_computed / minimum:.3f}x |"
+        )
+    sprig = results[0]
+    print(f"\nminimum prompt tokens (each shared prefix once): {minimum:,}")
+    for other in results[1:]:
+        print(f"throughput sprig / {other.name}: {sprig.tokens_per_s / other.tokens_per_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
