@@ -45,8 +45,9 @@ class DisabledCache:
     def hit_rate(self) -> float:
         return 0.0
 
-    def match_prefix(self, token_ids: TokenIds) -> MatchResult:
-        self.miss_tokens += len(token_ids)
+    def match_prefix(self, token_ids: TokenIds, *, record: bool = True) -> MatchResult:
+        if record:
+            self.miss_tokens += len(token_ids)
         return MatchResult(_EMPTY, self.root)
 
     def insert(self, token_ids: TokenIds, indices: torch.Tensor) -> int:

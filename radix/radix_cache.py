@@ -113,16 +113,18 @@ class RadixCache:
         return self._clock
 
     # ---------------------------------------------------------------- match / insert
-    def match_prefix(self, token_ids: TokenIds) -> MatchResult:
+    def match_prefix(self, token_ids: TokenIds, *, record: bool = True) -> MatchResult:
         """The longest cached prefix of `token_ids` (page-aligned) and its last node.
 
         Splits an edge when the match ends inside it; refreshes access times along the
-        path; counts hit and missed tokens.
+        path; counts hit and missed tokens unless `record` is False (a look that does not
+        serve a request, such as ordering a queue).
         """
         key = as_key(token_ids)
         result = self._match(key)
-        self.hit_tokens += len(result)
-        self.miss_tokens += key.shape[0] - len(result)
+        if record:
+            self.hit_tokens += len(result)
+            self.miss_tokens += key.shape[0] - len(result)
         return result
 
     def _match(self, key: np.ndarray) -> MatchResult:

@@ -61,7 +61,7 @@ class Admission:
             budget -= ext.length
         if not waiting or budget <= 0 or (extends and not extends[-1].completes):
             return extends
-        matches = {id(r): self.kv.match(r) for r in waiting}
+        matches = {id(r): self.kv.match(r, record=False) for r in waiting}
         busy = len(running) + len(extends)
         for req in self.order(waiting, matches, self.kv.cache.root):
             if budget <= 0 or busy >= self.config.max_running_requests:

@@ -28,14 +28,15 @@ class RequestKV:
         self.page_size = allocator.page_size
         self.holders: set[Req] = set()
 
-    def match(self, req: Req) -> MatchResult:
+    def match(self, req: Req, *, record: bool = True) -> MatchResult:
         """The cached prefix `req` may reuse: at least one token is always left to compute,
-        and prompt positions whose logprobs are wanted are recomputed."""
+        and prompt positions whose logprobs are wanted are recomputed. `record`: count
+        the look-up in the cache's hit rate (only when admitting)."""
         ids = req.fill_ids
         limit = len(ids) - 1
         if req.wants_input_logprobs:
             limit = min(limit, max(0, req.logprob_start_len - 1))
-        return self.cache.match_prefix(ids[:limit])
+        return self.cache.match_prefix(ids[:limit], record=record)
 
     def can_fit(self, tokens: int) -> bool:
         return self.allocator.available() + self.cache.evictable_size() >= self.pages(tokens)
