@@ -1,3 +1,76 @@
-"""sprig: a structured-generation runtime for large language models."""
+"""sprig: a structured-generation runtime for large language models.
+
+The frontend language follows SGLang's, so an SGLang program runs with
+`import sprig as sgl`: `@function` programs append text, `gen`, `select` and role
+expressions to a state `s`, fork it, and run on a backend (`RuntimeEndpoint`,
+`Runtime`, `OpenAI`). Importing `sprig` does not import `sprig.runtime`.
+"""
+
+from sprig.api import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    flush_cache,
+    gen,
+    gen_int,
+    gen_string,
+    get_server_info,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from sprig.backend import Backend, OpenAI, Runtime, RuntimeEndpoint, set_default_backend
+from sprig.chat_template import ChatTemplate, get_chat_template, register_chat_template
+from sprig.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from sprig.cost import Cost
+from sprig.program import Program, function
+from sprig.sampling import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
+from sprig.state import ProgramState, ProgramStateGroup
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "REGEX_BOOL",
+    "REGEX_FLOAT",
+    "REGEX_INT",
+    "REGEX_STR",
+    "Backend",
+    "ChatTemplate",
+    "Cost",
+    "OpenAI",
+    "Program",
+    "ProgramState",
+    "ProgramStateGroup",
+    "Runtime",
+    "RuntimeEndpoint",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "flush_cache",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_chat_template",
+    "get_server_info",
+    "greedy_token_selection",
+    "register_chat_template",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
+]

@@ -1,0 +1,85 @@
+"""A small HTTP client for model servers: JSON calls, server-sent-event streams, errors
+that name the endpoint and carry the server's message. Safe to share across threads
+(one `httpx.Client`, whose connection pool is thread-safe)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+
+class ServerError(RuntimeError):
+    """A model server answered with an error status (or an error event in a stream)."""
+
+    def __init__(self, endpoint: str, status: int, message: str) -> None:
+        super().__init__(f"{endpoint} failed with HTTP {status}: {message}")
+        self.endpoint, self.status, self.message = endpoint, status, message
+
+
+class HttpClient:
+    """JSON over HTTP to one server. `transport` replaces the network (tests pass an
+    `httpx.MockTransport`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | None = 600.0,
+        transport: httpx.BaseTransport | None = None,
+        verify: bool | str = True,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport, verify=verify
+        )
+
+    def get(self, path: str) -> Any:
+        response = self._client.get(path)
+        _check(path, response)
+        return response.json()
+
+    def post(self, path: str, payload: dict[str, Any]) -> tuple[Any, float]:
+        """The decoded JSON answer and the seconds the call took."""
+        start = time.perf_counter()
+        response = self._client.post(path, json=payload)
+        _check(path, response)
+        return response.json(), time.perf_counter() - start
+
+    def stream(self, path: str, payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], float]]:
+        """The `data:` events of an SSE answer until `[DONE]`, each with the seconds
+        since the request began."""
+        start = time.perf_counter()
+        with self._client.stream("POST", path, json=payload) as response:
+            if response.status_code >= 400:
+                response.read()
+            _check(path, response)
+            for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    return
+                event = json.loads(data)
+                if isinstance(event, dict) and "error" in event:
+                    raise ServerError(path, response.status_code, str(event["error"]))
+                yield event, time.perf_counter() - start
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _check(path: str, response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+        message = body.get("error", body) if isinstance(body, dict) else body
+    except ValueError:
+        message = response.text
+    raise ServerError(path, response.status_code, str(message))

@@ -1,0 +1,145 @@
+"""`Runtime`: start a sprig server as a subprocess and talk to it through `.endpoint`.
+
+The command is `<launcher> serve --model PATH --host HOST --port PORT [--flag value]...`
+with `launcher = (sys.executable, "-m", "sprig.runtime")` by default; each keyword
+argument `some_flag=value` becomes `--some-flag value` (`True` -> a bare `--some-flag`,
+`False`/`None` -> omitted, a list -> `--some-flag a b`). The server's stdout and stderr
+go to `log_path`; if it exits or stays unhealthy past `launch_timeout`, the error
+carries the log's tail. The server runs in its own process group, which `shutdown`
+terminates (then kills), so its worker processes go with it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from sprig.backend.runtime_endpoint import RuntimeEndpoint
+
+DEFAULT_LAUNCHER = (sys.executable, "-m", "sprig.runtime")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def server_command(
+    model_path: str, host: str, port: int, launcher: Sequence[str] = DEFAULT_LAUNCHER, **server_args: Any
+) -> list[str]:
+    """The argv that starts a server (see the module docstring)."""
+    argv = [*launcher, "serve", "--model", str(model_path), "--host", host, "--port", str(port)]
+    for key, value in server_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+class Runtime:
+    """A server process plus a `RuntimeEndpoint` to it; usable as a context manager.
+
+    Invariant: once the constructor returns, `/health` has answered 200 and `.endpoint`
+    is connected; on any failure the process is already gone.
+    """
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        launch_timeout: float = 300.0,
+        launcher: Sequence[str] = DEFAULT_LAUNCHER,
+        api_key: str | None = None,
+        **server_args: Any,
+    ) -> None:
+        if model_path is None:
+            raise ValueError("Runtime needs model_path (a local Hugging Face checkpoint directory)")
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        if api_key:
+            server_args["api_key"] = api_key
+        self.command = server_command(model_path, host, self.port, launcher, **server_args)
+        log = tempfile.NamedTemporaryFile(prefix="sprig-server-", suffix=".log", delete=False)  # noqa: SIM115
+        self.log_path = log.name
+        process = subprocess.Popen(
+            self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        self._process: subprocess.Popen[bytes] | None = process
+        atexit.register(self.shutdown)
+        try:
+            self._wait_healthy(process, launch_timeout)
+            self.endpoint = RuntimeEndpoint(self.url, api_key)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _wait_healthy(self, process: subprocess.Popen[bytes], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while time.monotonic() < deadline:
+            code = process.poll()
+            if code is not None:
+                raise RuntimeError(f"the server exited with code {code} before it was healthy:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
+                    return
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        raise TimeoutError(f"the server was not healthy within {timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines the server wrote (stdout and stderr)."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no server log)"
+
+    def shutdown(self) -> None:
+        """Stop the server and its process group; idempotent."""
+        process, self._process = self._process, None
+        endpoint = getattr(self, "endpoint", None)
+        if endpoint is not None:
+            endpoint.close()
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+            try:
+                process.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.shutdown()
+
+    def cache_prefix(self, prefix: str) -> None:
+        self.endpoint.cache_prefix(prefix)

@@ -1,0 +1,100 @@
+"""The expressions a program appends to its state with `s += ...`.
+
+Expressions are immutable values; `a + b` (either may be a str) builds an `ExprList`
+that executes its items in order. The executor gives each its meaning: constants are
+appended, a `Gen`/`Select` calls the backend and binds its `name`, role markers render
+through the chat template, `CommitLazy` caches the state's text on the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sprig.choices import ChoicesSamplingMethod
+from sprig.sampling import SamplingParams
+
+
+class Expr:
+    """Base of every expression; supports `+` with other expressions and strings."""
+
+    def __add__(self, other: Expr | str) -> ExprList:
+        return ExprList((*_items(self), *_items(as_expr(other))))
+
+    def __radd__(self, other: Expr | str) -> ExprList:
+        return ExprList((*_items(as_expr(other)), *_items(self)))
+
+
+def as_expr(value: Expr | str) -> Expr:
+    """`value` as an expression: a str becomes a `Constant`."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Constant(value)
+    raise TypeError(f"a program state takes str or sprig expressions, not {type(value).__name__}")
+
+
+def _items(expr: Expr) -> tuple[Expr, ...]:
+    return expr.items if isinstance(expr, ExprList) else (expr,)
+
+
+def bound_names(expr: Expr) -> list[str]:
+    """Names of the variables that executing `expr` binds, in order."""
+    if isinstance(expr, ExprList):
+        return [n for item in expr.items for n in bound_names(item)]
+    name = getattr(expr, "name", None)
+    return [name] if isinstance(expr, (Gen, Select, VarScopeEnd)) and name is not None else []
+
+
+@dataclass(frozen=True)
+class Constant(Expr):
+    value: str
+
+
+@dataclass(frozen=True)
+class ExprList(Expr):
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Gen(Expr):
+    """Generate text; `name` (if any) binds the text — a list of texts when `n > 1` —
+    parsed to `params.dtype` when one is set."""
+
+    name: str | None
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """Append the choice the backend scores best under `method`; `name` binds it."""
+
+    name: str | None
+    choices: tuple[str, ...]
+    method: ChoicesSamplingMethod
+
+
+@dataclass(frozen=True)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class VarScopeBegin(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class VarScopeEnd(Expr):
+    """Binds `name` to the text appended since the matching `VarScopeBegin`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class CommitLazy(Expr):
+    """Cache the state's text on the server (a fork does this before branching)."""
