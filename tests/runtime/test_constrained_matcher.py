@@ -1,0 +1,183 @@
+"""The per-request matcher: forced continuations and jump-forward, rollback, atomic
+acceptance, the end-of-output rules, and invalid specs failing with a named ValueError."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from sprig.kernels.logit_mask import unpack_bitmask
+from sprig.runtime.constrained import (
+    GrammarSpec,
+    OutlinesBackend,
+    TokenVocabulary,
+    bitmask_width,
+    spec_from_params,
+)
+from sprig.runtime.sampling.params import SamplingParams
+from sprig.runtime.tiny_checkpoint import build_tokenizer
+
+EOS = 2
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    build_tokenizer(path)
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer) -> OutlinesBackend:
+    return OutlinesBackend.from_tokenizer(tokenizer)
+
+
+def mask(grammar, width: int) -> torch.Tensor:  # [width] bool
+    row = torch.zeros(bitmask_width(width), dtype=torch.int32)
+    grammar.fill_bitmask(row)
+    return unpack_bitmask(row[None], width)[0]
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_forced_continuation_and_jump_forward(backend, tokenizer):
+    grammar = backend.matcher(backend.compile(GrammarSpec.json_schema(PERSON)))
+    assert grammar.forced_continuation() == '{"name":"'
+    assert grammar.jump_forward(encode(tokenizer, '{"name":"'))
+    assert grammar.forced_continuation() is None  # the name is free text
+    assert grammar.accept_tokens(encode(tokenizer, 'fox"'))
+    assert grammar.forced_continuation() == ',"age":'
+    # retokenize the last token together with the forced text, as the scheduler does
+    tail = encode(tokenizer, '"' + ',"age":')
+    assert grammar.jump_forward(tail, rollback=1)
+    assert grammar.accept_tokens(encode(tokenizer, "42}"))
+    assert grammar.is_finished() and grammar.forced_continuation() is None
+    assert grammar.accept_token(EOS)
+
+
+def test_whitespace_makes_the_first_key_a_choice(backend):
+    spec = GrammarSpec.json_schema(PERSON, whitespace=r"[ ]?")
+    assert backend.matcher(backend.compile(spec)).forced_continuation() == "{"
+
+
+def test_failed_jump_forward_leaves_the_state_unchanged(backend, tokenizer):
+    grammar = backend.matcher(backend.compile(GrammarSpec.json_schema(PERSON)))
+    assert grammar.accept_tokens(encode(tokenizer, '{"name":"ab'))
+    before = mask(grammar, len(tokenizer))
+    assert not grammar.jump_forward(encode(tokenizer, '"x'), rollback=2)
+    assert torch.equal(mask(grammar, len(tokenizer)), before)
+    assert grammar.accept_tokens(encode(tokenizer, '","age":1}'))
+
+
+def test_rollback_then_reaccept_restores_the_state(backend, tokenizer):
+    grammar = backend.matcher(backend.compile(GrammarSpec.json_schema(PERSON)))
+    first, rest = encode(tokenizer, '{"name":'), encode(tokenizer, '"cat","age":12')
+    assert grammar.accept_tokens(first)
+    at_first = (mask(grammar, len(tokenizer)), grammar.forced_continuation())
+    assert grammar.accept_tokens(rest)
+    at_rest = mask(grammar, len(tokenizer))
+    assert grammar.rollback(len(rest)) == rest
+    assert torch.equal(mask(grammar, len(tokenizer)), at_first[0])
+    assert grammar.forced_continuation() == at_first[1]
+    assert grammar.accept_tokens(rest)
+    assert torch.equal(mask(grammar, len(tokenizer)), at_rest)
+    with pytest.raises(ValueError, match="cannot roll back"):
+        grammar.rollback(len(first) + len(rest) + 1)
+
+
+def test_disallowed_tokens_are_refused_atomically(backend, tokenizer):
+    grammar = backend.matcher(backend.compile(GrammarSpec.regex(r"[0-9]{2,3}")))
+    assert not grammar.accept_token(encode(tokenizer, "a")[0])
+    assert not grammar.accept_token(EOS)  # not final yet
+    assert not grammar.accept_tokens(encode(tokenizer, "1") * 4)
+    assert grammar.accept_tokens(encode(tokenizer, "1") * 3)
+    assert grammar.is_finished() and not grammar.can_continue()
+    assert grammar.accept_token(EOS) and not grammar.accept_token(encode(tokenizer, "1")[0])
+    assert not mask(grammar, len(tokenizer)).any()  # after a stop token nothing is allowed
+
+
+def test_a_final_state_may_continue(backend, tokenizer):
+    """outlines-core alone drops one-byte tokens out of a final state ("." after "1")."""
+    grammar = backend.matcher(backend.compile(GrammarSpec.regex(r"[0-9]+(\.[0-9]+)?")))
+    assert grammar.accept_tokens(encode(tokenizer, "1"))
+    allowed = mask(grammar, len(tokenizer))
+    assert allowed[encode(tokenizer, ".")[0]] and allowed[EOS]
+    assert grammar.is_terminated() and not grammar.is_finished()
+    optional = backend.matcher(backend.compile(GrammarSpec.regex("(ab)?")))
+    assert mask(optional, len(tokenizer))[encode(tokenizer, "a")[0]]
+
+
+def test_custom_stop_tokens_only_in_final_states(backend, tokenizer):
+    compiled = backend.compile(GrammarSpec.regex("(yes|no)"))
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    grammar = backend.matcher(compiled, stop_token_ids=[end])
+    assert not mask(grammar, len(tokenizer))[[end, EOS]].any()
+    assert grammar.accept_tokens(encode(tokenizer, "no"))
+    allowed = mask(grammar, len(tokenizer))
+    assert allowed[end] and not allowed[EOS]  # EOS is not a stop token of this request
+    assert allowed.sum() == 1 and grammar.is_finished()
+
+
+def test_row_shorter_than_outlines_wants():
+    """A vocabulary without specials but EOS: outlines wants one more bit than the row."""
+    tokens = (*(bytes([ord("a") + i % 26]) * (1 + i // 26) for i in range(63)), None)
+    backend = OutlinesBackend(TokenVocabulary(tokens, 63))
+    grammar = backend.matcher(backend.compile(GrammarSpec.regex("(a|bb)+")))
+    allowed = mask(grammar, 64)
+    assert allowed.nonzero().flatten().tolist() == [0, 1, 26, 27, 52, 53]  # a b aa bb aaa bbb
+    with pytest.raises(ValueError, match="words"):
+        grammar.fill_bitmask(torch.zeros(1, dtype=torch.int32))
+
+
+def test_matcher_refuses_a_grammar_of_another_tokenizer(backend, tmp_path):
+    other = OutlinesBackend.from_tokenizer(build_tokenizer(tmp_path, vocab_size=400))
+    with pytest.raises(ValueError, match="different tokenizer"):
+        backend.matcher(other.compile(GrammarSpec.regex("a")))
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (GrammarSpec.regex("(ab"), "missing \\)"),
+        (GrammarSpec.regex("ab)"), "unbalanced parenthesis"),
+        (GrammarSpec.regex("a(?=b)"), "lookahead"),
+        (GrammarSpec.regex("(?<!a)b"), "lookbehind"),
+        (GrammarSpec.regex(r"(a)\1"), "backreference"),
+        (GrammarSpec.regex(r"\bcat"), "word boundary"),
+        (GrammarSpec.regex("^cat$"), "anchor"),
+        (GrammarSpec.regex("[a-"), "unterminated character class"),
+        (GrammarSpec.regex("a{3,1}"), "cannot compile regex"),
+        (GrammarSpec.json_schema("[1, 2]"), "must be a JSON object"),
+        (GrammarSpec.json_schema('{"type": "foo"}'), "Unsupported type: foo"),
+        (GrammarSpec.json_schema("{not json"), "not valid JSON"),
+        (GrammarSpec.json_schema('{"type": "string", "minLength": "x"}'), "non-negative integer"),
+        (GrammarSpec.json_schema('{"type": "array", "maxItems": -1}'), "non-negative integer"),
+        (GrammarSpec("choices", "[]"), "non-empty list"),
+    ],
+)
+def test_invalid_specs_raise_a_named_value_error(backend, spec, message):
+    with pytest.raises(ValueError, match=message):
+        backend.compile(spec)
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError, match="kind"):
+        GrammarSpec("ebnf", "x")
+    with pytest.raises(ValueError, match="whitespace"):
+        GrammarSpec("regex", "a", whitespace=" ")
+    assert json.loads(GrammarSpec.choices(["a", "b"]).text) == ["a", "b"]
+    assert GrammarSpec.json_schema({"a": 1}) == GrammarSpec.json_schema('{"a": 1}')
+    assert spec_from_params(SamplingParams(regex="[0-9]+")) == GrammarSpec.regex("[0-9]+")
+    schema = {"type": "integer"}
+    assert spec_from_params(SamplingParams(json_schema=schema)) == GrammarSpec.json_schema(schema)
+    assert spec_from_params(SamplingParams()) is None
