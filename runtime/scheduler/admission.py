@@ -43,7 +43,8 @@ class Admission:
         self.order = SCHEDULE_ORDERINGS[config.schedule_policy]
 
     def build(self, waiting: list[Req], running: list[Req], chunked: Req | None, ratio: float) -> list[Extend]:
-        """The extends of this prefill step; admitted requests leave `waiting`.
+        """The extends of this prefill step (the caller removes their requests from its
+        waiting queue). `waiting` holds the requests that may be admitted now.
 
         A request mid-way through a chunked prefill continues first. A new request enters
         when a table row is free, the step's token budget has room, and the pool can hold
@@ -78,7 +79,6 @@ class Admission:
             if not self.kv.reserve(req, len(match) + ext_len):
                 self.kv.release(req)
                 break
-            waiting.remove(req)
             extends.append(Extend(req, ext_len, cached=len(match)))
             if not extends[-1].completes:
                 break  # one chunked prefill at a time

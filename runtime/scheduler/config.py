@@ -26,6 +26,8 @@ class SchedulerConfig:
     - `in_batch_prefix_min`: a waiting request that shares at least this many uncached
       tokens (or all but its last one) with a request admitted in the same step waits a
       step, so the shared prefix is computed once and then reused.
+    - `grammar_compile_timeout_s`: a regex or JSON schema that takes longer to compile
+      fails its request (the compile worker is killed) instead of stalling the server.
     """
 
     max_running_requests: int = 64
@@ -39,6 +41,7 @@ class SchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     in_batch_prefix_min: int = 32
+    grammar_compile_timeout_s: float = 30.0
     check_integrity: bool = False
 
     def __post_init__(self) -> None:
@@ -60,5 +63,7 @@ class SchedulerConfig:
             raise ValueError("need 0 <= min_new_token_ratio <= new_token_ratio <= 1")
         if self.new_token_ratio_decay < 0:
             raise ValueError("new_token_ratio_decay must be >= 0")
+        if self.grammar_compile_timeout_s <= 0:
+            raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
         if self.in_batch_prefix_min < 1:
             raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

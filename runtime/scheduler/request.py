@@ -18,6 +18,7 @@ class FinishReason:
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
+    status_code: int | None = None  # for an abort: 400 when the request itself was bad
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type}
@@ -27,6 +28,8 @@ class FinishReason:
             out["length"] = self.length
         else:
             out["message"] = self.message
+            if self.status_code is not None:
+                out["status_code"] = self.status_code
         return out
 
 
@@ -64,6 +67,7 @@ class Req:
     output_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs_done: bool = False
+    grammar: Any = None  # the request's grammar matcher (constrained decoding), once compiled
 
     @property
     def fill_ids(self) -> list[int]:

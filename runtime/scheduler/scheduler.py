@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from sprig.radix import ReqToTokenPool, SlotAllocator, make_prefix_cache
+from sprig.runtime.constrained import CompilerConfig
 from sprig.runtime.detokenizer import DetokenizeConfig, RequestDetokenizer
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner
@@ -19,6 +20,7 @@ from sprig.runtime.sampling import SamplingBatch, sample
 from sprig.runtime.sampling.logprobs import token_logprobs
 from sprig.runtime.scheduler.admission import Admission, Extend
 from sprig.runtime.scheduler.config import SchedulerConfig
+from sprig.runtime.scheduler.grammar import GrammarError, Grammars
 from sprig.runtime.scheduler.kv import RequestKV
 from sprig.runtime.scheduler.output import TokenOutput
 from sprig.runtime.scheduler.request import FinishReason, Req
@@ -64,6 +66,9 @@ class Scheduler:
         table = ReqToTokenPool(config.max_running_requests, mc.context_len)
         self.kv = RequestKV(allocator, cache, table)
         self.admission = Admission(config, self.kv)
+        self.grammars = Grammars(
+            tokenizer, mc.vocab_size, CompilerConfig(timeout_s=config.grammar_compile_timeout_s)
+        )
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None
@@ -114,6 +119,10 @@ class Scheduler:
                 no_stop_trim=p.no_stop_trim,
             )
             self._stop_checkers[req.rid] = RequestDetokenizer(self.tokenizer, req.prompt_ids, config)
+        try:
+            self.grammars.submit(req)
+        except GrammarError as e:
+            raise RequestRejected(str(e)) from None
         req.stop_ids = p.stop_token_set(self.eos_ids)
         self._reqs[req.rid] = req
         self._sent[req.rid] = (0, False)
@@ -131,6 +140,7 @@ class Scheduler:
         if req is self.chunked:
             self.chunked = None
         self.kv.release(req)
+        self.grammars.forget(rid)
         req.finish = FinishReason("abort", message="aborted")
         self._aborted.append(req)
         return True
@@ -149,6 +159,10 @@ class Scheduler:
     def check_integrity(self) -> None:
         self.kv.check_integrity()
 
+    def close(self) -> None:
+        """Stop the grammar compile workers, if any were started."""
+        self.grammars.close()
+
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[TokenOutput]:
         """One scheduling step; returns what is new for each request it touched."""
@@ -156,19 +170,39 @@ class Scheduler:
         self._aborted = []
         extends: list[Extend] = []
         if not (self._last_was_prefill and self.running):
-            extends = self.admission.build(self.waiting, self.running, self.chunked, self.ratio)
+            ready = self._admissible(touched)
+            extends = self.admission.build(ready, self.running, self.chunked, self.ratio)
+            for ext in extends:
+                if ext.req in self.waiting:
+                    self.waiting.remove(ext.req)
         if extends:
             touched += self._run_extend(extends)
             self._last_was_prefill = True
         elif self.running:
             touched += self._run_decode()
             self._last_was_prefill = False
-        elif self.waiting and not self.chunked:
-            raise RuntimeError("no request can be admitted although nothing is running (KV pool too small?)")
+        elif self.waiting and not self.chunked and not touched:
+            if not self.grammars.has_pending:
+                raise RuntimeError("no request can be admitted although nothing is running (KV pool too small?)")
+            self.grammars.wait_any(timeout=0.05)
         self.stats.steps += 1
         if self.config.check_integrity:
             self.kv.check_integrity()
         return [self._collect(r) for r in touched]
+
+    def _admissible(self, failed: list[Req]) -> list[Req]:
+        """Waiting requests that may be admitted now: their grammar, if any, is compiled.
+        Requests whose grammar failed to compile finish (400) and join `failed`."""
+        ready = []
+        for req in list(self.waiting):
+            try:
+                if self.grammars.ready(req, req.stop_ids):
+                    ready.append(req)
+            except GrammarError as e:
+                self.waiting.remove(req)
+                req.finish = FinishReason("abort", message=str(e), status_code=400)
+                failed.append(req)
+        return ready
 
     def _run_extend(self, extends: list[Extend]) -> list[Req]:
         firsts = [self._logits_from(e) for e in extends]
@@ -262,6 +296,7 @@ class Scheduler:
             device=logits.device,
         )
         top_n = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
+        logits = self.grammars.mask(reqs, logits)
         out = sample(logits, batch, top_logprobs_num=top_n, generator=self.runner.generator)
         ids = out.next_ids.tolist()
         logprobs = out.logprobs.tolist()
@@ -279,8 +314,12 @@ class Scheduler:
     def _check_stop(self, req: Req, token: int) -> None:
         p, n_out = req.params, len(req.output_ids)
         reason = None
-        if token in req.stop_ids and n_out >= p.min_new_tokens:
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            reason = FinishReason("abort", message=f"the grammar refused sampled token {token}")
+        elif token in req.stop_ids and n_out >= p.min_new_tokens:
             reason = FinishReason("stop", matched=token)
+        elif req.grammar is not None and req.grammar.is_finished():
+            reason = FinishReason("stop", matched=None)
         elif (checker := self._stop_checkers.get(req.rid)) is not None:
             matched = checker.step([token]).stop_matched
             if matched is not None:

@@ -1,0 +1,103 @@
+"""Constrained decoding inside the scheduler: compiling off the critical path, masking
+each constrained row's logits, advancing each request's grammar on its sampled token."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, wait
+
+import torch
+
+from sprig.kernels.logit_mask import apply_token_bitmask
+from sprig.runtime.constrained import (
+    CompilerConfig,
+    GrammarCompiler,
+    GrammarTimeoutError,
+    OutlinesBackend,
+    bitmask_width,
+    spec_from_params,
+)
+from sprig.runtime.scheduler.request import Req
+
+
+class GrammarError(ValueError):
+    """A request's regex or schema cannot be compiled or enforced (the client's fault)."""
+
+
+class Grammars:
+    """Owns the grammar backend and compiler, created on the first constrained request
+    (no compile workers exist for an engine that never sees one)."""
+
+    def __init__(self, tokenizer, logits_width: int, config: CompilerConfig) -> None:
+        self.tokenizer = tokenizer
+        self.logits_width = logits_width
+        self.config = config
+        self._backend: OutlinesBackend | None = None
+        self._compiler: GrammarCompiler | None = None
+        self._pending: dict[str, Future] = {}
+
+    def submit(self, req: Req) -> None:
+        """Start compiling `req`'s grammar, if it asks for one. Raises `GrammarError`
+        for a spec that is malformed on its face."""
+        try:
+            spec = spec_from_params(req.params)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+        if spec is None:
+            return
+        if self._compiler is None:
+            if self.tokenizer is None:
+                raise GrammarError("constrained decoding needs the scheduler to have a tokenizer")
+            self._backend = OutlinesBackend.from_tokenizer(self.tokenizer, logits_width=self.logits_width)
+            self._compiler = GrammarCompiler(self._backend, self.config)
+        self._pending[req.rid] = self._compiler.submit(spec)
+
+    def ready(self, req: Req, stop_ids: frozenset[int]) -> bool:
+        """True once `req` may run (its grammar compiled, or it has none). Raises
+        `GrammarError` if compiling failed."""
+        future = self._pending.get(req.rid)
+        if future is None:
+            return True
+        try:
+            compiled = GrammarCompiler.poll(future)
+        except (ValueError, GrammarTimeoutError) as e:
+            del self._pending[req.rid]
+            raise GrammarError(f"invalid grammar: {e}") from None
+        if compiled is None:
+            return False
+        del self._pending[req.rid]
+        req.grammar = self._backend.matcher(compiled, stop_token_ids=stop_ids)
+        return True
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def forget(self, rid: str) -> None:
+        future = self._pending.pop(rid, None)
+        if future is not None:
+            future.cancel()
+
+    def wait_any(self, timeout: float) -> None:
+        """Block until some compile finishes or `timeout` seconds pass."""
+        if self._pending:
+            wait(list(self._pending.values()), timeout=timeout, return_when="FIRST_COMPLETED")
+
+    def mask(self, reqs: list[Req], logits: torch.Tensor) -> torch.Tensor:
+        """`logits` with every constrained row limited to its grammar's allowed tokens
+        (a copy when any row is constrained)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return logits
+        bitmask = torch.zeros(len(rows), bitmask_width(logits.shape[-1]), dtype=torch.int32)
+        for j, i in enumerate(rows):
+            reqs[i].grammar.fill_bitmask(bitmask[j])
+        masked = logits.clone()
+        apply_token_bitmask(masked, bitmask.to(logits.device), rows=torch.tensor(rows, device=logits.device))
+        return masked
+
+    def close(self) -> None:
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+        if self._compiler is not None:
+            self._compiler.close()
