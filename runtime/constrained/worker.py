@@ -2,7 +2,7 @@
 memory (RLIMIT_AS) so a grammar that explodes (outlines-core's regex for nested arrays
 doubles per level) dies alone instead of taking the host down.
 
-The worker runs `python -m sprig.runtime.constrained.worker READ_FD WRITE_FD MEM_BYTES`:
+The worker runs `main(READ_FD, WRITE_FD, MEM_BYTES)` of this module in a fresh interpreter:
 it reads a pickled `GrammarBackend` once, answers b"ready", then compiles each pickled
 `GrammarSpec` it receives and replies with a pickled ("ok", compiled grammar) or
 ("invalid" | "error", message). It exits when the parent closes the pipe, so it never
@@ -56,11 +56,8 @@ class CompileWorker:
     def __init__(self, backend_payload: bytes, memory_bytes: int) -> None:
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
-        module = "sprig.runtime.constrained.worker"
-        fds = (str(to_child_r), str(to_parent_w), str(memory_bytes))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", module, *fds], pass_fds=(to_child_r, to_parent_w)
-        )
+        entry = f"from {__name__} import main; main({to_child_r}, {to_parent_w}, {memory_bytes})"
+        self._proc = subprocess.Popen([sys.executable, "-c", entry], pass_fds=(to_child_r, to_parent_w))
         os.close(to_child_r)
         os.close(to_parent_w)
         self._send = Connection(to_child_w, readable=False)
@@ -112,9 +109,6 @@ class CompileWorker:
         self._recv.close()
 
 
-if __name__ == "__main__":
-    serve(
-        Connection(int(sys.argv[1]), writable=False),
-        Connection(int(sys.argv[2]), readable=False),
-        int(sys.argv[3]),
-    )
+def main(read_fd: int, write_fd: int, memory_bytes: int) -> None:
+    """The worker process's entry point."""
+    serve(Connection(read_fd, writable=False), Connection(write_fd, readable=False), memory_bytes)

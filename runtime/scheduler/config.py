@@ -28,6 +28,8 @@ class SchedulerConfig:
       step, so the shared prefix is computed once and then reused.
     - `grammar_compile_timeout_s`: a regex or JSON schema that takes longer to compile
       fails its request (the compile worker is killed) instead of stalling the server.
+    - `enable_jump_forward`: where a grammar admits exactly one continuation, append it
+      without sampling token by token (requests that return logprobs never jump).
     """
 
     max_running_requests: int = 64
@@ -42,6 +44,7 @@ class SchedulerConfig:
     new_token_ratio_decay: float = 0.002
     in_batch_prefix_min: int = 32
     grammar_compile_timeout_s: float = 30.0
+    enable_jump_forward: bool = True
     check_integrity: bool = False
 
     def __post_init__(self) -> None:

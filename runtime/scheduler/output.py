@@ -21,6 +21,7 @@ class TokenOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    jump_forward_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
     output_logprobs: list[list[Any]] = field(default_factory=list)
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
@@ -37,6 +38,7 @@ class TokenOutput:
             prompt_tokens=len(req.prompt_ids),
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
+            jump_forward_tokens=req.jump_forward_tokens,
             finish_reason=req.finish.to_json() if req.finish else None,
         )
         if req.return_logprob:

@@ -41,7 +41,8 @@ class Req:
     - `table[row, :alloc_len]` are slots this request may use; the first `prefix_len`
       belong to the radix tree (locked through `last_node`), the rest are its own;
     - `kv_len <= alloc_len`: the first `kv_len` tokens of `fill_ids` have their KV stored;
-    - while decoding, `kv_len == len(fill_ids) - 1`: the last sampled token is fed next.
+    - while decoding, `kv_len < len(fill_ids)`: the tokens after `kv_len` (the last
+      sampled one, plus any jump-forward tokens) are fed next.
     """
 
     rid: str
@@ -60,6 +61,7 @@ class Req:
     cached_tokens: int = 0
     finish: FinishReason | None = None
     retractions: int = 0
+    jump_forward_tokens: int = 0
     arrival: float = field(default_factory=time.monotonic)
     # logprobs gathered so far; entries are (logprob, token_id)
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)

@@ -27,6 +27,7 @@ from sprig.runtime.scheduler.request import FinishReason, Req
 from sprig.runtime.step_input import StepInput
 
 log = logging.getLogger("sprig.scheduler")
+JUMP_CONTEXT_TOKENS = 4  # output tokens re-tokenized with a forced continuation
 
 
 class RequestRejected(ValueError):
@@ -45,6 +46,7 @@ class SchedulerStats:
     cached_tokens: int = 0  # prompt tokens reused from the radix cache
     decode_tokens: int = 0  # tokens generated
     retractions: int = 0
+    jump_forward_tokens: int = 0  # tokens appended without a decode step of their own
     steps: int = 0
 
 
@@ -243,32 +245,36 @@ class Scheduler:
         return [e.req for e in extends]
 
     def _run_decode(self) -> list[Req]:
+        """One token for every running request. A request with jump-forward tokens
+        pending feeds them all in the same step (the step then runs in extend mode)."""
         self._make_room_for_decode()
         batch = list(self.running)
+        pending = [len(r.fill_ids) - r.kv_len for r in batch]
+        mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
         step = StepInput(
-            mode=ForwardMode.DECODE,
-            input_ids=[r.fill_ids[r.kv_len] for r in batch],
-            q_lens=[1] * len(batch),
-            kv_slots=[self.kv.slots_of(r, r.kv_len + 1) for r in batch],
-            logits_from=[0] * len(batch),
+            mode=mode,
+            input_ids=[t for r, n in zip(batch, pending, strict=True) for t in r.fill_ids[r.kv_len : r.kv_len + n]],
+            q_lens=pending,
+            kv_slots=[self.kv.slots_of(r, r.kv_len + n) for r, n in zip(batch, pending, strict=True)],
+            logits_from=[n - 1 for n in pending],
         )
         logits = self.runner.forward(step)
-        for r in batch:
-            r.kv_len += 1
+        for r, n in zip(batch, pending, strict=True):
+            r.kv_len += n
         self._sample(batch, logits)
         self.ratio = max(self.config.min_new_token_ratio, self.ratio - self.config.new_token_ratio_decay)
         return batch
 
     def _make_room_for_decode(self) -> None:
-        """Reserve one more slot per running request; retract requests when the pool,
-        after evicting cold cache, cannot supply them."""
+        """Reserve slots for every running request's pending tokens; retract requests when
+        the pool, after evicting cold cache, cannot supply them."""
         while True:
-            need = sum(self.kv.pages(r.kv_len + 1) - r.alloc_len for r in self.running)
+            need = sum(self.kv.pages(len(r.fill_ids)) - r.alloc_len for r in self.running)
             if self.kv.can_fit(need) or len(self.running) <= 1:
                 break
             self._retract(max(self.running, key=self._retract_priority))
         for r in self.running:
-            if not self.kv.reserve(r, r.kv_len + 1):
+            if not self.kv.reserve(r, len(r.fill_ids)):
                 raise RuntimeError(f"no KV slot for request {r.rid} even after retraction")
 
     @staticmethod
@@ -330,6 +336,40 @@ class Scheduler:
             reason = FinishReason("length", length=n_out)
         if reason is not None:
             self._finish(req, reason)
+        elif req.grammar is not None and self.config.enable_jump_forward and not req.return_logprob:
+            self._jump_forward(req)
+
+    def _jump_forward(self, req: Req) -> None:
+        """Append the text the grammar forces next (e.g. `{"name":"`) without sampling it.
+
+        The forced text is tokenized in context (after the last few output tokens); the
+        jump happens only where that tokenization keeps the existing tokens, so no
+        emitted token is ever taken back. The tokens are fed in the next step at once.
+        """
+        forced = req.grammar.forced_continuation()
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.context_len - len(req.fill_ids) - 1)
+        if not forced or room <= 0 or self.tokenizer is None:
+            return
+        tail = req.output_ids[-JUMP_CONTEXT_TOKENS:]
+        context = self.tokenizer.decode(tail)
+        if "\ufffd" in context:
+            return
+        ids = self.tokenizer.encode(context + forced, add_special_tokens=False)
+        if ids[: len(tail)] != tail:
+            return
+        new = ids[len(tail) : len(tail) + room]
+        if not new or not req.grammar.accept_tokens(new):
+            return
+        req.output_ids.extend(new)
+        req.jump_forward_tokens += len(new)
+        self.stats.jump_forward_tokens += len(new)
+        checker = self._stop_checkers.get(req.rid)
+        matched = checker.step(new).stop_matched if checker is not None else None
+        if matched is not None:
+            self._finish(req, FinishReason("stop", matched=matched))
+        elif req.grammar.is_finished() or len(req.output_ids) >= req.params.max_new_tokens:
+            self._finish(req, FinishReason("stop" if req.grammar.is_finished() else "length",
+                                           matched=None, length=len(req.output_ids)))
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finish = reason
