@@ -1,0 +1,111 @@
+"""The demo model's synthetic task: multi-step arithmetic word problems.
+
+A problem starts a person with some items and applies 1–4 operations (buy, give away,
+double, triple, share equally); the solution walks through one equation per step and ends
+with an `Answer: N` line. Every intermediate value stays in [0, MAX_VALUE].
+
+Problems are split into train and held-out sets by a stable hash of the question text,
+so the two sets can never share a question however many problems are drawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+Split = Literal["train", "heldout"]
+
+MAX_VALUE = 199
+HELDOUT_BUCKETS = 10  # one hash bucket in this many is held out
+_NAMES = ["Ava", "Ben", "Cara", "Dan", "Eli", "Fay", "Gus", "Hana"]
+_NAMES += ["Ivan", "Jo", "Kim", "Leo", "Mia", "Ned", "Omar", "Pia"]
+_ITEMS = ["apples", "books", "coins", "marbles", "pens", "stamps", "cards", "shells"]
+_ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One word problem: the question, its worked solution, and the integer answer."""
+
+    question: str
+    solution: str
+    answer: int
+
+    def messages(self) -> list[dict[str, str]]:
+        """The problem as a chat: the user asks, the assistant solves."""
+        return [
+            {"role": "user", "content": self.question},
+            {"role": "assistant", "content": self.solution},
+        ]
+
+
+def _step(rng: random.Random, value: int) -> tuple[str, str, int]:
+    """Pick one operation valid for `value`; return (sentence, equation, new value)."""
+    while True:
+        op = rng.choice(["buy", "buy", "give", "give", "double", "triple", "share"])
+        if op == "buy" and value < MAX_VALUE:
+            n = rng.randint(1, min(60, MAX_VALUE - value))
+            return f"buys {n} more", f"{value} + {n} = {value + n}", value + n
+        if op == "give" and value > 1:
+            n = rng.randint(1, min(60, value - 1))
+            return f"gives away {n}", f"{value} - {n} = {value - n}", value - n
+        if op in ("double", "triple"):
+            k = 2 if op == "double" else 3
+            if 0 < value * k <= MAX_VALUE:
+                return f"{op}s them", f"{value} * {k} = {value * k}", value * k
+        if op == "share":
+            ks = [k for k in (2, 3, 4, 5) if value % k == 0 and value // k > 0]
+            if ks:
+                k = rng.choice(ks)
+                return (
+                    f"shares them equally with {k - 1} friends and keeps one share",
+                    f"{value} / {k} = {value // k}",
+                    value // k,
+                )
+
+
+def make_problem(rng: random.Random) -> Problem:
+    """Draw one problem with 1–4 steps from `rng`."""
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    value = rng.randint(2, 60)
+    sentences, equations = [f"{name} has {value} {item}."], []
+    for _ in range(rng.randint(1, 4)):
+        sentence, equation, value = _step(rng, value)
+        sentences.append(f"Then {name} {sentence}.")
+        equations.append(equation)
+    question = " ".join([*sentences, f"How many {item} does {name} have now?"])
+    solution = "\n".join([*equations, f"Answer: {value}"])
+    return Problem(question, solution, value)
+
+
+def split_of(question: str) -> Split:
+    """The split a question belongs to, from a stable hash of its text."""
+    digest = hashlib.sha256(question.encode()).digest()
+    return "heldout" if int.from_bytes(digest[:4], "big") % HELDOUT_BUCKETS == 0 else "train"
+
+
+def problems(split: Split, seed: int) -> Iterator[Problem]:
+    """An endless, deterministic stream of distinct problems of one split."""
+    rng = random.Random(f"{split}-{seed}")
+    seen: set[str] = set()
+    while True:
+        p = make_problem(rng)
+        if p.question not in seen and split_of(p.question) == split:
+            seen.add(p.question)
+            yield p
+
+
+def take(split: Split, n: int, seed: int = 0) -> list[Problem]:
+    """The first `n` problems of `split` for `seed`."""
+    stream = problems(split, seed)
+    return [next(stream) for _ in range(n)]
+
+
+def extract_answer(text: str) -> int | None:
+    """The integer on the text's final `Answer: N` line, or None if it has none."""
+    m = _ANSWER_RE.search(text.strip())
+    return int(m.group(1)) if m else None
