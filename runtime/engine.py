@@ -12,19 +12,23 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Iterator
 from typing import Any
 
 from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.generate_input import (
+    SamplingArg,
+    expand,
+    ids_batch,
+    params_per_prompt,
+    rids_per_prompt,
+)
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.response import ResponseBuilder
-from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.scheduler import Req, Scheduler
 from sprig.runtime.tokenizer import load_tokenizer
 
 Prompt = str | list[str] | None
-SamplingArg = dict[str, Any] | SamplingParams | Sequence[dict[str, Any] | SamplingParams] | None
 
 
 class Engine:
@@ -61,19 +65,18 @@ class Engine:
         order). `stream=True` returns an iterator of partial outputs with cumulative text,
         the last of which is final. An invalid argument raises `ValueError` naming it."""
         batch, prompts = self._prompts(prompt, input_ids)
-        params = self._params(sampling_params, len(prompts))
-        rids = self._rids(rid, len(prompts))
+        params = params_per_prompt(sampling_params, len(prompts))
+        rids = rids_per_prompt(rid, len(prompts), lambda: f"{uuid.uuid4().hex[:12]}-{next(self._ids)}")
         reqs = [
             Req(
-                rid=f"{rids[i]}-{j}" if p.n > 1 else rids[i],
-                prompt_ids=ids,
-                params=replace(p, seed=None if p.seed is None else p.seed + j),
+                rid=seq.rid,
+                prompt_ids=seq.prompt_ids,
+                params=seq.params,
                 return_logprob=return_logprob,
                 logprob_start_len=logprob_start_len,
                 top_logprobs_num=top_logprobs_num,
             )
-            for i, (ids, p) in enumerate(zip(prompts, params, strict=True))
-            for j in range(p.n)
+            for seq in expand(rids, prompts, params)
         ]
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=return_text_in_logprobs)
         self._submit(reqs)
@@ -113,33 +116,7 @@ class Engine:
             if not texts or not all(isinstance(t, str) for t in texts):
                 raise ValueError("prompt must be a string or a non-empty list of strings")
             return not isinstance(prompt, str), [self.tokenizer.encode(t) for t in texts]
-        if not isinstance(input_ids, list) or not input_ids:
-            raise ValueError("input_ids must be a non-empty list of ints or of lists of ints")
-        batch = isinstance(input_ids[0], list)
-        rows = input_ids if batch else [input_ids]
-        for row in rows:
-            if not isinstance(row, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
-                raise ValueError("input_ids must be a list of ints or a list of lists of ints")
-        return batch, [list(r) for r in rows]
-
-    @staticmethod
-    def _params(arg: SamplingArg, n: int) -> list[SamplingParams]:
-        def one(p: dict[str, Any] | SamplingParams | None) -> SamplingParams:
-            return p if isinstance(p, SamplingParams) else SamplingParams.from_dict(p)
-
-        if isinstance(arg, list | tuple):
-            if len(arg) != n:
-                raise ValueError(f"sampling_params has {len(arg)} entries for {n} prompts")
-            return [one(p) for p in arg]
-        return [one(arg)] * n
-
-    def _rids(self, rid: str | list[str] | None, n: int) -> list[str]:
-        if rid is None:
-            return [f"{uuid.uuid4().hex[:12]}-{next(self._ids)}" for _ in range(n)]
-        rids = [rid] if isinstance(rid, str) else list(rid)
-        if len(rids) != n:
-            raise ValueError(f"rid has {len(rids)} entries for {n} prompts")
-        return rids
+        return ids_batch(input_ids)
 
     def _submit(self, reqs: list[Req]) -> None:
         added: list[Req] = []

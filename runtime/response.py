@@ -1,7 +1,18 @@
-"""Turning the scheduler's token outputs into SGLang `/generate` responses."""
+"""From the scheduler's token outputs to SGLang `/generate` responses, in two stages.
+
+- `OutputDecoder` (one per request): `TokenOutput` → `DetokenizedOutput`: the text delta,
+  incrementally decoded and stop-trimmed, and logprob entries as `[logprob, id, text]`.
+  The server runs it in the detokenizer process; the offline engine in-process.
+- `ResponseState` (one per request): accumulates `DetokenizedOutput`s into the response
+  dict. The server runs it in the HTTP process.
+
+`ResponseBuilder` chains both for the offline engine.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sprig.runtime.detokenizer import (
@@ -12,47 +23,100 @@ from sprig.runtime.detokenizer import (
 from sprig.runtime.scheduler import Req, TokenOutput
 
 
-class ResponseBuilder:
-    """Accumulates `TokenOutput`s of a fixed set of requests into response dicts.
+@dataclass
+class DetokenizedOutput:
+    """What one scheduler step added to one request, as text. Plain fields (crosses
+    processes as msgpack). Logprob entries are `[logprob, token_id, text | None]`."""
 
-    The text is detokenized incrementally and trimmed at stop strings exactly as the
-    scheduler matched them; `partial(rid)` gives the cumulative response so far.
+    rid: str
+    text_delta: str
+    new_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: dict[str, Any] | None = None
+    output_logprobs: list[list[Any]] = field(default_factory=list)
+    output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    input_logprobs: list[list[Any]] | None = None
+    input_top_logprobs: list[list[list[Any]] | None] | None = None
+
+
+def detokenize_config(req: Req) -> DetokenizeConfig:
+    p = req.params
+    return DetokenizeConfig(
+        skip_special_tokens=p.skip_special_tokens,
+        spaces_between_special_tokens=p.spaces_between_special_tokens,
+        stop=p.stop,
+        no_stop_trim=p.no_stop_trim,
+    )
+
+
+class OutputDecoder:
+    """Turns one request's `TokenOutput`s, in order, into `DetokenizedOutput`s.
+
+    Invariant: the concatenated `text_delta`s are the stop-trimmed decode of the output
+    ids (see `RequestDetokenizer`); `prompt_ids` only needs the prompt's last few ids.
     """
 
-    def __init__(self, tokenizer, reqs: list[Req], *, return_text_in_logprobs: bool = False) -> None:
+    def __init__(
+        self, tokenizer, prompt_ids: Sequence[int], config: DetokenizeConfig, *, logprob_text: bool
+    ) -> None:
         self.tokenizer = tokenizer
-        self.order = [r.rid for r in reqs]
-        self.with_text = return_text_in_logprobs
-        self.state: dict[str, dict[str, Any]] = {}
-        self.detok: dict[str, RequestDetokenizer] = {}
-        for r in reqs:
-            p = r.params
-            config = DetokenizeConfig(
-                skip_special_tokens=p.skip_special_tokens,
-                spaces_between_special_tokens=p.spaces_between_special_tokens,
-                stop=p.stop,
-                no_stop_trim=p.no_stop_trim,
-            )
-            self.detok[r.rid] = RequestDetokenizer(tokenizer, r.prompt_ids, config)
-            meta: dict[str, Any] = {
-                "id": r.rid,
-                "finish_reason": None,
-                "prompt_tokens": len(r.prompt_ids),
-                "completion_tokens": 0,
-                "cached_tokens": 0,
-                "e2e_latency": 0.0,
-            }
-            if r.return_logprob:
-                meta.update(
-                    input_token_logprobs=[], output_token_logprobs=[], input_top_logprobs=[], output_top_logprobs=[]
-                )
-            self.state[r.rid] = {"text": "", "output_ids": [], "meta_info": meta}
+        self.detok = RequestDetokenizer(tokenizer, prompt_ids, config)
+        self.logprob_text = logprob_text
 
-    def add(self, out: TokenOutput, elapsed: float) -> None:
-        st = self.state[out.rid]
-        meta = st["meta_info"]
+    def decode(self, out: TokenOutput) -> DetokenizedOutput:
         finished = out.finish_reason is not None
-        st["text"] += self.detok[out.rid].step(out.new_ids, finished=finished).text_delta
+        return DetokenizedOutput(
+            rid=out.rid,
+            text_delta=self.detok.step(out.new_ids, finished=finished).text_delta,
+            new_ids=list(out.new_ids),
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            finish_reason=out.finish_reason,
+            output_logprobs=self._entries(out.output_logprobs),
+            output_top_logprobs=[self._entries(row) for row in out.output_top_logprobs],
+            input_logprobs=None if out.input_logprobs is None else self._entries(out.input_logprobs),
+            input_top_logprobs=None
+            if out.input_top_logprobs is None
+            else [None if row is None else self._entries(row) for row in out.input_top_logprobs],
+        )
+
+    def _entries(self, pairs: Sequence[Sequence[Any]]) -> list[list[Any]]:
+        """`[logprob, id]` pairs as SGLang's `[logprob, id, text | None]` triples."""
+        if not pairs:
+            return []
+        texts = decode_tokens_for_logprobs(self.tokenizer, [p[1] for p in pairs]) if self.logprob_text else None
+        return [[lp, tok, texts[i] if texts else None] for i, (lp, tok) in enumerate(pairs)]
+
+
+class ResponseState:
+    """The cumulative `/generate` response of one request. `meta_info` carries the logprob
+    lists only when `return_logprob`; `snapshot()` is a copy safe to hand out."""
+
+    def __init__(self, rid: str, prompt_tokens: int, *, return_logprob: bool) -> None:
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": None,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+            "e2e_latency": 0.0,
+        }
+        if return_logprob:
+            meta.update(
+                input_token_logprobs=[], output_token_logprobs=[], input_top_logprobs=[], output_top_logprobs=[]
+            )
+        self.response: dict[str, Any] = {"text": "", "output_ids": [], "meta_info": meta}
+
+    @property
+    def finished(self) -> bool:
+        return self.response["meta_info"]["finish_reason"] is not None
+
+    def add(self, out: DetokenizedOutput, elapsed: float) -> None:
+        st, meta = self.response, self.response["meta_info"]
+        st["text"] += out.text_delta
         st["output_ids"].extend(out.new_ids)
         meta.update(
             completion_tokens=out.completion_tokens,
@@ -62,23 +126,36 @@ class ResponseBuilder:
             finish_reason=out.finish_reason,
         )
         if "output_token_logprobs" in meta:
-            meta["output_token_logprobs"] += self._entries(out.output_logprobs)
-            meta["output_top_logprobs"] += [self._entries(row) for row in out.output_top_logprobs]
+            meta["output_token_logprobs"] += out.output_logprobs
+            meta["output_top_logprobs"] += out.output_top_logprobs
             if out.input_logprobs is not None:
-                meta["input_token_logprobs"] = self._entries(out.input_logprobs)
+                meta["input_token_logprobs"] = out.input_logprobs
                 if out.input_top_logprobs is not None:
-                    meta["input_top_logprobs"] = [
-                        None if row is None else self._entries(row) for row in out.input_top_logprobs
-                    ]
+                    meta["input_top_logprobs"] = out.input_top_logprobs
 
-    def _entries(self, pairs: list[list[Any]]) -> list[list[Any]]:
-        """`[logprob, id]` pairs as SGLang's `[logprob, id, text | None]` triples."""
-        texts = decode_tokens_for_logprobs(self.tokenizer, [p[1] for p in pairs]) if self.with_text else None
-        return [[lp, tok, texts[i] if texts else None] for i, (lp, tok) in enumerate(pairs)]
-
-    def partial(self, rid: str) -> dict[str, Any]:
-        st = self.state[rid]
+    def snapshot(self) -> dict[str, Any]:
+        st = self.response
         return {"text": st["text"], "output_ids": list(st["output_ids"]), "meta_info": dict(st["meta_info"])}
 
+
+class ResponseBuilder:
+    """Both stages in one process, over a fixed set of requests (the offline engine)."""
+
+    def __init__(self, tokenizer, reqs: list[Req], *, return_text_in_logprobs: bool = False) -> None:
+        self.order = [r.rid for r in reqs]
+        self.decoders = {
+            r.rid: OutputDecoder(tokenizer, r.prompt_ids, detokenize_config(r), logprob_text=return_text_in_logprobs)
+            for r in reqs
+        }
+        self.state = {
+            r.rid: ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.return_logprob) for r in reqs
+        }
+
+    def add(self, out: TokenOutput, elapsed: float) -> None:
+        self.state[out.rid].add(self.decoders[out.rid].decode(out), elapsed)
+
+    def partial(self, rid: str) -> dict[str, Any]:
+        return self.state[rid].snapshot()
+
     def responses(self) -> list[dict[str, Any]]:
-        return [self.state[rid] for rid in self.order]
+        return [self.state[rid].response for rid in self.order]

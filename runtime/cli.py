@@ -1,0 +1,157 @@
+"""The `sprig` command line. `sprig serve --model PATH [options]` starts the HTTP server.
+
+Every option is a field of `ServerConfig`, `RunnerConfig` or `SchedulerConfig`, with that
+dataclass's default; the dataclasses validate the values. The configs (and torch with
+them) are imported inside the functions: the server's spawned children re-import the
+main module, and this one is it when run as the `sprig` script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sprig.runtime.engine_config import EngineConfig
+    from sprig.runtime.server.config import ServerConfig
+
+HELP = {
+    "host": "address to listen on",
+    "port": "port to listen on; 0 picks a free port (the 'ready at' log line names it)",
+    "api_key": "require 'Authorization: Bearer API_KEY' on every route but /health and /metrics",
+    "served_model_name": "model id in /v1/models and OpenAI responses (default: the model path)",
+    "max_request_bytes": "larger request bodies get 413",
+    "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",
+    "log_interval": "seconds between activity log lines (only when there is activity)",
+    "log_level": "log level of every process",
+    "access_log": "log every HTTP request",
+    "dtype": "weight and KV dtype (auto: the checkpoint's)",
+    "device": "cpu, cuda or cuda:N (auto: cuda if available)",
+    "attention_backend": "attention implementation (auto: the device's default)",
+    "page_size": "tokens per KV page",
+    "max_total_tokens": "KV pool size in tokens (default: from free GPU memory, or 16384 on CPU)",
+    "mem_fraction_static": "share of free GPU memory for the KV pool when --max-total-tokens is not given",
+    "seed": "seed of the sampling RNG for unseeded requests",
+    "max_running_requests": "most requests decoding at once",
+    "max_prefill_tokens": "most new prompt tokens in one prefill step",
+    "chunked_prefill_size": "most prompt tokens one request computes per step; 'none' disables chunking",
+    "schedule_policy": "order waiting requests are admitted in",
+    "disable_radix_cache": "do not reuse cached prefixes",
+    "eviction_policy": "which cached prefixes are evicted first",
+    "max_queued_requests": "requests waiting beyond this get 503",
+    "new_token_ratio": "share of running requests' remaining max_new_tokens reserved before admitting more",
+    "min_new_token_ratio": "floor the reserved share decays to",
+    "new_token_ratio_decay": "decay of the reserved share per decode step",
+    "in_batch_prefix_min": "shared uncached prefix length that defers a request by a step",
+    "check_integrity": "check the KV accounting after every step (slow; for debugging)",
+    "grammar_compile_timeout_s": "seconds a regex or JSON schema may take to compile; longer is a 400",
+}
+
+
+def _sections() -> tuple[tuple[str, type], ...]:
+    from sprig.runtime.model_runner import RunnerConfig
+    from sprig.runtime.scheduler.config import SchedulerConfig
+    from sprig.runtime.server.config import ServerConfig
+
+    return ("server", ServerConfig), ("model runner", RunnerConfig), ("scheduler", SchedulerConfig)
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    from sprig.radix import EVICTION_POLICIES
+    from sprig.runtime.attention import ATTENTION_BACKENDS
+    from sprig.runtime.model_runner import DTYPES
+    from sprig.runtime.scheduler.config import SCHEDULE_POLICIES
+    from sprig.runtime.server.config import LOG_LEVELS
+
+    return {
+        "dtype": ("auto", *DTYPES),
+        "attention_backend": ("auto", *ATTENTION_BACKENDS),
+        "schedule_policy": SCHEDULE_POLICIES,
+        "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
+        "log_level": LOG_LEVELS,
+    }
+
+
+def _optional(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        return None if text.lower() == "none" else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _add_fields(group: argparse._ArgumentGroup, cls: type, choices: dict[str, tuple[str, ...]]) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name == "model_path":
+            continue
+        hint = hints[f.name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(hint, types.UnionType) else [hint]
+        kind, optional = args[0], hint is not args[0]
+        flag = "--" + f.name.replace("_", "-")
+        help_text = HELP.get(f.name, f"see {cls.__name__}")
+        if kind is bool:
+            action = group.add_argument(flag, dest=f.name, default=f.default, help=help_text,
+                                        action=argparse.BooleanOptionalAction)
+        else:
+            action = group.add_argument(flag, dest=f.name, default=f.default, help=help_text,
+                                        type=_optional(kind) if optional else kind, choices=choices.get(f.name),
+                                        metavar=None if f.name in choices else f.name.upper())
+        if "default" not in (action.help or ""):
+            action.help = f"{action.help} (default: %(default)s)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sprig", description="sprig: structured generation runtime for LLMs")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="start the HTTP server (SGLang /generate and OpenAI-compatible routes)",
+        description="Start the HTTP server: an HTTP process, a scheduler process and a detokenizer "
+        "process. SIGINT or SIGTERM stops all three.",
+    )
+    serve.add_argument("--model", "--model-path", dest="model_path", required=True, metavar="PATH",
+                       help="a local Hugging Face checkpoint directory (weights, config, tokenizer)")
+    choices = _choices()
+    for title, cls in _sections():
+        _add_fields(serve.add_argument_group(f"{title} options"), cls, choices)
+    return parser
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig]:
+    """The configs the parsed flags describe; `ValueError`/`TypeError` if they are invalid."""
+    from sprig.runtime.engine_config import EngineConfig
+    from sprig.runtime.model_runner import RunnerConfig
+    from sprig.runtime.scheduler.config import SchedulerConfig
+    from sprig.runtime.server.config import ServerConfig
+
+    def pick(cls: type) -> dict[str, Any]:
+        return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name != "model_path"}
+
+    server = ServerConfig(**pick(ServerConfig))
+    engine = EngineConfig.from_kwargs(args.model_path, **pick(RunnerConfig), **pick(SchedulerConfig))
+    return server, engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not Path(args.model_path).is_dir():
+        parser.error(f"--model {args.model_path!r} is not a directory")
+    try:
+        server, engine = configs_from_args(args)
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+    from sprig.runtime.server.launch import launch_server
+
+    try:
+        launch_server(args.model_path, server, engine)
+    except (RuntimeError, ValueError, OSError) as e:  # startup failures; details are in the log
+        print(f"sprig: error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,167 @@
+"""The FastAPI application: shared state, the API-key / body-size guard, error handlers,
+JSON and SSE helpers, and the health and metrics routes. Generation routes live in
+`routes_native` and `routes_openai`."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.server.config import ServerConfig
+from sprig.runtime.server.errors import ApiError, error_body, error_response
+from sprig.runtime.server.inputs import InputBuilder
+from sprig.runtime.server.tokenizer_manager import RequestFailed, TokenizerManager
+
+log = logging.getLogger("sprig.server")
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What the routes need; one per app (`app.state.sprig`)."""
+
+    config: ServerConfig
+    engine: EngineConfig
+    model_path: str
+    model_name: str
+    model_info: dict[str, Any]  # the scheduler's startup report
+    manager: TokenizerManager
+    inputs: InputBuilder
+    started: float  # time.monotonic() at launch
+    url: str
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.sprig
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status, media_type="application/json")
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """An event stream that calls `on_close` however it ends (done, client gone, error),
+    so a disconnected client's sequences are aborted."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def read_json(request: Request) -> Any:
+    """The body as JSON; 413 past `max_request_bytes` (stops reading), 400 if not JSON or
+    not valid UTF-8."""
+    limit = state_of(request).config.max_request_bytes
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the request body exceeds {limit} bytes")
+    try:
+        return orjson.loads(bytes(body))
+    except orjson.JSONDecodeError as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+
+
+class Guard:
+    """Pure ASGI middleware (streams pass untouched): the API key on every path but
+    `OPEN_PATHS`, and a 413 for a declared Content-Length over the limit."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_bytes: int) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            refusal = None
+            authorized = hmac.compare_digest(headers.get(b"authorization", b""), self.expected or b"")
+            if self.expected and scope["path"] not in OPEN_PATHS and not authorized:
+                refusal = error_response(401, "missing or invalid API key (Authorization: Bearer <key>)")
+            length = headers.get(b"content-length", b"0")
+            if refusal is None and length.isdigit() and int(length) > self.max_bytes:
+                refusal = error_response(413, f"the request body exceeds {self.max_bytes} bytes")
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    from sprig.runtime.server import routes_native, routes_openai
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.manager.start()
+        log.info("sprig server ready at %s (model %s)", state.url, state.model_path)
+        yield
+        await state.manager.stop()
+
+    app = FastAPI(title="sprig", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.sprig = state
+    app.add_middleware(Guard, api_key=state.config.api_key, max_bytes=state.config.max_request_bytes)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:  # 404, 405
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestFailed)
+    async def request_failed(request: Request, exc: RequestFailed) -> Response:
+        return error_response(exc.status, exc.message)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        dead = state.manager.dead
+        return error_response(503, dead) if dead else Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(state.manager.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.include_router(routes_native.router)
+    app.include_router(routes_openai.router)
+    return app
+
+
+def error_event(exc: RequestFailed | ApiError) -> bytes:
+    """An error inside an event stream (headers are already sent), before `[DONE]`."""
+    return sse(error_body(exc.status, exc.message))
+
+
+def now_s() -> int:
+    return int(time.time())

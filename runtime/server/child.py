@@ -1,0 +1,45 @@
+"""What the scheduler and detokenizer processes share: logging, signals, the parent link.
+
+Children are started with the "spawn" context. They ignore SIGINT (a Ctrl+C reaches the
+whole process group; the launcher alone decides how to stop) and exit when their parent
+is gone, so no child outlives the server even if the launcher is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from multiprocessing.connection import Connection
+
+from sprig.runtime.server.messages import StartupReport, encode
+
+LOG_FORMAT = "[%(asctime)s %(processName)s] %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, force=True)
+
+
+def setup_child(level: str) -> None:
+    setup_logging(level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class ParentWatch:
+    """`alive()` is False once the process that started this one has exited."""
+
+    def __init__(self) -> None:
+        self.parent = os.getppid()
+
+    def alive(self) -> bool:
+        return os.getppid() == self.parent
+
+
+def report_startup(conn: Connection, report: StartupReport) -> None:
+    """Tell the launcher this child is ready (or why it failed); the pipe is then closed."""
+    try:
+        conn.send_bytes(encode(report))
+    finally:
+        conn.close()

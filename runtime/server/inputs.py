@@ -1,0 +1,146 @@
+"""Turning validated request bodies into `GenerateReq`s: tokenize (chat templates
+included), check every limit the HTTP process can check, expand `n`. Every problem is a
+400 `ApiError` naming it, raised before anything reaches the scheduler."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sprig.runtime.generate_input import expand, ids_batch, params_per_prompt, rids_per_prompt
+from sprig.runtime.sampling import SamplingParams
+from sprig.runtime.server.errors import ApiError
+from sprig.runtime.server.messages import GenerateReq
+from sprig.runtime.server.protocol import ChatMessage
+
+
+@dataclass(frozen=True)
+class LogprobArgs:
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+class InputBuilder:
+    """Knows the tokenizer and the model's limits (`context_len`, `vocab_size`, reported by
+    the scheduler at startup)."""
+
+    def __init__(self, tokenizer, context_len: int, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.context_len = context_len
+        self.vocab_size = vocab_size
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+
+    def new_rid(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
+
+    # ------------------------------------------------------------------ prompts
+    def encode(self, text: str, *, add_special_tokens: bool = True, param: str = "text") -> list[int]:
+        if not text:
+            raise ApiError(400, f"{param} must not be empty", param)
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as e:  # e.g. text the tokenizer cannot represent
+            raise ApiError(400, f"cannot tokenize {param}: {e}", param) from None
+
+    def prompts(self, text: Any, input_ids: Any, param: str = "text") -> tuple[bool, list[list[int]]]:
+        """(is_batch, token ids per prompt) from exactly one of `text` and `input_ids`."""
+        if (text is None) == (input_ids is None):
+            raise ApiError(400, "give exactly one of text and input_ids", param)
+        if text is not None:
+            texts = [text] if isinstance(text, str) else text
+            if not texts:
+                raise ApiError(400, f"{param} must not be an empty list", param)
+            return not isinstance(text, str), [self.encode(t, param=param) for t in texts]
+        try:
+            batch, rows = ids_batch(input_ids)
+        except ValueError as e:
+            raise ApiError(400, str(e), "input_ids") from None
+        for row in rows:
+            if not row:
+                raise ApiError(400, "input_ids must not contain an empty prompt", "input_ids")
+            if bad := [t for t in row if not 0 <= t < self.vocab_size]:
+                raise ApiError(400, f"input_ids has token ids outside [0, {self.vocab_size}): {bad[:5]}", "input_ids")
+        return batch, rows
+
+    def chat_prompt(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                    template_kwargs: dict[str, Any] | None) -> list[int]:
+        """The chat template rendered with a generation prompt, tokenized without adding
+        special tokens (the template places them)."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ApiError(400, "this model's tokenizer has no chat template", "messages")
+        rendered = []
+        for m in messages:
+            content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or [])
+            msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+            for key in ("name", "tool_calls", "tool_call_id"):
+                if getattr(m, key) is not None:
+                    msg[key] = getattr(m, key)
+            rendered.append(msg)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                rendered, tools=tools, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+            )
+        except Exception as e:  # jinja errors: a role or field the template rejects
+            raise ApiError(400, f"cannot apply the chat template: {e}", "messages") from None
+        return self.encode(text, add_special_tokens=False, param="messages")
+
+    # ------------------------------------------------------------------ requests
+    def params(self, arg: Any, n_prompts: int) -> list[SamplingParams]:
+        try:
+            params = params_per_prompt(arg, n_prompts)
+            for p in params:
+                p.validate_for_model(self.vocab_size)
+        except ValueError as e:
+            raise ApiError(400, str(e), "sampling_params") from None
+        return params
+
+    def requests(self, prompts: list[list[int]], params: list[SamplingParams], rid: Any,
+                 logprobs: LogprobArgs) -> list[GenerateReq]:
+        """One `GenerateReq` per sequence (n per prompt, in output order), with every
+        length limit checked."""
+        for ids, p in zip(prompts, params, strict=True):
+            self.check_length(len(ids), p.max_new_tokens)
+        if logprobs.top_logprobs_num > self.vocab_size:
+            raise ApiError(400, f"top_logprobs_num must be <= {self.vocab_size}", "top_logprobs_num")
+        try:
+            rids = rids_per_prompt(rid, len(prompts), self.new_rid)
+        except ValueError as e:
+            raise ApiError(400, str(e), "rid") from None
+        try:
+            seqs = expand(rids, prompts, params)
+        except ValueError as e:  # a seed + sample index out of range
+            raise ApiError(400, str(e), "sampling_params") from None
+        return [
+            GenerateReq(
+                rid=s.rid,
+                prompt_ids=s.prompt_ids,
+                sampling_params=s.params.to_dict(),
+                return_logprob=logprobs.return_logprob,
+                logprob_start_len=logprobs.logprob_start_len,
+                top_logprobs_num=logprobs.top_logprobs_num,
+                return_text_in_logprobs=logprobs.return_text_in_logprobs,
+            )
+            for s in seqs
+        ]
+
+    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        if prompt_len >= self.context_len:
+            raise ApiError(
+                400, f"the prompt has {prompt_len} tokens; the model's context length is {self.context_len}"
+            )
+        if prompt_len + max_new_tokens > self.context_len:
+            raise ApiError(
+                400,
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                f"context length {self.context_len}",
+                "max_new_tokens",
+            )
+
+    def room(self, prompt_len: int) -> int:
+        """The most tokens a prompt of this length can still generate."""
+        return max(self.context_len - prompt_len, 0)

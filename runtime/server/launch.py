@@ -1,0 +1,158 @@
+"""Starting and stopping the three processes of one server.
+
+This process binds the HTTP port first (fail fast), creates the private ipc directory,
+spawns the scheduler and the detokenizer ("spawn": no fork with torch), loads its own
+tokenizer while they load, waits for both to report ready, then serves HTTP in the main
+thread. However it stops (SIGINT, SIGTERM, a startup error), the children are terminated
+and joined and the ipc directory is removed before `launch_server` returns.
+
+Only the children's arguments (config dataclasses, the ipc paths, a pipe end) go through
+multiprocessing's own pickling, over the spawn pipe; everything else is msgpack.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import multiprocessing as mp
+import signal
+import socket
+import time
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+
+from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.server.child import setup_logging
+from sprig.runtime.server.config import ServerConfig
+from sprig.runtime.server.detokenizer_process import run_detokenizer_process
+from sprig.runtime.server.ipc import IpcPaths
+from sprig.runtime.server.messages import StartupReport, decode
+from sprig.runtime.server.scheduler_process import run_scheduler_process
+
+log = logging.getLogger("sprig.launch")
+CHILD_STOP_TIMEOUT_S = 5.0
+
+
+def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -> None:
+    """Serve until SIGINT or SIGTERM. Raises `RuntimeError` if the server cannot start."""
+    setup_logging(server.log_level)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_on_signal)
+    sock = _listen(server.host, server.port)
+    ipc = IpcPaths.create()
+    children: dict[str, BaseProcess] = {}
+    try:
+        startup = _spawn_children(model_path, server, engine, ipc, children)
+        from sprig.runtime.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(model_path)
+        info = _await_startup(startup, children)["scheduler"].info
+        _serve(sock, model_path, server, engine, ipc, children, tokenizer, info)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_children(children)
+        ipc.remove()
+        sock.close()
+        log.info("server stopped")
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    log.info("received %s; shutting down", signal.Signals(signum).name)
+    raise SystemExit(0)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port}: {e}") from None
+    sock.listen(2048)
+    return sock
+
+
+def _spawn_children(model_path: str, server: ServerConfig, engine: EngineConfig, ipc: IpcPaths,
+                    children: dict[str, BaseProcess]) -> dict[str, Connection]:
+    """Start both children (recorded in `children` as soon as each starts); returns the
+    pipe each reports its startup on."""
+    ctx = mp.get_context("spawn")
+    targets = {
+        "scheduler": (run_scheduler_process, (engine, server.stats_interval, server.log_interval, server.log_level, ipc)),
+        "detokenizer": (run_detokenizer_process, (model_path, server.log_level, ipc)),
+    }
+    startup = {}
+    for name, (target, args) in targets.items():
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=target, args=(*args, writer), name=f"sprig-{name}", daemon=True)
+        proc.start()
+        writer.close()  # the child holds the only writer: EOF here means it died
+        children[name], startup[name] = proc, reader
+    return startup
+
+
+def _await_startup(startup: dict[str, Connection], children: dict[str, BaseProcess]) -> dict[str, StartupReport]:
+    reports: dict[str, StartupReport] = {}
+    pending = dict(startup)
+    while pending:
+        for conn in wait(list(pending.values())):
+            name = next(n for n, c in pending.items() if c is conn)
+            del pending[name]
+            try:
+                report = decode(conn.recv_bytes())
+            except EOFError:
+                children[name].join(CHILD_STOP_TIMEOUT_S)
+                raise RuntimeError(
+                    f"the {name} process exited during startup (exit code {children[name].exitcode})"
+                ) from None
+            finally:
+                conn.close()
+            if not report.ok:
+                raise RuntimeError(f"the {name} process failed to start: {report.error}")
+            reports[name] = report
+    return reports
+
+
+def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: EngineConfig, ipc: IpcPaths,
+           children: dict[str, BaseProcess], tokenizer, info: dict) -> None:
+    import uvicorn
+
+    from sprig.runtime.server.app import ServerState, create_app
+    from sprig.runtime.server.inputs import InputBuilder
+    from sprig.runtime.server.metrics import Metrics
+    from sprig.runtime.server.tokenizer_manager import TokenizerManager
+
+    host, port = sock.getsockname()[:2]
+    state = ServerState(
+        config=server,
+        engine=engine,
+        model_path=model_path,
+        model_name=server.served_model_name or model_path,
+        model_info=info,
+        manager=TokenizerManager(ipc, children, Metrics()),
+        inputs=InputBuilder(tokenizer, info["context_len"], info["vocab_size"]),
+        started=time.monotonic(),
+        url=f"http://{f'[{host}]' if ':' in host else host}:{port}",
+    )
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    config = uvicorn.Config(
+        create_app(state), loop=loop, log_config=None, log_level=server.log_level,
+        access_log=server.access_log, timeout_graceful_shutdown=5,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _stop_children(children: dict[str, BaseProcess]) -> None:
+    for proc in children.values():
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
+    for name, proc in children.items():
+        proc.join(max(deadline - time.monotonic(), 0.1))
+        if proc.is_alive():
+            log.warning("the %s process did not stop on SIGTERM; killing it", name)
+            proc.kill()
+            proc.join(1.0)
+

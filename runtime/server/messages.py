@@ -1,0 +1,165 @@
+"""Every message that crosses a process boundary, and their msgpack codec (no pickle).
+
+Flow: HTTP --GenerateReq/AbortReq/ControlReq--> scheduler --DetokRegister/TokenBatch/
+Forget--> detokenizer --DetokenizedBatch--> HTTP; the scheduler also sends RequestError,
+StatsReport and ControlReply straight to HTTP, and each child reports a StartupReport
+to the launcher once.
+
+Fields are plain (str, int, float, bool, None, lists, dicts) so msgpack carries them
+as they are. `decode` builds only the classes registered here: a peer can name no other
+type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from sprig.runtime.response import DetokenizedOutput
+from sprig.runtime.scheduler import TokenOutput
+
+
+@dataclass
+class GenerateReq:
+    """One sequence to generate, tokenized and validated by the HTTP process.
+    `sampling_params` is `SamplingParams.to_dict()`."""
+
+    rid: str
+    prompt_ids: list[int]
+    sampling_params: dict[str, Any]
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+@dataclass
+class AbortReq:
+    rid: str
+
+
+@dataclass
+class ControlReq:
+    """A request answered by one `ControlReply` with the same token: `kind` is
+    "flush_cache" or "check_integrity" (anything else gets `ok=False`)."""
+
+    token: int
+    kind: str
+
+
+@dataclass
+class ControlReply:
+    token: int
+    ok: bool
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DetokRegister:
+    """How to detokenize `rid`; sent on the same socket before its first `TokenBatch`."""
+
+    rid: str
+    prompt_tail: list[int]
+    stop: list[str]
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    logprob_text: bool = False
+
+
+@dataclass
+class TokenBatch:
+    outputs: list[TokenOutput]
+
+
+@dataclass
+class Forget:
+    """Drop the detokenizer state of these rids (their clients got an error instead)."""
+
+    rids: list[str]
+
+
+@dataclass
+class DetokenizedBatch:
+    outputs: list[DetokenizedOutput]
+
+
+@dataclass
+class RequestError:
+    """`rid` failed and will get no further output. `status` is the HTTP status to answer
+    with: 400 (rejected as given), 503 (queue full), 500 (internal error)."""
+
+    rid: str
+    message: str
+    status: int = 400
+
+
+@dataclass
+class StatsReport:
+    """The scheduler's state, sent periodically while busy and once on becoming idle.
+    Token counters are totals since start; `integrity` is "ok", "unchecked" or the error
+    of the KV check at the last idle moment."""
+
+    running: int
+    queued: int
+    kv_used: int
+    kv_size: int
+    cache_hit_rate: float
+    prefill_tokens: int
+    cached_tokens: int
+    decode_tokens: int
+    retractions: int
+    gen_throughput: float
+    prefill_throughput: float
+    integrity: str = "unchecked"
+
+
+@dataclass
+class StartupReport:
+    """A child's first message to the launcher: ready (with `info`) or failed (`error`)."""
+
+    ok: bool
+    error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+_TAG = "__msg__"
+_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        GenerateReq, AbortReq, ControlReq, ControlReply, DetokRegister, TokenBatch, Forget,
+        DetokenizedBatch, RequestError, StatsReport, StartupReport, TokenOutput, DetokenizedOutput,
+    )
+}
+
+
+def _default(obj: object) -> dict[str, Any]:
+    name = type(obj).__name__
+    if _TYPES.get(name) is not type(obj):
+        raise TypeError(f"cannot encode {type(obj).__qualname__}: not a registered message")
+    out = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    out[_TAG] = name
+    return out
+
+
+def _object_hook(d: dict[Any, Any]) -> Any:
+    name = d.pop(_TAG, None)
+    if name is None:
+        return d
+    cls = _TYPES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown message type {name!r}")
+    return cls(**d)
+
+
+def encode(msg: object) -> bytes:
+    """msgpack bytes of a registered message (messages may nest)."""
+    return msgpack.packb(msg, default=_default)
+
+
+def decode(data: bytes) -> Any:
+    """The message `encode` produced; `ValueError`/`TypeError` on anything else."""
+    return msgpack.unpackb(data, object_hook=_object_hook, strict_map_key=False)

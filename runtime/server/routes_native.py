@@ -1,0 +1,141 @@
+"""SGLang's native routes: /generate and the endpoints its frontend and operators call."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from sprig.runtime.sampling import SamplingParams
+from sprig.runtime.server.app import (
+    SSE_DONE,
+    SSEResponse,
+    error_event,
+    json_response,
+    read_json,
+    sse,
+    state_of,
+)
+from sprig.runtime.server.errors import ApiError, error_response, parse
+from sprig.runtime.server.inputs import LogprobArgs
+from sprig.runtime.server.protocol import AbortRequest, GenerateRequest
+from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
+
+router = APIRouter()
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    st = state_of(request)
+    req: GenerateRequest = parse(GenerateRequest, await read_json(request))
+    batch, prompts = st.inputs.prompts(req.text, req.input_ids)
+    params = st.inputs.params(req.sampling_params, len(prompts))
+    logprobs = LogprobArgs(req.return_logprob, req.logprob_start_len, req.top_logprobs_num, req.return_text_in_logprobs)
+    call = st.manager.submit(st.inputs.requests(prompts, params, req.rid, logprobs))
+    many = batch or len(call.rids) > 1
+    if req.stream:
+        return SSEResponse(_events(call, many), call.close)
+    outs = await call.collect(request.is_disconnected)
+    return json_response(outs if many else outs[0])
+
+
+async def _events(call: Call, many: bool) -> AsyncIterator[bytes]:
+    """Cumulative responses (with "index" for a batch), then `[DONE]`."""
+    try:
+        async for index, response in call.stream():
+            if many:
+                response["index"] = index
+            yield sse(response)
+    except RequestFailed as e:
+        yield error_event(e)
+    yield SSE_DONE
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request) -> Response:
+    req: AbortRequest = parse(AbortRequest, await read_json(request))
+    return json_response({"rid": req.rid, "aborted": state_of(request).manager.abort(req.rid)})
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> Response:
+    reply = await state_of(request).manager.control("flush_cache")
+    if not reply.ok:
+        raise ApiError(400, "cannot flush the cache while requests are in flight")
+    return json_response({"message": "Cache flushed."})
+
+
+@router.get("/get_model_info")
+@router.get("/model_info")
+async def model_info(request: Request) -> Response:
+    st = state_of(request)
+    return json_response(
+        {
+            "model_path": st.model_path,
+            "tokenizer_path": st.model_path,
+            "served_model_name": st.model_name,
+            "is_generation": True,
+            "chat_template": getattr(st.inputs.tokenizer, "chat_template", None),
+            "bos_token": getattr(st.inputs.tokenizer, "bos_token", None),
+            "eos_token": getattr(st.inputs.tokenizer, "eos_token", None),
+            "context_len": st.model_info["context_len"],
+            "vocab_size": st.model_info["vocab_size"],
+        }
+    )
+
+
+@router.get("/get_server_info")
+@router.get("/server_info")
+async def server_info(request: Request) -> Response:
+    st = state_of(request)
+    manager, stats = st.manager, st.manager.stats
+    server = {k: v for k, v in dataclasses.asdict(st.config).items() if k != "api_key"}
+    runner = dataclasses.asdict(st.engine.runner) | {"model_path": str(st.engine.runner.model_path)}
+    return json_response(
+        {
+            "model_path": st.model_path,
+            "served_model_name": st.model_name,
+            "url": st.url,
+            "server": server | {"api_key_set": st.config.api_key is not None},
+            "runner": runner,
+            "scheduler": dataclasses.asdict(st.engine.scheduler),
+            "model": st.model_info,
+            "stats": None if stats is None else dataclasses.asdict(stats),
+            "last_idle_integrity": "unchecked" if stats is None else stats.integrity,
+            "healthy": manager.dead is None,
+            "error": manager.dead,
+            "pids": {"http": os.getpid()} | {name: p.pid for name, p in manager.children.items()},
+            "ipc_dir": manager.ipc.dir,
+            "uptime_s": time.monotonic() - st.started,
+        }
+    )
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """Healthy if a one-token greedy generation completes in time."""
+    st = state_of(request)
+    bos = getattr(st.inputs.tokenizer, "bos_token_id", None)
+    params = SamplingParams(max_new_tokens=1, temperature=0.0)
+    reqs = st.inputs.requests([[bos if bos is not None else 0]], [params], None, LogprobArgs())
+    try:
+        call = st.manager.submit(reqs)
+        await asyncio.wait_for(call.collect(), HEALTH_GENERATE_TIMEOUT_S)
+    except (RequestFailed, TimeoutError) as e:
+        return error_response(503, f"health check generation failed: {str(e) or 'timed out'}")
+    return Response(status_code=200)
+
+
+@router.get("/debug/check_integrity")
+async def check_integrity(request: Request) -> Response:
+    """The scheduler's KV integrity check, run between two steps, with its KV counts."""
+    reply = await state_of(request).manager.control("check_integrity")
+    body: dict[str, Any] = {"ok": reply.ok, **reply.data}
+    return json_response(body, 200 if reply.ok else 500)

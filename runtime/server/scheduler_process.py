@@ -1,0 +1,242 @@
+"""The scheduler process: receive requests and aborts, step the scheduler, push tokens.
+
+`SchedulerLoop` holds the logic and takes its outputs as callables, so tests can drive it
+in-process; `run_scheduler_process` wires it to ZeroMQ. Invariants:
+- every request the HTTP process sends is answered: it either gets a `RequestError`
+  (rejected, queue full, or an internal error) or token outputs up to a finished one;
+- a `DetokRegister` for a rid precedes its first `TokenBatch` (same socket, in order);
+- an exception never leaves the loop unless recovering from it fails too (then the process
+  exits and the HTTP process, which watches it, fails every pending request).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from sprig.runtime.detokenizer import PROMPT_CONTEXT_TOKENS
+from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.sampling import SamplingParams
+from sprig.runtime.scheduler import QueueFull, Req, Scheduler, SchedulerStats
+from sprig.runtime.server.child import ParentWatch, report_startup, setup_child
+from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
+from sprig.runtime.server.messages import (
+    AbortReq,
+    ControlReply,
+    ControlReq,
+    DetokRegister,
+    Forget,
+    GenerateReq,
+    RequestError,
+    StartupReport,
+    TokenBatch,
+    decode,
+    encode,
+)
+from sprig.runtime.server.stats import StatsTracker
+
+log = logging.getLogger("sprig.scheduler")
+Send = Callable[[object], None]
+IDLE_CHECK_INTERVAL_S = 2.0  # the idle KV self-check walks the radix tree: not at every idle moment
+
+
+class SchedulerLoop:
+    """One scheduler behind message queues. `live` is every rid accepted and not finished."""
+
+    def __init__(self, scheduler: Scheduler, send_detok: Send, send_http: Send, stats: StatsTracker) -> None:
+        self.scheduler = scheduler
+        self.send_detok = send_detok
+        self.send_http = send_http
+        self.stats = stats
+        self.live: set[str] = set()
+        self._last_idle_check = -IDLE_CHECK_INTERVAL_S
+
+    # ------------------------------------------------------------------ messages
+    def handle(self, msg: object) -> None:
+        if isinstance(msg, GenerateReq):
+            self._add(msg)
+        elif isinstance(msg, AbortReq):
+            self.scheduler.abort(msg.rid)
+        elif isinstance(msg, ControlReq):
+            self.send_http(self._control(msg))
+        else:
+            log.error("ignoring unexpected message %s", type(msg).__name__)
+
+    def _add(self, msg: GenerateReq) -> None:
+        try:
+            params = SamplingParams.from_dict(msg.sampling_params)
+            req = Req(
+                rid=msg.rid,
+                prompt_ids=list(msg.prompt_ids),
+                params=params,
+                return_logprob=msg.return_logprob,
+                logprob_start_len=msg.logprob_start_len,
+                top_logprobs_num=msg.top_logprobs_num,
+            )
+            self.scheduler.add_request(req)
+        except QueueFull as e:
+            self.send_http(RequestError(msg.rid, str(e), 503))
+            return
+        except ValueError as e:  # RequestRejected included
+            self.send_http(RequestError(msg.rid, str(e), 400))
+            return
+        except Exception as e:
+            log.exception("could not queue request %s", msg.rid)
+            self.send_http(RequestError(msg.rid, f"internal error queueing the request: {e}", 500))
+            return
+        self.live.add(msg.rid)
+        self.send_detok(
+            DetokRegister(
+                rid=msg.rid,
+                prompt_tail=req.prompt_ids[-PROMPT_CONTEXT_TOKENS:],
+                stop=list(params.stop),
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+                no_stop_trim=params.no_stop_trim,
+                logprob_text=msg.return_text_in_logprobs,
+            )
+        )
+
+    def _control(self, msg: ControlReq) -> ControlReply:
+        if msg.kind == "flush_cache":
+            return ControlReply(msg.token, self.scheduler.flush_cache())
+        if msg.kind == "check_integrity":
+            error = self._integrity_error()
+            return ControlReply(msg.token, error is None, {"error": error, **self.kv_state()})
+        return ControlReply(msg.token, False, {"error": f"unknown control request {msg.kind!r}"})
+
+    def kv_state(self) -> dict[str, Any]:
+        s, kv = self.scheduler, self.scheduler.kv
+        return {
+            "running": len(s.running),
+            "waiting": len(s.waiting),
+            "live": len(self.live),
+            "kv_size": kv.allocator.size,
+            "kv_available": kv.allocator.available(),
+            "kv_evictable": kv.cache.evictable_size(),
+            "kv_protected": kv.cache.protected_size(),
+            "rows_available": kv.table.available(),
+            "rows": kv.table.size,
+        }
+
+    def _integrity_error(self) -> str | None:
+        try:
+            self.scheduler.check_integrity()
+        except Exception as e:
+            log.error("KV integrity check failed: %s", e)
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    # ------------------------------------------------------------------ stepping
+    def run_step(self) -> None:
+        """One scheduler step; its outputs go to the detokenizer. On an exception every
+        live request is aborted and answered with the error, then the loop goes on."""
+        try:
+            outputs = self.scheduler.step()
+        except Exception as e:
+            self._recover(e)
+            return
+        self.live.difference_update(o.rid for o in outputs if o.finish_reason is not None)
+        if outputs:
+            self.send_detok(TokenBatch(outputs))
+        now = time.monotonic()
+        if not self.scheduler.has_work and now - self._last_idle_check >= IDLE_CHECK_INTERVAL_S:
+            self._last_idle_check = now
+            error = self._integrity_error()
+            self.stats.integrity = "ok" if error is None else error
+
+    def _recover(self, exc: Exception) -> None:
+        rids = sorted(self.live)
+        log.exception("scheduler step failed; aborting %d requests", len(rids), exc_info=exc)
+        for rid in rids:
+            self.scheduler.abort(rid)
+        self.scheduler.step()  # retires the aborted requests; their clients get the error instead
+        self.live.clear()
+        self.send_detok(Forget(rids))
+        message = f"internal error in the scheduler: {type(exc).__name__}: {exc}"
+        for rid in rids:
+            self.send_http(RequestError(rid, message, 500))
+        self.scheduler.check_integrity()  # if the KV state is broken, exit rather than serve
+
+    def serve_forever(self, sock: zmq.Socket, parent: ParentWatch) -> None:
+        """Drain messages without blocking while there is work; block (briefly, to report
+        stats and notice an orphaned state) when idle."""
+        while True:
+            busy = self.scheduler.has_work
+            if sock.poll(0 if busy else int(self.stats.interval * 1000)):
+                while True:
+                    try:
+                        data = sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        self.handle(decode(data))
+                    except Exception:  # a malformed message must not stop the loop
+                        log.exception("dropping a message that could not be handled")
+            elif not busy and not parent.alive():
+                log.info("the server process is gone; exiting")
+                return
+            if self.scheduler.has_work:
+                self.run_step()
+            report = self.stats.tick(self.scheduler, busy=self.scheduler.has_work)
+            if report is not None:
+                self.send_http(report)
+
+
+def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_interval: float,
+                          log_level: str, ipc: IpcPaths, startup: Connection) -> None:
+    """Process entry: load the model, warm it up, report ready, then serve forever."""
+    setup_child(log_level)
+    parent = ParentWatch()
+    try:
+        from sprig.runtime.model_runner import ModelRunner
+        from sprig.runtime.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(engine.runner.model_path)
+        runner = ModelRunner(engine.runner)
+        scheduler = Scheduler(engine.scheduler, runner, tokenizer)
+        warm_up(scheduler)
+    except Exception as e:
+        log.exception("the scheduler failed to start")
+        report_startup(startup, StartupReport(False, error=f"{type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+    ctx = zmq.Context()
+    sock = pull_socket(ctx, ipc.scheduler)
+    to_detok, to_http = push_socket(ctx, ipc.detokenizer), push_socket(ctx, ipc.http)
+    info = {
+        "context_len": scheduler.context_len,
+        "vocab_size": scheduler.vocab_size,
+        "kv_size": scheduler.kv.allocator.size,
+        "device": str(runner.device),
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "attention_backend": runner.attention_backend,
+    }
+    report_startup(startup, StartupReport(True, info=info))
+    log.info("scheduler ready: %s", info)
+    loop = SchedulerLoop(
+        scheduler,
+        send_detok=lambda m: to_detok.send(encode(m)),
+        send_http=lambda m: to_http.send(encode(m)),
+        stats=StatsTracker(stats_interval, log_interval),
+    )
+    try:
+        loop.serve_forever(sock, parent)
+    finally:
+        scheduler.close()
+
+
+def warm_up(scheduler: Scheduler) -> None:
+    """Run one short request through every stage so the first client does not pay for
+    lazy initialization; leaves the cache empty."""
+    params = SamplingParams(max_new_tokens=2, temperature=0.0)  # greedy: the RNG is untouched
+    scheduler.add_request(Req(rid="warmup", prompt_ids=[0, 1, 2, 3], params=params))
+    while scheduler.has_work:
+        scheduler.step()
+    scheduler.flush_cache()
+    scheduler.kv.cache.reset_counters()
+    scheduler.stats = SchedulerStats()

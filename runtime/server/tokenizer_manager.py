@@ -1,0 +1,266 @@
+"""The HTTP process's side of the pipeline: submit sequences to the scheduler, gather
+their detokenized outputs per rid, watch the child processes.
+
+Invariants:
+- every tracked rid ends, promptly, in exactly one of: a finished output, a
+  `RequestError`, or `RequestFailed` raised to its caller because a child died;
+- a `Call` whose consumer stops early (client gone) aborts its unfinished sequences in
+  the scheduler, so their KV slots are freed;
+- nothing here blocks the event loop: sends are non-blocking (a full queue is a 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from sprig.runtime.response import ResponseState
+from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
+from sprig.runtime.server.messages import (
+    AbortReq,
+    ControlReply,
+    ControlReq,
+    DetokenizedBatch,
+    GenerateReq,
+    RequestError,
+    StatsReport,
+    decode,
+    encode,
+)
+from sprig.runtime.server.metrics import Metrics
+
+log = logging.getLogger("sprig.server")
+DISCONNECT_POLL_S = 1.0
+
+
+class RequestFailed(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class _Track:
+    """One sequence in flight: its response so far and where to signal updates."""
+
+    index: int
+    state: ResponseState
+    updates: asyncio.Queue[str | None]
+    created: float = field(default_factory=time.monotonic)
+    last_token: float | None = None
+    error: RequestFailed | None = None
+
+
+class Call:
+    """The sequences of one HTTP request, in output order."""
+
+    def __init__(self, manager: TokenizerManager, reqs: list[GenerateReq]) -> None:
+        self.manager = manager
+        self.rids = [r.rid for r in reqs]
+        self.updates: asyncio.Queue[str | None] = asyncio.Queue()  # None: the client is gone
+        self.tracks = {
+            r.rid: _Track(i, ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.return_logprob), self.updates)
+            for i, r in enumerate(reqs)
+        }
+
+    async def stream(self, disconnected: Callable[[], Awaitable[bool]] | None = None
+                     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """Yield `(index, cumulative response)` on updates until every sequence finished;
+        the last yield of an index is its final response. Raises `RequestFailed` on the
+        first error; returns early if `disconnected()` turns true (polled every
+        `DISCONNECT_POLL_S`). Unfinished sequences are aborted however this ends."""
+        pending = set(self.rids)
+        watch = asyncio.create_task(self._watch(disconnected)) if disconnected is not None else None
+        try:
+            while pending:
+                first = await self.updates.get()
+                rids = dict.fromkeys([first, *(self.updates.get_nowait() for _ in range(self.updates.qsize()))])
+                if None in rids:
+                    log.info("client disconnected; aborting %d sequences", len(pending))
+                    return
+                for rid in rids:
+                    track = self.tracks[rid]
+                    if track.error is not None:
+                        raise track.error
+                    if track.state.finished:
+                        pending.discard(rid)
+                    yield track.index, track.state.snapshot()
+        finally:
+            if watch is not None:
+                watch.cancel()
+            self.close()
+
+    async def _watch(self, disconnected: Callable[[], Awaitable[bool]]) -> None:
+        while not await disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        self.updates.put_nowait(None)
+
+    async def collect(self, disconnected: Callable[[], Awaitable[bool]] | None = None) -> list[dict[str, Any]]:
+        final: dict[int, dict[str, Any]] = {}
+        async for index, response in self.stream(disconnected):
+            final[index] = response
+        if not all(self.tracks[rid].state.finished for rid in self.rids):
+            raise RequestFailed(499, "client disconnected")
+        return [final[i] for i in range(len(self.rids))]
+
+    def close(self) -> None:
+        """Abort what is unfinished and stop tracking. Idempotent; never awaits."""
+        for rid, track in self.tracks.items():
+            if self.manager.tracks.pop(rid, None) is not None and not track.state.finished and track.error is None:
+                self.manager.try_send(AbortReq(rid))
+
+
+class TokenizerManager:
+    """Owns the sockets to the scheduler (send) and from both children (receive)."""
+
+    def __init__(self, ipc: IpcPaths, children: dict[str, BaseProcess], metrics: Metrics) -> None:
+        self.ipc = ipc
+        self.children = children
+        self.metrics = metrics
+        self.tracks: dict[str, _Track] = {}
+        self.dead: str | None = None
+        self.stats: StatsReport | None = None
+        self._controls: dict[int, asyncio.Future[ControlReply]] = {}
+        self._tokens = itertools.count()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._ctx = zmq.Context()
+        self._actx = zmq.asyncio.Context.shadow(self._ctx.underlying)
+        self._push = push_socket(self._ctx, self.ipc.scheduler)
+        self._pull = pull_socket(self._actx, self.ipc.http)
+        self._tasks.append(asyncio.create_task(self._receive_loop()))
+        loop = asyncio.get_running_loop()
+        for name, proc in self.children.items():
+            loop.add_reader(proc.sentinel, self._child_exited, name, proc)
+
+    async def stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        for proc in self.children.values():
+            loop.remove_reader(proc.sentinel)
+        for task in self._tasks:
+            task.cancel()
+        self._push.close()
+        self._pull.close()
+        self._ctx.term()
+
+    # ------------------------------------------------------------------ sending
+    def send(self, msg: object) -> None:
+        try:
+            self._push.send(encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            raise RequestFailed(503, "the scheduler is not accepting requests (its queue is full)") from None
+
+    def try_send(self, msg: object) -> bool:
+        """`send` for cleanup paths: never raises; False if the message was dropped."""
+        try:
+            self.send(msg)
+        except RequestFailed:
+            return False
+        return True
+
+    def submit(self, reqs: list[GenerateReq]) -> Call:
+        if self.dead:
+            raise RequestFailed(503, self.dead)
+        if taken := [r.rid for r in reqs if r.rid in self.tracks]:
+            raise RequestFailed(400, f"request id {taken[0]!r} is already in use")
+        if len({r.rid for r in reqs}) < len(reqs):
+            raise RequestFailed(400, "the request ids of one call must be distinct")
+        call = Call(self, reqs)
+        self.tracks.update(call.tracks)
+        try:
+            for r in reqs:
+                self.send(r)
+        except RequestFailed:
+            call.close()
+            raise
+        self.metrics.requests_received.inc(len(reqs))
+        return call
+
+    def abort(self, rid: str) -> bool:
+        """Abort `rid` or, for n > 1, every `rid-j`; False if none is in flight."""
+        found = [r for r in self.tracks if r == rid or (r.startswith(f"{rid}-") and r[len(rid) + 1 :].isdigit())]
+        for r in found:
+            self.send(AbortReq(r))
+        return bool(found)
+
+    async def control(self, kind: str, timeout: float = 10.0) -> ControlReply:
+        if self.dead:
+            raise RequestFailed(503, self.dead)
+        token = next(self._tokens)
+        future = asyncio.get_running_loop().create_future()
+        self._controls[token] = future
+        try:
+            self.send(ControlReq(token, kind))
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise RequestFailed(503, f"the scheduler did not answer {kind} within {timeout:g} s") from None
+        finally:
+            self._controls.pop(token, None)
+
+    # ------------------------------------------------------------------ receiving
+    async def _receive_loop(self) -> None:
+        while True:
+            data = await self._pull.recv()
+            try:
+                self._dispatch(decode(data))
+            except Exception:
+                log.exception("failed to handle a message from a child process")
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, DetokenizedBatch):
+            now = time.monotonic()
+            for out in msg.outputs:
+                track = self.tracks.get(out.rid)
+                if track is None:
+                    continue
+                status = (out.finish_reason or {}).get("status_code")
+                if status is not None:  # the scheduler refused the request itself (e.g. a bad grammar)
+                    self._fail(track, out.rid, RequestFailed(status, out.finish_reason.get("message") or "aborted"))
+                    continue
+                track.state.add(out, now - track.created)
+                self.metrics.observe_tokens(track.created, track.last_token, now, len(out.new_ids))
+                if out.new_ids:
+                    track.last_token = now
+                if out.finish_reason is not None:
+                    self.metrics.observe_finished(out.finish_reason, now - track.created)
+                track.updates.put_nowait(out.rid)
+        elif isinstance(msg, RequestError):
+            track = self.tracks.get(msg.rid)
+            if track is not None:
+                self._fail(track, msg.rid, RequestFailed(msg.status, msg.message))
+                self.try_send(AbortReq(msg.rid))  # in case a later stage failed: free its slots
+        elif isinstance(msg, StatsReport):
+            self.stats = msg
+            self.metrics.observe_stats(msg)
+        elif isinstance(msg, ControlReply):
+            future = self._controls.get(msg.token)
+            if future is not None and not future.done():
+                future.set_result(msg)
+
+    def _fail(self, track: _Track, rid: str, error: RequestFailed) -> None:
+        if track.error is None and not track.state.finished:
+            track.error = error
+            self.metrics.requests_finished.labels("error").inc()
+            track.updates.put_nowait(rid)
+
+    def _child_exited(self, name: str, proc: BaseProcess) -> None:
+        asyncio.get_running_loop().remove_reader(proc.sentinel)
+        proc.join(0.1)  # the sentinel fires as the child exits; reap it for its exit code
+        self.dead = f"the {name} process (pid {proc.pid}) exited with code {proc.exitcode}; the server cannot serve"
+        log.error("%s; failing %d requests in flight", self.dead, len(self.tracks))
+        for rid, track in list(self.tracks.items()):
+            self._fail(track, rid, RequestFailed(503, self.dead))
+        for future in self._controls.values():
+            if not future.done():
+                future.set_exception(RequestFailed(503, self.dead))

@@ -1,0 +1,132 @@
+"""Starting the real server for end-to-end tests: `sprig serve` in a subprocess on
+127.0.0.1 with a free port (port 0), every request bounded by a timeout."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+STARTUP_TIMEOUT_S = 120.0
+READY = re.compile(r"ready at (http://\S+)")
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+    headers: dict[str, str]
+    pids: dict[str, int] = field(default_factory=dict)  # http, scheduler, detokenizer
+    ipc_dir: str = ""
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=TIMEOUT, **({"headers": self.headers} | kw))
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, timeout=TIMEOUT, **({"headers": self.headers} | kw))
+
+    def generate(self, body: dict[str, Any]) -> Any:
+        r = self.post("/generate", body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def stream(self, path: str, body: dict[str, Any], **kw: Any) -> list[Any]:
+        """Every SSE event of a streamed response, parsed ("[DONE]" kept as a string)."""
+        with httpx.stream("POST", self.url + path, json=body, timeout=TIMEOUT, headers=self.headers, **kw) as r:
+            assert r.status_code == 200, r.read()
+            return [parse_event(line) for line in r.iter_lines() if line]
+
+    def info(self) -> dict[str, Any]:
+        return self.get("/get_server_info").json()
+
+    def wait_idle(self, timeout: float = 20.0) -> dict[str, Any]:
+        """Wait until no request is in flight; then the KV check must pass and every slot
+        be free or evictable."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.get("/debug/check_integrity").json()
+            if state["running"] == state["waiting"] == state["live"] == 0:
+                break
+            assert time.monotonic() < deadline, f"requests still in flight: {state}"
+            time.sleep(0.1)
+        assert state["ok"], state
+        assert state["kv_protected"] == 0 and state["rows_available"] == state["rows"], state
+        assert state["kv_available"] + state["kv_evictable"] == state["kv_size"], state
+        return state
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(f"the server ignored {signal.Signals(sig).name}:\n{self.log.read_text()}") from None
+
+
+def parse_event(line: str) -> Any:
+    assert line.startswith("data: "), line
+    payload = line[len("data: ") :]
+    return payload if payload == "[DONE]" else orjson.loads(payload)
+
+
+@contextmanager
+def running_server(model: Path, *args: str, api_key: str | None = None) -> Iterator[Server]:
+    """A server for the duration of the block. After it (unless the block stopped the
+    server itself) SIGTERM must stop it with exit code 0, leaving no process and no ipc
+    directory behind."""
+    fd, log_name = tempfile.mkstemp(prefix="sprig-test-server-", suffix=".log")
+    log = Path(log_name)
+    cmd = [sys.executable, "-m", "sprig.runtime", "serve", "--model", str(model), "--port", "0",
+           "--dtype", "float32", "--log-interval", "1", *(["--api-key", api_key] if api_key else []), *args]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}  # 2 shared cores: threads only contend
+    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
+    os.close(fd)
+    server = Server(proc, _wait_ready(proc, log), log, {"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        info = server.info()
+        server.pids, server.ipc_dir = info["pids"], info["ipc_dir"]
+        assert Path(server.ipc_dir).is_dir() and Path(server.ipc_dir).stat().st_mode & 0o777 == 0o700
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, log.read_text()
+    assert not [name for name, pid in server.pids.items() if pid_alive(pid)], log.read_text()
+    assert not Path(server.ipc_dir).exists()
+    log.unlink()
+
+
+def _wait_ready(proc: subprocess.Popen, log: Path) -> str:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if match := READY.search(log.read_text()):
+            return match.group(1)
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}:\n{log.read_text()}")
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"the server did not start in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,77 @@
+"""`sprig serve` flags: one per config field, defaults from the dataclasses, values
+validated by them."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from sprig.runtime.cli import build_parser, configs_from_args, main
+from sprig.runtime.model_runner import RunnerConfig
+from sprig.runtime.scheduler import SchedulerConfig
+from sprig.runtime.server.config import ServerConfig
+
+
+def parse(*flags: str):
+    return configs_from_args(build_parser().parse_args(["serve", "--model", "/m", *flags]))
+
+
+def test_defaults_come_from_the_dataclasses() -> None:
+    server, engine = parse()
+    assert server == ServerConfig()
+    assert engine.runner == RunnerConfig(model_path="/m")
+    assert engine.scheduler == SchedulerConfig()
+
+
+def test_every_field_has_a_flag(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    help_text = capsys.readouterr().out
+    for cls in (ServerConfig, RunnerConfig, SchedulerConfig):
+        for f in dataclasses.fields(cls):
+            if f.name != "model_path":
+                assert "--" + f.name.replace("_", "-") in help_text, f.name
+
+
+def test_flags_reach_their_configs() -> None:
+    server, engine = parse(
+        "--port", "0", "--api-key", "k", "--dtype", "float32", "--max-total-tokens", "512",
+        "--chunked-prefill-size", "none", "--disable-radix-cache", "--schedule-policy", "lpm",
+        "--max-queued-requests", "3",
+    )
+    assert (server.port, server.api_key) == (0, "k")
+    assert (engine.runner.dtype, engine.runner.max_total_tokens) == ("float32", 512)
+    s = engine.scheduler
+    assert (s.chunked_prefill_size, s.disable_radix_cache, s.schedule_policy, s.max_queued_requests) == (
+        None, True, "lpm", 3,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--port", "70000"], "port must be in"),
+        (["--schedule-policy", "random"], "invalid choice"),
+        (["--max-running-requests", "0"], "max_running_requests"),
+        (["--page-size", "two"], "invalid int value"),
+    ],
+)
+def test_invalid_flags_exit_with_a_message(tmp_path, capsys, flags: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--model", str(tmp_path), *flags])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_missing_model_directory(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--model", "/nonexistent/model"])
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_module_entry_point_prints_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "sprig.runtime", "serve", "--help"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "scheduler options" in out and "--api-key" in out

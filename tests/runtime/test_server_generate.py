@@ -1,0 +1,158 @@
+"""The real server's native routes: /generate (single, batch, input_ids, n, logprobs,
+streaming, stop strings, aborts), equal to the offline Engine; the info, cache and health
+routes. After every test the scheduler is idle with its KV accounting intact."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import httpx
+import pytest
+from server_helpers import TIMEOUT, Server, parse_event
+
+from sprig.runtime import Engine
+
+PROMPTS = ["the quick brown fox", "what is the capital of France ?", "one two three"]
+GREEDY = {"max_new_tokens": 8, "temperature": 0}
+
+
+@pytest.fixture(autouse=True)
+def intact_after(server: Server):
+    yield
+    server.wait_idle()
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_llama: Path) -> list[dict]:
+    with Engine(tiny_llama, dtype="float32") as engine:
+        return [engine.generate(p, GREEDY) for p in PROMPTS]
+
+
+def test_greedy_generate_equals_the_offline_engine(server: Server, offline: list[dict]) -> None:
+    for prompt, ref in zip(PROMPTS, offline, strict=True):
+        out = server.generate({"text": prompt, "sampling_params": GREEDY})
+        assert out["output_ids"] == ref["output_ids"]
+        assert out["text"] == ref["text"]
+        assert out["meta_info"]["finish_reason"] == ref["meta_info"]["finish_reason"]
+        assert out["meta_info"]["prompt_tokens"] == ref["meta_info"]["prompt_tokens"]
+
+
+def test_batch_and_input_ids(server: Server, offline: list[dict], tiny_llama: Path) -> None:
+    outs = server.generate({"text": PROMPTS, "sampling_params": GREEDY})
+    assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in offline]
+    assert len({o["meta_info"]["id"] for o in outs}) == len(PROMPTS)
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(tiny_llama).encode(PROMPTS[0])
+    single = server.generate({"input_ids": ids, "sampling_params": GREEDY})
+    assert single["output_ids"] == offline[0]["output_ids"]
+    per_prompt = [GREEDY, {**GREEDY, "max_new_tokens": 3}]
+    both = server.generate({"input_ids": [ids, ids], "sampling_params": per_prompt})
+    assert [len(o["output_ids"]) for o in both] == [8, 3]
+
+
+def test_n_returns_n_outputs_per_prompt(server: Server) -> None:
+    outs = server.generate({"text": PROMPTS[:2], "sampling_params": {**GREEDY, "n": 2}, "rid": ["a", "b"]})
+    assert [o["meta_info"]["id"] for o in outs] == ["a-0", "a-1", "b-0", "b-1"]
+    assert outs[0]["output_ids"] == outs[1]["output_ids"] != outs[2]["output_ids"] == outs[3]["output_ids"]
+    seeded = server.generate({"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 8, "n": 2, "seed": 7}})
+    assert len(seeded) == 2 and seeded[0]["output_ids"] != seeded[1]["output_ids"]
+
+
+def test_logprobs(server: Server) -> None:
+    out = server.generate({
+        "text": PROMPTS[1], "sampling_params": GREEDY, "return_logprob": True, "logprob_start_len": 0,
+        "top_logprobs_num": 2, "return_text_in_logprobs": True,
+    })
+    meta = out["meta_info"]
+    inputs, outputs = meta["input_token_logprobs"], meta["output_token_logprobs"]
+    assert len(inputs) == meta["prompt_tokens"] and inputs[0][0] is None
+    assert all(lp <= 0 for lp, _, _ in inputs[1:] + outputs)
+    assert [t for _, t, _ in outputs] == out["output_ids"]
+    assert "".join(text for _, _, text in outputs) == out["text"]
+    assert all(len(row) == 2 and row[0][0] >= row[1][0] for row in meta["output_top_logprobs"])
+    assert outputs[0][0] == pytest.approx(meta["output_top_logprobs"][0][0][0])  # greedy: the top token
+
+
+def test_stream_sends_cumulative_text_then_done(server: Server) -> None:
+    body = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+    events = server.stream("/generate", {**body, "stream": True})
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    texts = [c["text"] for c in chunks]
+    assert all(a == b[: len(a)] for a, b in itertools.pairwise(texts))
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    final = server.generate(body)
+    assert chunks[-1]["text"] == final["text"] and chunks[-1]["output_ids"] == final["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 24}
+
+
+def test_second_identical_request_hits_the_cache(server: Server) -> None:
+    body = {"text": "the cache tree and the radix prefix " * 4, "sampling_params": {**GREEDY, "max_new_tokens": 2}}
+    first, second = server.generate(body), server.generate(body)
+    assert second["meta_info"]["cached_tokens"] > 0
+    assert second["output_ids"] == first["output_ids"]
+
+
+def test_stop_string_is_trimmed(server: Server) -> None:
+    body = {"text": PROMPTS[2], "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}}
+    full = server.generate(body)["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    out = server.generate({**body, "sampling_params": {**body["sampling_params"], "stop": stop}})
+    assert out["text"] == full[: full.index(stop)]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
+def test_abort_request_ends_a_running_request(server: Server) -> None:
+    body = {"text": PROMPTS[0], "rid": "victim", "stream": True,
+            "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    with httpx.stream("POST", server.url + "/generate", json=body, timeout=TIMEOUT) as r:
+        lines = (line for line in r.iter_lines() if line)
+        parse_event(next(lines))
+        assert server.post("/abort_request", {"rid": "victim"}).json() == {"rid": "victim", "aborted": True}
+        events = [parse_event(line) for line in lines]
+    assert events[-1] == "[DONE]"
+    assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert server.post("/abort_request", {"rid": "victim"}).json()["aborted"] is False
+
+
+def test_client_disconnect_mid_stream_frees_its_slots(server: Server) -> None:
+    idle = server.wait_idle()
+    body = {"text": PROMPTS[1], "stream": True, "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    with httpx.stream("POST", server.url + "/generate", json=body, timeout=TIMEOUT) as r:
+        lines = (line for line in r.iter_lines() if line)
+        parse_event(next(lines))
+        parse_event(next(lines))
+    after = server.wait_idle()  # running drops to 0 long before 900 tokens
+    assert after["kv_available"] + after["kv_evictable"] == idle["kv_size"]
+    assert after["kv_evictable"] < 900  # the request did not run to the end
+    server.post("/flush_cache")
+    with pytest.raises(httpx.TimeoutException):  # a non-streaming client that gives up
+        httpx.post(server.url + "/generate", json={**body, "stream": False}, timeout=0.5)
+    assert server.wait_idle(timeout=5.0)["kv_evictable"] < 900
+
+
+def test_info_routes(server: Server, tiny_llama: Path) -> None:
+    for path in ("/get_model_info", "/model_info"):
+        info = server.get(path).json()
+        assert info["model_path"] == str(tiny_llama) and info["is_generation"] is True
+        assert "<|assistant|>" in info["chat_template"]
+    for path in ("/get_server_info", "/server_info"):
+        info = server.get(path).json()
+        assert info["healthy"] and info["model"]["context_len"] == 1024
+        assert info["last_idle_integrity"] in ("ok", "unchecked")
+    assert server.get("/health").status_code == 200
+    assert server.get("/health_generate").status_code == 200
+
+
+def test_flush_cache_and_metrics(server: Server) -> None:
+    server.generate({"text": PROMPTS[0], "sampling_params": GREEDY})
+    assert server.post("/flush_cache").json() == {"message": "Cache flushed."}
+    assert server.wait_idle()["kv_evictable"] == 0
+    metrics = server.get("/metrics").text
+    for name in ("sprig_requests_finished_total", "sprig_running_requests", "sprig_queued_requests",
+                 "sprig_kv_usage", "sprig_cache_hit_rate", "sprig_gen_throughput",
+                 "sprig_time_to_first_token_seconds_bucket", "sprig_inter_token_latency_seconds_bucket"):
+        assert name in metrics
+    assert "running 0, queued 0" in server.log.read_text() or "tok/s" in server.log.read_text()

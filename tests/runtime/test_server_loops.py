@@ -1,0 +1,173 @@
+"""The server's process loops driven in-process (no sockets): the message codec, the
+scheduler loop's answers to every request (rejections, queue limits, a failing step), the
+detokenizer loop, and the stats tracker. Together with `ResponseState` they reproduce the
+offline engine's output exactly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from sprig.runtime import Engine
+from sprig.runtime.response import DetokenizedOutput, ResponseState
+from sprig.runtime.scheduler import TokenOutput
+from sprig.runtime.server.detokenizer_process import DetokenizerLoop
+from sprig.runtime.server.messages import (
+    AbortReq,
+    ControlReq,
+    DetokenizedBatch,
+    DetokRegister,
+    Forget,
+    GenerateReq,
+    StatsReport,
+    TokenBatch,
+    decode,
+    encode,
+)
+from sprig.runtime.server.scheduler_process import SchedulerLoop
+from sprig.runtime.server.stats import StatsTracker
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama: Path):
+    with Engine(tiny_llama, dtype="float32", max_queued_requests=2) as e:
+        yield e
+
+
+@pytest.fixture
+def sinks(engine: Engine):
+    detok: list[object] = []
+    http: list[object] = []
+    loop = SchedulerLoop(engine.scheduler, detok.append, http.append, StatsTracker(0.5, 60.0))
+    yield loop, detok, http
+    assert not engine.scheduler.has_work
+    engine.check_integrity()
+
+
+def req(engine: Engine, rid: str, text: str = "the quick brown fox", **params) -> GenerateReq:
+    return GenerateReq(rid, engine.tokenizer.encode(text), {**GREEDY, **params})
+
+
+def drain(loop: SchedulerLoop) -> None:
+    while loop.scheduler.has_work:
+        loop.run_step()
+
+
+def test_codec_round_trips_nested_messages() -> None:
+    out = TokenOutput("r", [1, 2], 3, 2, 1, {"type": "stop", "matched": "x"}, [[-0.5, 1]], [[[-0.5, 1]]],
+                      [[None, 0], [-1.0, 5]], [None, [[-1.0, 5]]])
+    for msg in (
+        TokenBatch([out, TokenOutput("s", [], 1, 0, 0)]),
+        GenerateReq("r", [1, 2], {"logit_bias": {"5": 1.0}, "seed": 2**64 - 1}, True, 0, 2, True),
+        DetokenizedBatch([DetokenizedOutput("r", "é", [3], 1, 1, 0, None, [[-0.1, 3, "é"]])]),
+        StatsReport(1, 2, 3, 4, 0.5, 6, 7, 8, 9, 10.5, 11.5, "ok"),
+        AbortReq("r"), ControlReq(3, "flush_cache"), Forget(["a", "b"]),
+    ):
+        assert decode(encode(msg)) == msg
+
+
+def test_codec_builds_only_registered_messages() -> None:
+    @dataclass
+    class Sneaky:
+        x: int
+
+    with pytest.raises(TypeError, match="not a registered message"):
+        encode(Sneaky(1))
+    with pytest.raises(TypeError):
+        encode({1, 2})
+    with pytest.raises(ValueError, match="unknown message type"):
+        decode(msgpack.packb({"__msg__": "Popen", "args": ["sh"]}))
+    with pytest.raises(TypeError):
+        decode(msgpack.packb({"__msg__": "AbortReq", "rid": "r", "evil": 1}))
+
+
+def test_every_request_is_answered(engine: Engine, sinks) -> None:
+    loop, detok, http = sinks
+    loop.handle(req(engine, "good"))
+    loop.handle(req(engine, "good"))  # duplicate rid
+    loop.handle(GenerateReq("long", [5] * 1000, {"max_new_tokens": 100}))
+    loop.handle(GenerateReq("bad", [1], {"temperature": -1}))
+    assert [(m.rid, m.status) for m in http] == [("good", 400), ("long", 400), ("bad", 400)]
+    assert "already in use" in http[0].message and "temperature" in http[2].message
+    drain(loop)
+    assert isinstance(detok[0], DetokRegister) and detok[0].rid == "good"
+    outputs = [o for m in detok[1:] for o in m.outputs]
+    assert outputs[-1].finish_reason == {"type": "length", "length": 8} and not loop.live
+    assert loop.stats.integrity == "ok"
+
+
+def test_queue_full_is_a_503(engine: Engine, sinks) -> None:
+    loop, _, http = sinks
+    for rid in "abc":
+        loop.handle(req(engine, rid))
+    assert [(m.rid, m.status) for m in http] == [("c", 503)]
+    loop.handle(AbortReq("a"))
+    drain(loop)
+
+
+def test_a_failing_step_answers_live_requests_and_the_loop_goes_on(engine: Engine, sinks, monkeypatch) -> None:
+    loop, detok, http = sinks
+    loop.handle(req(engine, "x"))
+    loop.handle(req(engine, "y", "one two three"))
+    loop.run_step()
+    monkeypatch.setattr(engine.runner, "forward", lambda step: (_ for _ in ()).throw(RuntimeError("boom")))
+    loop.run_step()
+    assert sorted((m.rid, m.status) for m in http) == [("x", 500), ("y", 500)]
+    assert all("boom" in m.message for m in http)
+    assert detok[-1] == Forget(["x", "y"])
+    engine.check_integrity()
+    monkeypatch.undo()
+    loop.handle(req(engine, "z"))
+    drain(loop)
+    assert detok[-1].outputs[-1].rid == "z" and detok[-1].outputs[-1].finish_reason is not None
+
+
+def test_control_requests(engine: Engine, sinks) -> None:
+    loop, _, http = sinks
+    loop.handle(ControlReq(1, "check_integrity"))
+    loop.handle(ControlReq(2, "flush_cache"))
+    loop.handle(ControlReq(3, "reboot"))
+    check, flush, unknown = http
+    assert check.ok and check.data["running"] == 0 and check.data["kv_protected"] == 0
+    assert flush.ok and not unknown.ok and "reboot" in unknown.data["error"]
+
+
+def test_the_pipeline_reproduces_the_offline_engine(engine: Engine, sinks) -> None:
+    """scheduler loop -> detokenizer loop -> ResponseState == Engine.generate, stop strings
+    and logprob texts included."""
+    loop, detok, http = sinks
+    ref = engine.generate("what is the capital", {**GREEDY, "max_new_tokens": 12})
+    stop = ref["text"][4:6]
+    expected = engine.generate("what is the capital", {**GREEDY, "max_new_tokens": 12, "stop": stop},
+                               return_logprob=True, return_text_in_logprobs=True)
+    loop.handle(GenerateReq("p", engine.tokenizer.encode("what is the capital"),
+                            {**GREEDY, "max_new_tokens": 12, "stop": stop}, True, -1, 0, True))
+    drain(loop)
+    texts: list[object] = []
+    detokenizer = DetokenizerLoop(engine.tokenizer, texts.append)
+    state = ResponseState("p", len(engine.tokenizer.encode("what is the capital")), return_logprob=True)
+    for msg in [TokenBatch([TokenOutput("ghost", [1], 1, 1, 0)]), *detok]:
+        detokenizer.handle(msg)
+    for batch in texts:
+        for out in batch.outputs:
+            state.add(out, 0.0)
+    got = state.response
+    assert got["text"] == expected["text"] and got["output_ids"] == expected["output_ids"]
+    assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert got["meta_info"]["output_token_logprobs"] == expected["meta_info"]["output_token_logprobs"]
+    assert not detokenizer.decoders and not http
+
+
+def test_stats_tracker_reports_while_busy_and_once_idle(engine: Engine) -> None:
+    now = [0.0]
+    tracker = StatsTracker(0.5, 60.0, clock=lambda: now[0])
+    ticks = []
+    for t, busy in [(0.1, True), (0.7, True), (0.9, True), (1.3, True), (1.4, False), (2.0, False), (3.0, False)]:
+        now[0] = t
+        ticks.append(tracker.tick(engine.scheduler, busy=busy) is not None)
+    assert ticks == [False, True, False, True, True, False, False]
