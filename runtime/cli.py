@@ -1,4 +1,5 @@
-"""The `sprig` command line. `sprig serve --model PATH [options]` starts the HTTP server.
+"""The `sprig` command line. `sprig serve [--model PATH] [options]` starts the HTTP server
+(on sprig's embedded demo model when no model is given).
 
 Every option is a field of `ServerConfig`, `RunnerConfig` or `SchedulerConfig`, with that
 dataclass's default; the dataclasses validate the values. The configs (and torch with
@@ -115,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the HTTP server: an HTTP process, a scheduler process and a detokenizer "
         "process. SIGINT or SIGTERM stops all three.",
     )
-    serve.add_argument("--model", "--model-path", dest="model_path", required=True, metavar="PATH",
-                       help="a local Hugging Face checkpoint directory (weights, config, tokenizer)")
+    serve.add_argument("--model", "--model-path", dest="model_path", default=None, metavar="PATH",
+                       help="a local Hugging Face checkpoint directory (weights, config, tokenizer); "
+                       "default: sprig's embedded demo model")
     choices = _choices()
     for title, cls in _sections():
         _add_fields(serve.add_argument_group(f"{title} options"), cls, choices)
@@ -141,6 +143,10 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.model_path is None:
+        from sprig.runtime.demo import ensure_demo_model
+
+        args.model_path = str(ensure_demo_model())
     if not Path(args.model_path).is_dir():
         parser.error(f"--model {args.model_path!r} is not a directory")
     try:

@@ -40,7 +40,11 @@ class Engine:
     finished or aborted when it returns, so the KV invariant holds between calls.
     """
 
-    def __init__(self, model_path: str, **kwargs: Any) -> None:
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        if model_path is None:  # sprig's embedded demo model
+            from sprig.runtime.demo import ensure_demo_model
+
+            model_path = str(ensure_demo_model())
         self.config = EngineConfig.from_kwargs(str(model_path), **kwargs)
         self.tokenizer = load_tokenizer(model_path)
         self.runner = ModelRunner(self.config.runner)

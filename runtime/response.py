@@ -34,6 +34,7 @@ class DetokenizedOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    jump_forward_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
     output_logprobs: list[list[Any]] = field(default_factory=list)
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
@@ -74,6 +75,7 @@ class OutputDecoder:
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
+            jump_forward_tokens=out.jump_forward_tokens,
             finish_reason=out.finish_reason,
             output_logprobs=self._entries(out.output_logprobs),
             output_top_logprobs=[self._entries(row) for row in out.output_top_logprobs],
@@ -102,6 +104,7 @@ class ResponseState:
             "prompt_tokens": prompt_tokens,
             "completion_tokens": 0,
             "cached_tokens": 0,
+            "jump_forward_tokens": 0,
             "e2e_latency": 0.0,
         }
         if return_logprob:
@@ -121,6 +124,7 @@ class ResponseState:
         meta.update(
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
+            jump_forward_tokens=out.jump_forward_tokens,
             prompt_tokens=out.prompt_tokens,
             e2e_latency=elapsed,
             finish_reason=out.finish_reason,

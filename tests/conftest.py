@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in the interpreter on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from server_helpers import Server, running_server
 
 from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
 
@@ -33,3 +36,12 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_checkpoints: dict[str, Path]) -> Path:
     return tiny_checkpoints["llama"]
+
+
+@pytest.fixture(scope="session")
+def server(tiny_llama: Path) -> Iterator[Server]:
+    """One real server on the tiny llama for the whole session (starting one costs
+    seconds: three processes each load torch and transformers), started on first use.
+    Tests that break or stop a server start their own."""
+    with running_server(tiny_llama) as s:
+        yield s

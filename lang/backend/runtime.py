@@ -73,8 +73,10 @@ class Runtime:
         api_key: str | None = None,
         **server_args: Any,
     ) -> None:
-        if model_path is None:
-            raise ValueError("Runtime needs model_path (a local Hugging Face checkpoint directory)")
+        if model_path is None:  # sprig's embedded demo model
+            from sprig.runtime.demo import ensure_demo_model
+
+            model_path = str(ensure_demo_model())
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         if api_key:

@@ -51,6 +51,10 @@ def test_a_server_that_never_gets_healthy_times_out_and_is_stopped() -> None:
     assert "still loading" in str(info.value)
 
 
-def test_model_path_is_required() -> None:
-    with pytest.raises(ValueError, match="model_path"):
-        sgl.Runtime()
+def test_the_default_model_is_the_embedded_demo_model() -> None:
+    from sprig.runtime.demo import DEMO_MODEL_PATH
+
+    show_argv_and_fail = "import sys; print(sys.argv, flush=True); sys.exit(3)"
+    with pytest.raises(RuntimeError) as info:
+        sgl.Runtime(launcher=(sys.executable, "-c", show_argv_and_fail), launch_timeout=5)
+    assert f"'--model', '{DEMO_MODEL_PATH}'" in str(info.value)

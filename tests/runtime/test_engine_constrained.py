@@ -98,6 +98,7 @@ def test_jump_forward_appends_forced_text_in_fewer_steps(tiny_llama) -> None:
             stats = eng.scheduler.stats
             steps[jump] = stats.steps
             assert (stats.jump_forward_tokens > 0) == jump
+            assert sum(o["meta_info"]["jump_forward_tokens"] for o in outs) == stats.jump_forward_tokens
             assert_idle_and_intact(eng)
             eng.scheduler.close()
     assert steps[True] < steps[False]
