@@ -1,56 +1,50 @@
-"""Generate with the offline engine and watch the radix cache reuse a shared prefix.
+"""Generate with the offline engine: solve held-out word problems with sprig's embedded
+demo model, greedy and by self-consistency voting, and watch the radix cache at work.
 
-    python examples/generate.py                    # a tiny random model, built locally
-    python examples/generate.py --model PATH       # any local Llama/Mistral/Qwen2/Qwen3 checkpoint
-
-Without --model this builds a tiny Llama with random weights under ~/.cache/sprig (no
-model hub needed): the pipeline is real, but the text it writes is noise.
+    python examples/generate.py [--problems 16] [-n 8] [--model PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import time
+from collections import Counter
 
 from sprig.runtime import Engine
-from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
-
-DEFAULT_MODEL = Path.home() / ".cache" / "sprig" / "tiny-random-llama"
-SYSTEM = "You are a careful assistant. Think step by step, then answer. "
-QUESTIONS = ["What is two plus three?", "Name a blue bird.", "Why is the sky blue?", "Count to five."]
+from sprig.runtime.demo.evaluate import prompts
+from sprig.runtime.demo.tasks import extract_answer, take
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, help="local checkpoint directory")
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--model", help="local checkpoint directory (default: the embedded demo model)")
+    parser.add_argument("--problems", type=int, default=16, help="held-out problems to solve")
+    parser.add_argument("-n", type=int, default=8, help="samples per problem for voting")
     args = parser.parse_args()
 
-    model = args.model
-    if model is None:
-        model = DEFAULT_MODEL
-        if not (model / "config.json").exists():
-            print(f"building a tiny random Llama at {model} (random weights: expect noise)")
-            build_tiny_checkpoint(model, "llama")
-    params = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
-    prompts = [SYSTEM + q for q in QUESTIONS]
-    with Engine(model) as engine:
-        for round_ in ("cold cache", "warm cache"):
-            outs = engine.generate(prompts, params)
-            print(f"\n== {round_} ==")
-            for q, out in zip(QUESTIONS, outs, strict=True):
-                meta = out["meta_info"]
-                print(f"{q!r} -> {out['text']!r}")
-                print(
-                    f"   prompt {meta['prompt_tokens']} tokens, {meta['cached_tokens']} from cache, "
-                    f"{meta['completion_tokens']} generated, finish {meta['finish_reason']}"
-                )
-        stats = engine.scheduler.stats
-        cache = engine.scheduler.kv.cache
-        print(
-            f"\nprompt tokens computed {stats.prefill_tokens}, reused {stats.cached_tokens}, "
-            f"generated {stats.decode_tokens}; radix hit rate {cache.hit_rate:.0%}"
-        )
+    problems = take("heldout", args.problems, seed=0)
+    with Engine(args.model) as engine:
+        texts = prompts(engine.tokenizer, problems)
+        start = time.perf_counter()
+        greedy = engine.generate(texts, {"max_new_tokens": 96, "temperature": 0})
+        greedy_s = time.perf_counter() - start
+        print(f"Q: {problems[0].question}\nA: {greedy[0]['text']}\n")
+        start = time.perf_counter()
+        sampled = engine.generate(texts, {"max_new_tokens": 96, "temperature": 0.8, "n": args.n, "seed": 0})
+        vote_s = time.perf_counter() - start
+
+        greedy_ok = sum(extract_answer(o["text"]) == p.answer for o, p in zip(greedy, problems, strict=True))
+        vote_ok = 0
+        for i, p in enumerate(problems):
+            answers = [extract_answer(o["text"]) for o in sampled[i * args.n : (i + 1) * args.n]]
+            votes = Counter(a for a in answers if a is not None)
+            vote_ok += bool(votes) and votes.most_common(1)[0][0] == p.answer
+        prompt_tokens = sum(o["meta_info"]["prompt_tokens"] for o in sampled)
+        cached = sum(o["meta_info"]["cached_tokens"] for o in sampled)
+        print(f"greedy:                   {greedy_ok}/{len(problems)} correct in {greedy_s:.1f} s")
+        print(f"self-consistency (n={args.n}): {vote_ok}/{len(problems)} correct in {vote_s:.1f} s")
+        print(f"the {args.n} samples of each problem reused its prompt: {cached} of {prompt_tokens} "
+              f"prompt tokens came from the radix cache")
         engine.check_integrity()
 
 
