@@ -130,6 +130,31 @@ def test_fork_commits_the_shared_prefix_once(backend, server) -> None:
     assert computed < 2 * prefix_tokens  # the prefix once, plus each branch's few tokens
 
 
+@sgl.function
+def eight_ways(s, context):
+    s += context
+    forks = s.fork(8)
+    for f in forks:
+        f += sgl.gen("idea", max_tokens=4, temperature=1.0)
+    forks.join()
+
+
+def test_fork_8_on_a_500_token_prompt_computes_it_once(backend, server) -> None:
+    context = " ".join(f"item {i} is {i % 7} and" for i in range(70))
+    server.wait_idle()
+    sgl.flush_cache()
+    before = server.info()["stats"]
+    state = eight_ways.run(context=context)
+    server.wait_idle()
+    after = server.info()["stats"]
+    cost = state.cost()
+    prompt = cost.prompt_tokens // 9  # the commit plus eight branches, each sees the prompt
+    assert prompt >= 500
+    computed = after["prefill_tokens"] - before["prefill_tokens"]
+    assert computed < prompt + 8 * 8  # the prompt once plus each branch's own few tokens
+    assert cost.cached_tokens >= 8 * (prompt - 1)  # every branch found the prompt cached
+
+
 def test_streaming(backend) -> None:
     state = few_shot_qa.run(question="Which?", stream=True)
     pieces = list(state.text_iter("answer"))
