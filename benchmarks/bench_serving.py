@@ -1,0 +1,311 @@
+"""Online serving benchmark in the style of SGLang's `bench_serving`: stream `/generate`
+requests (token ids in, `ignore_eos` so every request yields exactly its output length)
+at Poisson arrivals (`--request-rate`) or a fixed number in flight (`--max-concurrency`).
+
+Datasets (token ids drawn at random from the model's vocabulary, above its special ids):
+  random                   `--num-prompts` requests; input and output lengths uniform in
+                           [len * range_ratio, len].
+  generated-shared-prefix  G groups x P prompts; each group shares a random S-token system
+                           prompt, each prompt adds a random Q-token question; O output
+                           tokens each. SGLang's defaults are G=64, P=16, S=2048, Q=128,
+                           O=256; here G=8, P=8, S=256, Q=32, O=32 so a run fits a shared
+                           CPU and the demo model's 512 positions. The best possible prefix
+                           hit rate is (P-1)*S / (P*(S+Q)) of prompt tokens (~78% here).
+
+Printed: successful requests, duration, total input / generated tokens, request and token
+throughputs, mean concurrency (sum of E2E latencies / duration), E2E latency, TTFT, TPOT
+(= (E2E - TTFT) / (output tokens - 1)) and ITL (gap between streamed chunks), each mean /
+median / p99, and the prefix cache hit rate (cached / prompt tokens over the responses, and
+the server's cumulative `cache_hit_rate`). `--compare-engine` then runs the same requests
+through the offline `Engine` in this process, all submitted at once, and prints the
+serving / engine output throughput ratio (both measured here, in the same run).
+
+    python benchmarks/bench_serving.py                               # local server, demo model
+    python benchmarks/bench_serving.py --backend-url http://127.0.0.1:30000
+    python benchmarks/bench_serving.py --dataset random --num-prompts 64 --max-concurrency 64 --compare-engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+READY = re.compile(r"ready at (http://\S+)")
+LOW_ID = 8  # stay clear of small tokenizers' special ids
+
+
+@dataclass
+class Request:
+    input_ids: list[int]
+    output_len: int
+
+
+@dataclass
+class Result:
+    ok: bool = False
+    error: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    e2e: float = 0.0
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+
+
+# ---- datasets ----------------------------------------------------------------------------
+
+def random_dataset(args: argparse.Namespace, vocab: int, rng: random.Random) -> list[Request]:
+    def length(n: int) -> int:
+        return rng.randint(max(1, int(n * args.random_range_ratio)), n)
+
+    return [
+        Request([rng.randrange(LOW_ID, vocab) for _ in range(length(args.random_input_len))],
+                length(args.random_output_len))
+        for _ in range(args.num_prompts)
+    ]
+
+
+def shared_prefix_dataset(args: argparse.Namespace, vocab: int, rng: random.Random) -> list[Request]:
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(LOW_ID, vocab) for _ in range(n)]
+
+    requests = []
+    for _ in range(args.gsp_num_groups):
+        system = ids(args.gsp_system_prompt_len)
+        requests += [Request(system + ids(args.gsp_question_len), args.gsp_output_len)
+                     for _ in range(args.gsp_prompts_per_group)]
+    rng.shuffle(requests)
+    return requests
+
+
+DATASETS = {"random": random_dataset, "generated-shared-prefix": shared_prefix_dataset}
+
+
+# ---- the load generator ------------------------------------------------------------------
+
+async def send(client: httpx.AsyncClient, url: str, req: Request) -> Result:
+    body = {"input_ids": req.input_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": req.output_len, "temperature": 0, "ignore_eos": True}}
+    res, last = Result(), None
+    start = prev = time.perf_counter()
+    try:
+        async with client.stream("POST", url + "/generate", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                now = time.perf_counter()
+                chunk = orjson.loads(line[6:])
+                if chunk["output_ids"]:
+                    if last is None or not last["output_ids"]:
+                        res.ttft = now - start
+                    else:
+                        res.itl.append(now - prev)
+                    prev = now
+                last = chunk
+        res.e2e = time.perf_counter() - start
+    except (httpx.HTTPError, ValueError) as e:
+        res.error = repr(e)
+        return res
+    if last is None:
+        res.error = "no chunk"
+        return res
+    meta = last["meta_info"]
+    res.prompt_tokens, res.cached_tokens = meta["prompt_tokens"], meta.get("cached_tokens", 0)
+    res.output_tokens = len(last["output_ids"])
+    res.ok = res.output_tokens == req.output_len
+    res.error = "" if res.ok else f"{res.output_tokens} output tokens, expected {req.output_len}"
+    return res
+
+
+async def run_load(url: str, requests: list[Request], args: argparse.Namespace) -> tuple[list[Result], float]:
+    rng = random.Random(args.seed + 1)
+    limit = args.max_concurrency or len(requests)
+    gate = asyncio.Semaphore(limit)
+    limits = httpx.Limits(max_connections=limit + 8, max_keepalive_connections=limit + 8)
+    timeout = httpx.Timeout(args.request_timeout, connect=10.0, pool=None)
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        async def one(req: Request) -> Result:
+            async with gate:
+                return await send(client, url, req)
+
+        tasks = []
+        start = time.perf_counter()
+        for req in requests:
+            tasks.append(asyncio.create_task(one(req)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - start
+
+
+# ---- the server --------------------------------------------------------------------------
+
+@contextmanager
+def local_server(args: argparse.Namespace) -> Iterator[str]:
+    """`sprig serve` on a free port for the block; SIGTERM after it."""
+    fd, log_name = tempfile.mkstemp(prefix="sprig-bench-server-", suffix=".log")
+    cmd = [sys.executable, "-m", "sprig.runtime", "serve", "--model", str(args.model), "--port", "0",
+           "--dtype", args.dtype, "--max-running-requests", str(args.max_running_requests), *args.server_arg]
+    env = os.environ | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
+    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
+    os.close(fd)
+    log = Path(log_name)
+    try:
+        deadline = time.monotonic() + 180
+        while not (match := READY.search(log.read_text())):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the server did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.unlink()
+
+
+def server_stats(url: str) -> dict:
+    return httpx.get(url + "/get_server_info", timeout=10).json().get("stats") or {}
+
+
+def warm_up_server(url: str, requests: list[Request]) -> None:
+    body = {"input_ids": requests[0].input_ids[:16], "sampling_params": {"max_new_tokens": 2}}
+    httpx.post(url + "/generate", json=body, timeout=120).raise_for_status()
+    httpx.post(url + "/flush_cache", timeout=30)
+
+
+def run_engine(model: str, requests: list[Request], args: argparse.Namespace) -> tuple[float, int]:
+    """The same requests through the offline Engine, all at once: (seconds, output tokens)."""
+    import torch
+
+    from sprig.runtime import Engine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    params = [{"max_new_tokens": r.output_len, "temperature": 0, "ignore_eos": True} for r in requests]
+    with Engine(model, dtype=args.dtype, max_running_requests=args.max_running_requests) as engine:
+        engine.generate(input_ids=requests[0].input_ids[:16], sampling_params={"max_new_tokens": 2})
+        engine.flush_cache()
+        start = time.perf_counter()
+        outs = engine.generate(input_ids=[r.input_ids for r in requests], sampling_params=params)
+        seconds = time.perf_counter() - start
+    return seconds, sum(len(o["output_ids"]) for o in outs)
+
+
+# ---- report ------------------------------------------------------------------------------
+
+def summary(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    ms = np.asarray(values) * 1000
+    return f"mean {ms.mean():9.2f}   median {np.median(ms):9.2f}   p99 {np.percentile(ms, 99):9.2f}  (ms)"
+
+
+def report(results: list[Result], duration: float, stats: dict) -> float:
+    ok = [r for r in results if r.ok]
+    inp, out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
+    rows = [
+        ("Successful requests", f"{len(ok)} / {len(results)}"),
+        ("Benchmark duration (s)", f"{duration:.2f}"),
+        ("Total input tokens", inp),
+        ("Total generated tokens", out),
+        ("Request throughput (req/s)", f"{len(ok) / duration:.2f}"),
+        ("Input token throughput (tok/s)", f"{inp / duration:.2f}"),
+        ("Output token throughput (tok/s)", f"{out / duration:.2f}"),
+        ("Total token throughput (tok/s)", f"{(inp + out) / duration:.2f}"),
+        ("Mean concurrency", f"{sum(r.e2e for r in ok) / duration:.2f}"),
+        ("E2E latency", summary([r.e2e for r in ok])),
+        ("TTFT", summary([r.ttft for r in ok])),
+        ("TPOT", summary([(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1])),
+        ("ITL", summary([x for r in ok for x in r.itl])),
+        ("Cache hit rate (responses)", f"{sum(r.cached_tokens for r in ok) / max(inp, 1):.2%} of prompt tokens"),
+        ("Cache hit rate (server)", f"{stats['cache_hit_rate']:.2%}" if "cache_hit_rate" in stats else "n/a"),
+    ]
+    for name, value in rows:
+        print(f"{name:<34}{value}")
+    for r in results:
+        if not r.ok:
+            print("failed:", r.error)
+            break
+    return out / duration
+
+
+def main() -> None:
+    from sprig.runtime.demo import DEMO_MODEL_PATH
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend-url", help="a running sprig server (default: start one with --model)")
+    p.add_argument("--model", default=str(DEMO_MODEL_PATH), help="checkpoint for the local server and the engine")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-running-requests", type=int, default=64, help="local server's and engine's")
+    p.add_argument("--threads", type=int, help="torch threads of the local server and the engine")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `sprig serve` flag (repeatable)")
+    p.add_argument("--dataset", choices=sorted(DATASETS), default="generated-shared-prefix")
+    p.add_argument("--num-prompts", type=int, default=64, help="random dataset")
+    p.add_argument("--random-input-len", type=int, default=128)
+    p.add_argument("--random-output-len", type=int, default=32)
+    p.add_argument("--random-range-ratio", type=float, default=0.5)
+    p.add_argument("--gsp-num-groups", type=int, default=8)
+    p.add_argument("--gsp-prompts-per-group", type=int, default=8)
+    p.add_argument("--gsp-system-prompt-len", type=int, default=256)
+    p.add_argument("--gsp-question-len", type=int, default=32)
+    p.add_argument("--gsp-output-len", type=int, default=32)
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second")
+    p.add_argument("--max-concurrency", type=int, help="most requests in flight")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compare-engine", action="store_true", help="also run the offline Engine; print the ratio")
+    args = p.parse_args()
+
+    with local_server(args) if args.backend_url is None else _given(args.backend_url) as url:
+        model = httpx.get(url + "/get_model_info", timeout=10).json()["model_path"]
+        from transformers import AutoConfig
+
+        vocab = AutoConfig.from_pretrained(model).vocab_size
+        requests = DATASETS[args.dataset](args, vocab, random.Random(args.seed))
+        print(f"{args.dataset}: {len(requests)} requests, {sum(len(r.input_ids) for r in requests)} input tokens, "
+              f"{sum(r.output_len for r in requests)} output tokens; request rate {args.request_rate}, "
+              f"max concurrency {args.max_concurrency}; server {url} ({model})")
+        warm_up_server(url, requests)
+        results, duration = asyncio.run(run_load(url, requests, args))
+        stats = server_stats(url)
+    print("============ Serving Benchmark Result ============")
+    serving = report(results, duration, stats)
+    if args.compare_engine:
+        seconds, tokens = run_engine(model, requests, args)
+        engine = tokens / seconds
+        print("============ Offline Engine (same requests, all at once) ============")
+        print(f"{'Engine duration (s)':<34}{seconds:.2f}")
+        print(f"{'Engine output throughput (tok/s)':<34}{engine:.2f}")
+        print(f"{'Serving / engine throughput':<34}{serving / engine:.3f}")
+
+
+@contextmanager
+def _given(url: str) -> Iterator[str]:
+    yield url.rstrip("/")
+
+
+if __name__ == "__main__":
+    main()
