@@ -25,7 +25,7 @@ class Extend:
     @property
     def completes(self) -> bool:
         """True when the step reaches the end of `fill_ids`: the next token gets sampled."""
-        return self.req.kv_len + self.length == len(self.req.fill_ids)
+        return self.req.kv_len + self.length == self.req.seq_len
 
 
 def decode_reserve(req: Req, ratio: float) -> int:
@@ -70,7 +70,7 @@ class Admission:
             if self._shares_uncomputed_prefix(req, extends, len(matches[id(req)])):
                 continue
             match = self.kv.match(req)  # again: admitting others may have evicted part of it
-            ext_len = min(len(req.fill_ids) - len(match), budget, self._chunk_cap())
+            ext_len = min(req.seq_len - len(match), budget, self._chunk_cap())
             need = self.kv.pages(ext_len) + decode_reserve(req, ratio)
             if busy and not self.kv.can_fit(need + reserved + len(match)):
                 break
@@ -92,7 +92,7 @@ class Admission:
         return size if size is not None else 1 << 62
 
     def _extend_for(self, req: Req, budget: int) -> Extend:
-        return Extend(req, min(len(req.fill_ids) - req.kv_len, max(1, budget), self._chunk_cap()))
+        return Extend(req, min(req.seq_len - req.kv_len, max(1, budget), self._chunk_cap()))
 
     def _shares_uncomputed_prefix(self, req: Req, extends: list[Extend], cached: int) -> bool:
         """Whether `req` would recompute tokens another request of this step computes."""

@@ -77,6 +77,18 @@ class Req:
         return self.prompt_ids + self.output_ids
 
     @property
+    def seq_len(self) -> int:
+        """`len(fill_ids)`, without building the list."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def pending_ids(self) -> list[int]:
+        """The tokens after `kv_len` (fed next while decoding); cheap for long prompts."""
+        start = self.kv_len - len(self.prompt_ids)
+        if start >= 0:
+            return self.output_ids[start:]
+        return self.prompt_ids[self.kv_len :] + self.output_ids
+
+    @property
     def finished(self) -> bool:
         return self.finish is not None
 

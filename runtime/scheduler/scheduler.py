@@ -249,11 +249,11 @@ class Scheduler:
         pending feeds them all in the same step (the step then runs in extend mode)."""
         self._make_room_for_decode()
         batch = list(self.running)
-        pending = [len(r.fill_ids) - r.kv_len for r in batch]
+        pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
         step = StepInput(
             mode=mode,
-            input_ids=[t for r, n in zip(batch, pending, strict=True) for t in r.fill_ids[r.kv_len : r.kv_len + n]],
+            input_ids=[t for r in batch for t in r.pending_ids()],
             q_lens=pending,
             kv_slots=[self.kv.slots_of(r, r.kv_len + n) for r, n in zip(batch, pending, strict=True)],
             logits_from=[n - 1 for n in pending],
@@ -269,12 +269,12 @@ class Scheduler:
         """Reserve slots for every running request's pending tokens; retract requests when
         the pool, after evicting cold cache, cannot supply them."""
         while True:
-            need = sum(self.kv.pages(len(r.fill_ids)) - r.alloc_len for r in self.running)
+            need = sum(self.kv.pages(r.seq_len) - r.alloc_len for r in self.running)
             if self.kv.can_fit(need) or len(self.running) <= 1:
                 break
             self._retract(max(self.running, key=self._retract_priority))
         for r in self.running:
-            if not self.kv.reserve(r, len(r.fill_ids)):
+            if not self.kv.reserve(r, r.seq_len):
                 raise RuntimeError(f"no KV slot for request {r.rid} even after retraction")
 
     @staticmethod
@@ -347,7 +347,7 @@ class Scheduler:
         emitted token is ever taken back. The tokens are fed in the next step at once.
         """
         forced = req.grammar.forced_continuation()
-        room = min(req.params.max_new_tokens - len(req.output_ids), self.context_len - len(req.fill_ids) - 1)
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len - 1)
         if not forced or room <= 0 or self.tokenizer is None:
             return
         tail = req.output_ids[-JUMP_CONTEXT_TOKENS:]
