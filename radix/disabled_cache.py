@@ -47,8 +47,12 @@ class DisabledCache:
 
     def match_prefix(self, token_ids: TokenIds, *, record: bool = True) -> MatchResult:
         if record:
-            self.miss_tokens += len(token_ids)
+            self.record_lookup(0, len(token_ids))
         return MatchResult(_EMPTY, self.root)
+
+    def record_lookup(self, hit_tokens: int, looked_up: int) -> None:
+        self.hit_tokens += hit_tokens
+        self.miss_tokens += looked_up - hit_tokens
 
     def insert(self, token_ids: TokenIds, indices: torch.Tensor) -> int:
         """Caches nothing: the caller keeps ownership of all of `indices`."""

@@ -123,9 +123,13 @@ class RadixCache:
         key = as_key(token_ids)
         result = self._match(key)
         if record:
-            self.hit_tokens += len(result)
-            self.miss_tokens += key.shape[0] - len(result)
+            self.record_lookup(len(result), key.shape[0])
         return result
+
+    def record_lookup(self, hit_tokens: int, looked_up: int) -> None:
+        """Count a look-up of `looked_up` tokens of which `hit_tokens` were cached."""
+        self.hit_tokens += hit_tokens
+        self.miss_tokens += looked_up - hit_tokens
 
     def _match(self, key: np.ndarray) -> MatchResult:
         key = key[: self._aligned(key.shape[0])]

@@ -84,10 +84,10 @@ class Engine:
         ]
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=return_text_in_logprobs)
         self._submit(reqs)
-        events = self._run(reqs, builder)
+        updated = self._run(reqs, builder)
         if stream:
-            return events
-        for _ in events:
+            return (builder.partial(rid) for rid in updated)
+        for _ in updated:
             pass
         outs = builder.responses()
         return outs if batch or len(outs) > 1 else outs[0]
@@ -135,8 +135,9 @@ class Engine:
                 self.scheduler.step()
             raise
 
-    def _run(self, reqs: list[Req], builder: ResponseBuilder) -> Iterator[dict[str, Any]]:
-        """Step the scheduler until every request of this call is finished."""
+    def _run(self, reqs: list[Req], builder: ResponseBuilder) -> Iterator[str]:
+        """Step the scheduler until every request of this call is finished, yielding the
+        id of each request whose response just grew (callers snapshot only if streaming)."""
         start = time.monotonic()
         pending = {r.rid for r in reqs}
         try:
@@ -146,7 +147,7 @@ class Engine:
                         builder.add(out, time.monotonic() - start)
                         if out.finish_reason is not None:
                             pending.discard(out.rid)
-                        yield builder.partial(out.rid)
+                        yield out.rid
         finally:
             for rid in pending:
                 self.scheduler.abort(rid)

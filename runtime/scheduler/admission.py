@@ -10,7 +10,7 @@ import numpy as np
 from sprig.radix.tree import common_prefix_len
 from sprig.runtime.scheduler.config import SchedulerConfig
 from sprig.runtime.scheduler.kv import RequestKV
-from sprig.runtime.scheduler.policy import SCHEDULE_ORDERINGS
+from sprig.runtime.scheduler.policy import ORDERINGS_USING_MATCHES, SCHEDULE_ORDERINGS
 from sprig.runtime.scheduler.request import Req
 
 
@@ -41,6 +41,7 @@ class Admission:
         self.config = config
         self.kv = kv
         self.order = SCHEDULE_ORDERINGS[config.schedule_policy]
+        self.order_uses_matches = config.schedule_policy in ORDERINGS_USING_MATCHES
 
     def build(self, waiting: list[Req], running: list[Req], chunked: Req | None, ratio: float) -> list[Extend]:
         """The extends of this prefill step (the caller removes their requests from its
@@ -62,14 +63,14 @@ class Admission:
             budget -= ext.length
         if not waiting or budget <= 0 or (extends and not extends[-1].completes):
             return extends
-        matches = {id(r): self.kv.match(r, record=False) for r in waiting}
+        matches = {id(r): self.kv.match(r) for r in waiting} if self.order_uses_matches else {}
         busy = len(running) + len(extends)
         for req in self.order(waiting, matches, self.kv.cache.root):
             if budget <= 0 or busy >= self.config.max_running_requests:
                 break
-            if self._shares_uncomputed_prefix(req, extends, len(matches[id(req)])):
+            match = self.kv.match(req)  # now: admitting others may have evicted part of it
+            if self._shares_uncomputed_prefix(req, extends, len(match)):
                 continue
-            match = self.kv.match(req)  # again: admitting others may have evicted part of it
             ext_len = min(req.seq_len - len(match), budget, self._chunk_cap())
             need = self.kv.pages(ext_len) + decode_reserve(req, ratio)
             if busy and not self.kv.can_fit(need + reserved + len(match)):

@@ -28,15 +28,18 @@ class RequestKV:
         self.page_size = allocator.page_size
         self.holders: set[Req] = set()
 
-    def match(self, req: Req, *, record: bool = True) -> MatchResult:
+    def match(self, req: Req) -> MatchResult:
         """The cached prefix `req` may reuse: at least one token is always left to compute,
-        and prompt positions whose logprobs are wanted are recomputed. `record`: count
-        the look-up in the cache's hit rate (only when admitting)."""
-        ids = req.fill_ids
-        limit = len(ids) - 1
+        and prompt positions whose logprobs are wanted are recomputed. Not counted in the
+        hit rate: `admit` counts the look-up that serves the request."""
+        return self.cache.match_prefix(req.fill_ids[: self._lookup_len(req)], record=False)
+
+    @staticmethod
+    def _lookup_len(req: Req) -> int:
+        limit = req.seq_len - 1
         if req.wants_input_logprobs:
             limit = min(limit, max(0, req.logprob_start_len - 1))
-        return self.cache.match_prefix(ids[:limit], record=record)
+        return limit
 
     def can_fit(self, tokens: int) -> bool:
         return self.allocator.available() + self.cache.evictable_size() >= self.pages(tokens)
@@ -53,6 +56,7 @@ class RequestKV:
         n = len(match)
         self.table.write(row, 0, match.indices)
         self.cache.inc_lock_ref(match.last_node)
+        self.cache.record_lookup(n, self._lookup_len(req))
         req.row, req.last_node = row, match.last_node
         req.prefix_len = req.kv_len = req.alloc_len = n
         req.cached_tokens += n

@@ -50,3 +50,4 @@ SCHEDULE_ORDERINGS: dict[str, Ordering] = {
     "lpm": longest_prefix_match,
     "dfs-weight": dfs_weight,
 }
+ORDERINGS_USING_MATCHES = frozenset({"lpm", "dfs-weight"})  # the others never read `matches`
