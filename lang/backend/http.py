@@ -11,6 +11,10 @@ from typing import Any
 
 import httpx
 
+# No cap on open connections: `run_batch` threads times `fork` branches can exceed
+# httpx's default of 100, and a capped pool makes the excess wait silently for a
+# connection. The server bounds its own queue and answers 503 past it.
+CONNECTION_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 
 class ServerError(RuntimeError):
     """A model server answered with an error status (or an error event in a stream)."""
@@ -36,7 +40,12 @@ class HttpClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self._client = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport, verify=verify
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            verify=verify,
+            limits=CONNECTION_LIMITS,
         )
 
     def get(self, path: str) -> Any:

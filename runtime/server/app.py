@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -75,13 +76,18 @@ class SSEResponse(StreamingResponse):
 
 async def read_json(request: Request) -> Any:
     """The body as JSON; 413 past `max_request_bytes` (stops reading), 400 if not JSON or
-    not valid UTF-8."""
+    not valid UTF-8; 499 (logged at debug level, nobody reads it) if the client leaves
+    before the body is complete."""
     limit = state_of(request).config.max_request_bytes
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the request body exceeds {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the request body exceeds {limit} bytes")
+    except ClientDisconnect:
+        log.debug("client left while sending %s", request.url.path)
+        raise ApiError(499, "the client disconnected before the request body was complete") from None
     try:
         return orjson.loads(bytes(body))
     except orjson.JSONDecodeError as e:

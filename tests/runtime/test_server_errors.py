@@ -3,6 +3,8 @@ followed by a good request and the KV integrity check."""
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 from server_helpers import TIMEOUT, Server
@@ -83,6 +85,17 @@ def test_undecodable_bodies_are_a_400(server: Server, content: bytes, needle: st
     r = httpx.post(server.url + "/generate", content=content, timeout=TIMEOUT)
     assert r.status_code == 400, r.text
     assert needle in r.json()["error"]["message"]
+
+
+def test_a_client_leaving_mid_body_is_not_an_internal_error(server: Server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    before = server.log.read_text().count("unhandled error")
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 4096\r\n\r\n{\"text\": \"the")
+    server.generate(OK)  # the handler has run by the time a later request is answered
+    assert server.log.read_text().count("unhandled error") == before, server.log.read_text()[-3000:]
 
 
 @pytest.mark.parametrize(
