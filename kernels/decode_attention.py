@@ -8,6 +8,7 @@ computed in float32; the output has q's dtype. A request with no context gets ze
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -200,36 +201,80 @@ def decode_attention_ref(
     *,
     sm_scale: float,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Torch reference (the CPU path), float32 math.
+    """Torch reference (the CPU path), float32 math; see `decode_attention_lse_ref`."""
+    o, _ = decode_attention_lse_ref(q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale=sm_scale)
+    return o.to(q.dtype)
 
-    Contexts of similar length are padded to the longest and attended in one grouped
-    matmul (the query heads of a KV group share their gathered K/V; nothing is repeated);
-    when padding would more than double the work, each request runs on its own.
-    """
-    B = q.shape[0]
-    out = torch.zeros_like(q)
-    if B == 0:
-        return out
-    indptr = kv_indptr.to(device=q.device, dtype=torch.int64)
+
+def decode_attention_lse_ref(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    kv_indptr: torch.Tensor,  # [B+1] int
+    kv_indices: torch.Tensor,  # [N] int
+    *,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D] float32, [B, Hq] float32
+    """Decode attention and the log-sum-exp of each row's scaled scores, in float32 (so
+    that partial results over disjoint parts of a context can be merged exactly).
+    A request with no context gets zeros and -inf."""
+    buckets = pad_by_length(kv_indptr, kv_indices)
+    return attend_padded(q, k_buffer, v_buffer, buckets, sm_scale=sm_scale)
+
+
+@dataclass(frozen=True)
+class PaddedRows:
+    """Requests of similar context length, their slots padded to the longest."""
+
+    rows: torch.Tensor  # [b] int64: batch rows
+    slots: torch.Tensor  # [b, L] int64 (padding points at slot 0)
+    valid: torch.Tensor | None  # [b, L] bool; None when nothing is padding
+
+
+def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[PaddedRows]:
+    """Requests with context, bucketed by length so that padding at most doubles a
+    bucket's work (longest first; a bucket's shortest is over half its longest). Depends
+    only on the batch's metadata: a step computes it once for all layers."""
+    indptr = kv_indptr.to(torch.int64)
+    indices = kv_indices.to(device=indptr.device, dtype=torch.int64)
     lens = indptr[1:] - indptr[:-1]  # [B]
-    max_len, total = int(lens.max()), int(lens.sum())
-    if max_len == 0:
-        return out
-    indices = kv_indices.to(torch.int64)
-    if B * max_len > 2 * total:
-        starts = indptr.tolist()
-        for b in range(B):
-            if starts[b + 1] > starts[b]:
-                slots = indices[starts[b] : starts[b + 1]]  # [L]
-                out[b] = _grouped_attention(q[b : b + 1], k_buffer, v_buffer, slots[None], None, sm_scale)[0]
-        return out
-    offs = torch.arange(max_len, device=q.device)  # [L]
-    valid = offs[None, :] < lens[:, None]  # [B, L]
-    slots = indices[torch.where(valid, indptr[:-1, None] + offs[None, :], 0)]  # [B, L]
-    o = _grouped_attention(q, k_buffer, v_buffer, slots, valid, sm_scale)  # [B, Hq, D]
-    has_ctx = lens > 0  # [B]
-    out[has_ctx] = o[has_ctx]
-    return out
+    n = lens.tolist()
+    order = sorted((i for i, length in enumerate(n) if length > 0), key=lambda i: -n[i])
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and 2 * n[i] > n[runs[-1][0]]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    buckets = []
+    for run in runs:
+        rows = torch.tensor(run, device=indptr.device)  # [b]
+        offs = torch.arange(n[run[0]], device=indptr.device)  # [L]
+        valid = offs[None, :] < lens[rows, None]  # [b, L]
+        slots = indices[torch.where(valid, indptr[rows, None] + offs[None, :], 0)]  # [b, L]
+        buckets.append(PaddedRows(rows, slots, None if n[run[-1]] == n[run[0]] else valid))
+    return buckets
+
+
+def attend_padded(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    buckets: list[PaddedRows],
+    *,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D] float32, [B, Hq] float32
+    """Each bucket as one grouped matmul (a KV group's query heads share their gathered
+    K/V; nothing is repeated); rows in no bucket get zeros and -inf."""
+    B, Hq, D = q.shape
+    every_row = sum(bucket.rows.numel() for bucket in buckets) == B
+    out = (torch.empty if every_row else torch.zeros)((B, Hq, D), dtype=torch.float32, device=q.device)
+    lse = torch.full((B, Hq), float("-inf"), dtype=torch.float32, device=q.device)
+    for bucket in buckets:
+        o, s = _grouped_attention(q[bucket.rows], k_buffer, v_buffer, bucket.slots, bucket.valid, sm_scale)
+        out.index_copy_(0, bucket.rows, o)
+        lse.index_copy_(0, bucket.rows, s)
+    return out, lse
 
 
 def _grouped_attention(
@@ -239,7 +284,7 @@ def _grouped_attention(
     slots: torch.Tensor,  # [B, L] int64
     valid: torch.Tensor | None,  # [B, L] bool, None when every slot is valid
     sm_scale: float,
-) -> torch.Tensor:  # [B, Hq, D] in q.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D], [B, Hq] float32
     B, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     L = slots.shape[1]
@@ -247,11 +292,12 @@ def _grouped_attention(
     k = k_buffer.index_select(0, flat).view(B, L, Hkv, D).permute(0, 2, 3, 1).float()  # [B, Hkv, D, L]
     v = v_buffer.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2).float()  # [B, Hkv, L, D]
     qg = q.float().view(B, Hkv, Hq // Hkv, D)  # [B, Hkv, G, D]
-    scores = torch.matmul(qg, k) * sm_scale  # [B, Hkv, G, L]
+    scores = torch.matmul(qg, k).mul_(sm_scale)  # [B, Hkv, G, L]
     if valid is not None:
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    o = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, Hkv, G, D]
-    return o.reshape(B, Hq, D).to(q.dtype)
+        scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, G, 1]
+    o = torch.matmul(scores.sub_(lse).exp_(), v)  # [B, Hkv, G, D]
+    return o.reshape(B, Hq, D), lse.reshape(B, Hq)
 
 
 def decode_attention(

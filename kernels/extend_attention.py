@@ -184,31 +184,44 @@ def extend_attention_ref(
     sm_scale: float,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Torch reference (the CPU path): per request, gather K/V and one masked SDPA."""
-    Hq, Hkv = q.shape[1], k_buffer.shape[1]
     out = torch.empty_like(q)
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
     for b in range(len(qo) - 1):
         q0, q1, k0, k1 = qo[b], qo[b + 1], kv[b], kv[b + 1]
-        q_len, kv_len = q1 - q0, k1 - k0
-        if q_len == 0:
+        if q1 == q0:
             continue
-        if kv_len < q_len:
-            raise ValueError(f"request {b}: kv_len {kv_len} < q_len {q_len}")
+        if k1 - k0 < q1 - q0:
+            raise ValueError(f"request {b}: kv_len {k1 - k0} < q_len {q1 - q0}")
         slots = kv_indices[k0:k1].to(torch.int64)  # [L]
-        k = k_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
-        v = v_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
-        qb = q[q0:q1].float().transpose(0, 1)  # [Hq, Lq, D]
-        if kv_len == q_len:  # no cached prefix: plain causal attention (a fused CPU kernel)
-            mask, causal = None, True
-        else:
-            rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # [Lq, 1]
-            mask, causal = torch.arange(kv_len, device=q.device)[None, :] <= rows, False  # [Lq, L]
-        o = F.scaled_dot_product_attention(
-            qb, k, v, attn_mask=mask, is_causal=causal, scale=sm_scale, enable_gqa=Hq != Hkv
-        )  # [Hq, Lq, D]
-        out[q0:q1] = o.transpose(0, 1).to(q.dtype)
+        out[q0:q1] = request_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale)
     return out
+
+
+def request_attention_ref(
+    q: torch.Tensor,  # [Lq, Hq, D]: the last Lq tokens of the context
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    slots: torch.Tensor,  # [L] int64, L >= Lq: the context's slots in position order
+    *,
+    sm_scale: float,
+) -> torch.Tensor:  # [Lq, Hq, D] in q.dtype
+    """One request's extend attention: new token i attends to context positions
+    `0 ..= L - Lq + i` (one SDPA call; the fused causal kernel when nothing is cached)."""
+    Hq, Hkv = q.shape[1], k_buffer.shape[1]
+    q_len, kv_len = q.shape[0], slots.numel()
+    k = k_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
+    v = v_buffer[slots].float().transpose(0, 1)  # [Hkv, L, D]
+    qb = q.float().transpose(0, 1)  # [Hq, Lq, D]
+    if kv_len == q_len:
+        mask, causal = None, True
+    else:
+        rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # [Lq, 1]
+        mask, causal = torch.arange(kv_len, device=q.device)[None, :] <= rows, False  # [Lq, L]
+    o = F.scaled_dot_product_attention(
+        qb, k, v, attn_mask=mask, is_causal=causal, scale=sm_scale, enable_gqa=Hq != Hkv
+    )  # [Hq, Lq, D]
+    return o.transpose(0, 1).to(q.dtype)
 
 
 def extend_attention(

@@ -4,23 +4,34 @@ from __future__ import annotations
 
 import torch
 
-from sprig.kernels.decode_attention import decode_attention_ref
 from sprig.kernels.extend_attention import extend_attention_ref
 from sprig.kernels.store_kv import store_kv_ref
 from sprig.radix.kv_cache import KVCache
+from sprig.runtime.attention.shared_prefix import (
+    SharingPlan,
+    plan_shared_prefixes,
+    shared_prefix_decode_attention,
+    shared_prefix_extend_attention,
+)
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
 from sprig.runtime.model_config import ModelConfig
 
 
 class TorchAttentionBackend:
-    """Stores new K/V with `store_kv_ref`, then `extend_attention_ref` or
-    `decode_attention_ref` by the batch's mode. Stateless: the pool comes with each batch."""
+    """Stores new K/V with `store_kv_ref`, then `extend_attention_ref` or decode attention
+    by the batch's mode. A prefix that several requests share is read once for all of them
+    (`shared_prefix`), planned once per step by `begin_step`.
+
+    Invariant: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a step.
+    """
 
     def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
-        """The registry's constructor convention; the reference needs neither argument."""
+        """The registry's constructor convention; the pool comes with each batch."""
+        self._plan: tuple[ForwardBatch, SharingPlan] | None = None
 
     def begin_step(self, batch: ForwardBatch) -> None:
-        """Nothing to plan: the reference works per layer."""
+        """Find the prefixes the batch's requests share."""
+        self._plan = (batch, plan_shared_prefixes(batch.kv_indptr, batch.kv_indices))
 
     def forward(
         self,
@@ -34,9 +45,14 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:  # [T, Hq, D]
         k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
         store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
+        if self._plan is None or self._plan[0] is not batch:
+            raise RuntimeError("TorchAttentionBackend.forward: call begin_step(batch) first")
+        plan = self._plan[1]
         if batch.mode is ForwardMode.DECODE:
-            return decode_attention_ref(
-                q, k_buffer, v_buffer, batch.kv_indptr, batch.kv_indices, sm_scale=sm_scale
+            return shared_prefix_decode_attention(q, k_buffer, v_buffer, plan, sm_scale=sm_scale)
+        if plan.groups:
+            return shared_prefix_extend_attention(
+                q, k_buffer, v_buffer, batch.qo_indptr, plan, sm_scale=sm_scale
             )
         return extend_attention_ref(
             q, k_buffer, v_buffer, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,

@@ -1,0 +1,199 @@
+"""Shared-prefix (cascade) attention, the torch backend's path for batches that share.
+
+Requests that matched the same cached prefix hold the *same* KV slots for it: the radix
+cache hands every match the slots of the one computed copy. Attention over such a group
+reads the shared K/V once, as one matrix product for all the group's new tokens and query
+heads (no mask: every new token comes after the prefix), then each request attends to the
+rest of its own context, and the two partial results are merged by their log-sum-exp.
+The result equals plain attention up to float rounding; the K/V traffic for a prefix
+shared by n requests drops n-fold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sprig.kernels.decode_attention import PaddedRows, attend_padded, pad_by_length
+from sprig.kernels.extend_attention import request_attention_ref
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Batch rows `members` (>= 2) whose contexts all begin with the slots `slots`."""
+
+    members: torch.Tensor  # [n] int64
+    slots: torch.Tensor  # [L] int64
+
+
+@dataclass(frozen=True)
+class SharingPlan:
+    """A step's contexts split into shared prefixes and per-request remainders.
+
+    Invariant: for each request b, its context is (its group's `slots`, if any) followed by
+    `rest_indices[rest_indptr[b]:rest_indptr[b+1]]`, and a grouped request's remainder is
+    never empty. `rest_padded` is the remainders bucketed for decode (`pad_by_length`).
+    """
+
+    groups: tuple[SharedPrefix, ...]
+    rest_indptr: torch.Tensor  # [B+1] int64
+    rest_indices: torch.Tensor  # [M] int64
+    rest_padded: list[PaddedRows]
+
+
+def plan_shared_prefixes(
+    kv_indptr: torch.Tensor,  # [B+1] int
+    kv_indices: torch.Tensor,  # [N] int
+    *,
+    min_shared: int = 32,
+) -> SharingPlan:
+    """Group requests by the longest run of leading slots they all share (requests are
+    grouped by their first slot, then the group's common run is measured); a group needs
+    two or more requests sharing at least `min_shared` slots. Without groups every
+    remainder is the whole context."""
+    indptr = kv_indptr.to(torch.int64)
+    indices = kv_indices.to(torch.int64)
+    lens = indptr[1:] - indptr[:-1]  # [B]
+    has_ctx = lens > 0
+    if int(has_ctx.sum()) < 2:
+        return _without_groups(indptr, indices)
+    first = torch.where(has_ctx, indices[indptr[:-1].clamp(max=max(indices.numel() - 1, 0))], -1)  # [B]
+    values, inverse, counts = torch.unique(first, return_inverse=True, return_counts=True)
+    skip = torch.zeros_like(lens)  # [B] shared tokens per request
+    groups = []
+    for u in torch.nonzero((counts >= 2) & (values >= 0)).flatten().tolist():
+        members = torch.nonzero(inverse == u).flatten()  # [n]
+        shortest = int(lens[members].min())
+        offs = torch.arange(shortest, device=indices.device)
+        rows = indices[indptr[members, None] + offs[None, :]]  # [n, shortest]
+        same = (rows == rows[:1]).all(dim=0)  # [shortest]
+        shared = int(same.int().cumprod(0).sum())  # < shortest: a request's new token is its own
+        if shared >= min_shared:
+            groups.append(SharedPrefix(members, rows[0, :shared].clone()))
+            skip[members] = shared
+    if not groups:
+        return _without_groups(indptr, indices)
+    rest_lens = lens - skip
+    rest_indptr = torch.zeros_like(indptr)
+    torch.cumsum(rest_lens, 0, out=rest_indptr[1:])
+    starts = torch.repeat_interleave(indptr[:-1] + skip - rest_indptr[:-1], rest_lens)  # [M]
+    positions = torch.arange(int(rest_indptr[-1]), device=indices.device) + starts
+    rest_indices = indices[positions]
+    return SharingPlan(tuple(groups), rest_indptr, rest_indices, pad_by_length(rest_indptr, rest_indices))
+
+
+def _without_groups(indptr: torch.Tensor, indices: torch.Tensor) -> SharingPlan:
+    return SharingPlan((), indptr, indices, pad_by_length(indptr, indices))
+
+
+def shared_prefix_decode_attention(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    plan: SharingPlan,
+    *,
+    sm_scale: float,
+) -> torch.Tensor:  # [B, Hq, D] in q.dtype
+    """Decode attention by `plan`: the remainders, then each shared prefix once per group,
+    merged by log-sum-exp."""
+    out, lse = attend_padded(q, k_buffer, v_buffer, plan.rest_padded, sm_scale=sm_scale)
+    for group in plan.groups:
+        _merge_prefix(q, k_buffer, v_buffer, group.members, group.slots, out, lse, sm_scale)
+    return out.to(q.dtype)
+
+
+def shared_prefix_extend_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    qo_indptr: torch.Tensor,  # [B+1] int
+    plan: SharingPlan,
+    *,
+    sm_scale: float,
+) -> torch.Tensor:  # [T, Hq, D] in q.dtype
+    """Extend attention by `plan` (made from the batch's kv metadata): a request outside
+    every group runs the plain per-request reference; a grouped request attends causally
+    to its remainder, then all of a group's new tokens attend to the shared prefix at once."""
+    T, Hq, D = q.shape
+    out = torch.empty((T, Hq, D), dtype=torch.float32, device=q.device)
+    lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
+    qo, rest = qo_indptr.tolist(), plan.rest_indptr.tolist()
+    grouped = {int(b) for g in plan.groups for b in g.members}
+    for b in range(len(qo) - 1):
+        q0, q1 = qo[b], qo[b + 1]
+        if q1 == q0:
+            continue
+        slots = plan.rest_indices[rest[b] : rest[b + 1]]
+        if slots.numel() < q1 - q0:  # shared slots are computed KV, never a new token's
+            raise ValueError(f"request {b}: {slots.numel()} unshared slots < {q1 - q0} new tokens")
+        if b in grouped:
+            out[q0:q1], lse[q0:q1] = _tail_attention(q[q0:q1], k_buffer, v_buffer, slots, sm_scale)
+        else:
+            out[q0:q1] = request_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale)
+    for group in plan.groups:
+        rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in group.members.tolist()])
+        _merge_prefix(q, k_buffer, v_buffer, rows.to(q.device), group.slots, out, lse, sm_scale)
+    return out.to(q.dtype)
+
+
+def _merge_prefix(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    rows: torch.Tensor,  # [n] int64: query rows that all see `slots` first
+    slots: torch.Tensor,  # [L] int64
+    out: torch.Tensor,  # [T, Hq, D] float32: the rows' attention to the rest, updated
+    lse: torch.Tensor,  # [T, Hq] float32: its log-sum-exp, updated
+    sm_scale: float,
+) -> None:
+    o_p, lse_p = _prefix_attention(q[rows], k_buffer, v_buffer, slots, sm_scale)
+    o_r, lse_r = out[rows], lse[rows]
+    total = torch.logaddexp(lse_p, lse_r)  # [n, Hq]
+    out[rows] = o_p * (lse_p - total).exp_().unsqueeze(-1) + o_r * (lse_r - total).exp_().unsqueeze(-1)
+    lse[rows] = total
+
+
+def _tail_attention(
+    q: torch.Tensor,  # [Lq, Hq, D]: the last Lq tokens of the context
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    slots: torch.Tensor,  # [R] int64, R >= Lq
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [Lq, Hq, D], [Lq, Hq] float32
+    """Causal attention of a request's new tokens to the end of its context, with the
+    log-sum-exp: token i sees positions `0 ..= R - Lq + i` of `slots`."""
+    Lq, Hq, D = q.shape
+    Hkv = k_buffer.shape[1]
+    R = slots.numel()
+    k = k_buffer.index_select(0, slots).float().permute(1, 2, 0)  # [Hkv, D, R]
+    v = v_buffer.index_select(0, slots).float().transpose(0, 1)  # [Hkv, R, D]
+    qh = q.float().view(Lq, Hkv, Hq // Hkv, D).permute(1, 2, 0, 3)  # [Hkv, G, Lq, D]
+    scores = torch.matmul(qh, k.unsqueeze(1)).mul_(sm_scale)  # [Hkv, G, Lq, R]
+    future = torch.arange(R, device=q.device)[None, :] > torch.arange(Lq, device=q.device)[:, None] + (R - Lq)
+    scores.masked_fill_(future, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [Hkv, G, Lq, 1]
+    o = torch.matmul(scores.sub_(lse).exp_(), v.unsqueeze(1))  # [Hkv, G, Lq, D]
+    return o.permute(2, 0, 1, 3).reshape(Lq, Hq, D), lse.squeeze(-1).permute(2, 0, 1).reshape(Lq, Hq)
+
+
+def _prefix_attention(
+    q: torch.Tensor,  # [n, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    slots: torch.Tensor,  # [L] int64
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [n, Hq, D], [n, Hq] float32
+    """Every query head of every member against one shared run of slots: per KV head,
+    one [n*G, D] x [D, L] product."""
+    n, Hq, D = q.shape
+    Hkv = k_buffer.shape[1]
+    G = Hq // Hkv
+    k = k_buffer.index_select(0, slots).float().permute(1, 2, 0)  # [Hkv, D, L]
+    v = v_buffer.index_select(0, slots).float().transpose(0, 1)  # [Hkv, L, D]
+    qh = q.float().view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D)
+    scores = torch.matmul(qh, k).mul_(sm_scale)  # [Hkv, nG, L]
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [Hkv, nG, 1]
+    o = torch.matmul(scores.sub_(lse).exp_(), v)  # [Hkv, nG, D]
+    o = o.view(Hkv, n, G, D).transpose(0, 1).reshape(n, Hq, D)
+    return o, lse.view(Hkv, n, G).transpose(0, 1).reshape(n, Hq)

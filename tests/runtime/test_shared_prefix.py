@@ -1,0 +1,149 @@
+"""Shared-prefix decode attention equals plain decode attention, and the engine uses it
+when requests decode over one cached prefix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import assert_idle_and_intact, hf_greedy
+from transformers import AutoTokenizer
+
+from sprig.kernels.decode_attention import decode_attention_ref
+from sprig.kernels.extend_attention import extend_attention_ref
+from sprig.runtime import Engine
+from sprig.runtime.attention import shared_prefix
+from sprig.runtime.attention.shared_prefix import (
+    plan_shared_prefixes,
+    shared_prefix_decode_attention,
+    shared_prefix_extend_attention,
+)
+
+POOL = 4096
+
+
+def build_batch(contexts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    indptr = torch.tensor([0] + [len(c) for c in contexts]).cumsum(0).to(torch.int32)
+    return indptr, torch.tensor([s for c in contexts for s in c], dtype=torch.int32)
+
+
+def fresh(n: int, counter: list[int]) -> list[int]:
+    """`n` slots never used before (shuffled, as a paged pool hands them out)."""
+    start = counter[0]
+    counter[0] += n
+    return list(range(start, start + n))[::-1]
+
+
+def contexts_with_sharing() -> tuple[list[list[int]], dict[int, tuple[list[int], int]]]:
+    """A batch mixing shared prefixes (one with a longer shared run inside it), requests
+    that share too little, singletons and an empty context; and the expected groups
+    (first member -> members, shared length)."""
+    c = [100]
+    system = fresh(70, c)
+    other = fresh(40, c)
+    short = fresh(10, c)
+    contexts = [
+        system + fresh(5, c),  # 0: group A
+        fresh(30, c),  # 1: alone
+        system + fresh(1, c),  # 2: group A, shortest remainder
+        other + fresh(9, c),  # 3: group B
+        short + fresh(50, c),  # 4: shares only 10 slots with 5: not grouped
+        short + fresh(3, c),  # 5
+        system + fresh(64, c),  # 6: group A
+        other + fresh(2, c),  # 7: group B
+        [],  # 8: no context
+    ]
+    nested = system + fresh(20, c)
+    contexts += [nested + fresh(4, c), nested + fresh(7, c)]  # 9, 10: group A (shares 70 with it)
+    return contexts, {0: ([0, 2, 6, 9, 10], 70), 3: ([3, 7], 40)}
+
+
+def test_the_plan_finds_each_shared_run_and_keeps_the_rest() -> None:
+    contexts, expected = contexts_with_sharing()
+    indptr, indices = build_batch(contexts)
+    plan = plan_shared_prefixes(indptr, indices, min_shared=32)
+    got = {int(g.members[0]): (g.members.tolist(), g.slots.numel()) for g in plan.groups}
+    assert got == expected
+    skip = {m: n for members, n in expected.values() for m in members}
+    for b, ctx in enumerate(contexts):
+        rest = plan.rest_indices[plan.rest_indptr[b] : plan.rest_indptr[b + 1]].tolist()
+        assert rest == ctx[skip.get(b, 0) :]
+        assert rest or not ctx  # a grouped request always keeps its own tokens
+    for g in plan.groups:
+        assert g.slots.tolist() == contexts[int(g.members[0])][: g.slots.numel()]
+
+
+def test_no_groups_without_enough_sharing() -> None:
+    c = [0]
+    shared = fresh(20, c)
+    for contexts in ([fresh(50, c), fresh(50, c)], [shared + fresh(5, c), shared + fresh(5, c)],
+                     [fresh(50, c)], [[], []], []):
+        indptr, indices = build_batch(contexts)
+        plan = plan_shared_prefixes(indptr, indices)
+        assert plan.groups == ()
+        assert plan.rest_indptr.tolist() == indptr.tolist() and plan.rest_indices.tolist() == indices.tolist()
+
+
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2), (4, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_equals_plain_decode_attention(hq: int, hkv: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    contexts, _ = contexts_with_sharing()
+    indptr, indices = build_batch(contexts)
+    D = 32
+    k_buf = torch.randn(POOL, hkv, D).to(dtype)
+    v_buf = torch.randn(POOL, hkv, D).to(dtype)
+    q = torch.randn(len(contexts), hq, D).to(dtype)
+    plan = plan_shared_prefixes(indptr, indices)
+    assert plan.groups
+    got = shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=D**-0.5)
+    want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=D**-0.5)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert torch.all(got[8] == 0)  # the empty context
+
+
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extend_equals_the_plain_reference(hq: int, hkv: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    contexts, _ = contexts_with_sharing()
+    new_tokens = [5, 30, 1, 9, 50, 3, 64, 2, 0, 4, 7]  # each context's own last slots
+    indptr, indices = build_batch(contexts)
+    qo_indptr = torch.tensor([0, *new_tokens]).cumsum(0).to(torch.int32)
+    D = 16
+    k_buf = torch.randn(POOL, hkv, D).to(dtype)
+    v_buf = torch.randn(POOL, hkv, D).to(dtype)
+    q = torch.randn(sum(new_tokens), hq, D).to(dtype)
+    plan = plan_shared_prefixes(indptr, indices)
+    assert plan.groups
+    got = shared_prefix_extend_attention(q, k_buf, v_buf, qo_indptr, plan, sm_scale=D**-0.5)
+    want = extend_attention_ref(q, k_buf, v_buf, qo_indptr, indptr, indices, sm_scale=D**-0.5)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_the_engine_decodes_a_shared_prompt_through_the_plan(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grouped: list[int] = []
+    real_plan = shared_prefix.plan_shared_prefixes
+
+    def spy(*args, **kwargs):
+        plan = real_plan(*args, **kwargs)
+        grouped.append(sum(g.members.numel() for g in plan.groups))
+        return plan
+
+    monkeypatch.setattr("sprig.runtime.attention.torch_backend.plan_shared_prefixes", spy)
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    system = " ".join(["the quick red fox and the blue dog"] * 8)
+    assert len(tok.encode(system)) > 40
+    prompts = [f"{system} {q}" for q in ["one", "two three", "what cache", "a tree", "how"]]
+    with Engine(str(tiny_llama), dtype="float32") as engine:
+        outs = engine.generate(prompts, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+        assert_idle_and_intact(engine)
+    assert max(grouped) >= 4  # most of the batch decoded over the shared prompt at once
+    assert [o["output_ids"] for o in outs] == hf_greedy(tiny_llama, prompts, 12)
