@@ -29,6 +29,7 @@ def best_of_n(
     backend: Any = None,
     max_tokens: int = 256,
     temperature: float = 0.8,
+    top_p: float = 1.0,
     stop: str | list[str] | None = None,
 ) -> BestOfN:
     """Sample `n` continuations of `prompt` (one fork: the prompt is prefilled once) and
@@ -36,7 +37,7 @@ def best_of_n(
     score is its mean token logprob."""
     with stopwatch() as elapsed:
         samples = sample(prompt, n, backend=backend, max_tokens=max_tokens, temperature=temperature,
-                         stop=stop, return_logprob=scorer is None)
+                         top_p=top_p, stop=stop, return_logprob=scorer is None)
         scores = [scorer(t) if scorer else mean_output_logprob(m) for t, m in zip(samples.texts, samples.metas, strict=True)]
     candidates = tuple(Scored(t, s) for t, s in zip(samples.texts, scores, strict=True))
     best = max(candidates, key=lambda c: c.score)

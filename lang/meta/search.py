@@ -70,13 +70,14 @@ def tree_search(
     backend: Any = None,
     max_step_tokens: int = 128,
     temperature: float = 0.8,
+    top_p: float = 1.0,
 ) -> SearchResult:
     """Beam search (see the module docstring). `value_fn(steps)` returns a float, or a
     `(float, Cost)` when it calls a model itself. Steps end at `separator`, which joins
     them back into the text the next step continues."""
     if min(expand, beam, depth) < 1:
         raise ValueError("expand, beam and depth must be >= 1")
-    gen_kwargs = {"stop": separator, "max_tokens": max_step_tokens, "temperature": temperature}
+    gen_kwargs = {"stop": separator, "max_tokens": max_step_tokens, "temperature": temperature, "top_p": top_p}
     open_paths: Sequence[Path] = [Path((), 0.0)]
     finished: list[Path] = []
     scored: list[Path] = []

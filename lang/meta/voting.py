@@ -59,12 +59,14 @@ def self_consistency(
     backend: Any = None,
     max_tokens: int = 512,
     temperature: float = 0.8,
+    top_p: float = 1.0,
     stop: str | list[str] | None = None,
 ) -> Vote:
     """Sample `n` chains (one fork), extract an answer from each, return the most common
     one; a tie goes to the answer that appeared first."""
     with stopwatch() as elapsed:
-        samples = sample(prompt, n, backend=backend, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        samples = sample(prompt, n, backend=backend, max_tokens=max_tokens, temperature=temperature,
+                         top_p=top_p, stop=stop)
     answers = tuple(extract(t) for t in samples.texts)
     votes = dict(Counter(a for a in answers if a is not None))
     return Vote(majority(answers), votes, samples.texts, answers, samples.cost.with_wall(elapsed[0]))

@@ -138,3 +138,15 @@ def test_cost_adds_up() -> None:
     assert (a + b).cache_hit_rate == pytest.approx(7 / 18)
     assert Cost.of_call({"prompt_tokens": 1}, waited_s=0.25).latency_s == 0.25
     assert sgl.Cost is meta.Cost
+
+
+@pytest.mark.parametrize("strategy", ["best_of_n", "self_consistency", "tree_search"])
+def test_sampling_parameters_reach_every_generation(strategy: str) -> None:
+    backend = ScriptedBackend(lambda text, params: "Answer: 4")
+    if strategy == "tree_search":
+        meta.tree_search(PROMPT, lambda steps: 1.0, expand=2, beam=1, depth=1, backend=backend,
+                         temperature=0.6, top_p=0.85)
+    else:
+        getattr(meta, strategy)(PROMPT, 3, backend=backend, temperature=0.6, top_p=0.85)
+    gens = [c.params for c in backend.calls if c.kind == "generate"]
+    assert gens and all((p.temperature, p.top_p) == (0.6, 0.85) for p in gens)
