@@ -164,9 +164,9 @@ def local_server(args: argparse.Namespace) -> Iterator[str]:
     """`sprig serve` on a free port for the block; SIGTERM after it."""
     fd, log_name = tempfile.mkstemp(prefix="sprig-bench-server-", suffix=".log")
     cmd = [sys.executable, "-m", "sprig.runtime", "serve", "--model", str(args.model), "--port", "0",
-           "--dtype", args.dtype, "--max-running-requests", str(args.max_running_requests), *args.server_arg]
-    env = os.environ | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
-    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
+           "--dtype", args.dtype, "--max-running-requests", str(args.max_running_requests),
+           *(["--cpu-threads", str(args.threads)] if args.threads else []), *args.server_arg]
+    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT)
     os.close(fd)
     log = Path(log_name)
     try:
@@ -198,14 +198,11 @@ def warm_up_server(url: str, requests: list[Request]) -> None:
 
 def run_engine(model: str, requests: list[Request], args: argparse.Namespace) -> tuple[float, int]:
     """The same requests through the offline Engine, all at once: (seconds, output tokens)."""
-    import torch
-
     from sprig.runtime import Engine
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     params = [{"max_new_tokens": r.output_len, "temperature": 0, "ignore_eos": True} for r in requests]
-    with Engine(model, dtype=args.dtype, max_running_requests=args.max_running_requests) as engine:
+    with Engine(model, dtype=args.dtype, max_running_requests=args.max_running_requests,
+                cpu_threads=args.threads) as engine:
         engine.generate(input_ids=requests[0].input_ids[:16], sampling_params={"max_new_tokens": 2})
         engine.flush_cache()
         start = time.perf_counter()

@@ -38,6 +38,7 @@ HELP = {
     "max_total_tokens": "KV pool size in tokens (default: from free GPU memory, or 16384 on CPU)",
     "mem_fraction_static": "share of free GPU memory for the KV pool when --max-total-tokens is not given",
     "seed": "seed of the sampling RNG for unseeded requests",
+    "cpu_threads": "torch threads of the scheduler process (default: one per core)",
     "max_running_requests": "most requests decoding at once",
     "max_prefill_tokens": "most new prompt tokens in one prefill step",
     "chunked_prefill_size": "most prompt tokens one request computes per step; 'none' disables chunking",

@@ -30,7 +30,9 @@ class RunnerConfig:
     none); device = cuda if available, else cpu; attention backend = the device's default
     (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
     pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
-    weights load, on CPU `CPU_DEFAULT_TOKENS` capped at `CPU_KV_BUDGET_BYTES`."""
+    weights load, on CPU `CPU_DEFAULT_TOKENS` capped at `CPU_KV_BUDGET_BYTES`.
+    `cpu_threads` sets torch's intra-op threads for the process (None: torch's default,
+    one per core); on a CPU shared with other processes, fewer threads step more evenly."""
 
     model_path: str | os.PathLike[str]
     dtype: str = "auto"
@@ -40,6 +42,7 @@ class RunnerConfig:
     max_total_tokens: int | None = None
     mem_fraction_static: float = 0.85
     seed: int = 0
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not str(self.model_path):
@@ -64,6 +67,8 @@ class RunnerConfig:
             raise ValueError(
                 f"max_total_tokens ({self.max_total_tokens}) must be >= page_size ({self.page_size})"
             )
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 
@@ -78,6 +83,8 @@ class ModelRunner:
 
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
+        if config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
         self.model_config = ModelConfig.from_pretrained(config.model_path)
         self.device = _resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, self.model_config)

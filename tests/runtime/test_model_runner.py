@@ -43,11 +43,21 @@ def extend(ids: list[list[int]], slots: list[torch.Tensor], logits_from: list[in
         ({"page_size": 8, "max_total_tokens": 4}, "max_total_tokens"),
         ({"mem_fraction_static": 0.0}, "mem_fraction_static"),
         ({"mem_fraction_static": 1.5}, "mem_fraction_static"),
+        ({"cpu_threads": 0}, "cpu_threads"),
     ],
 )
 def test_runner_config_rejects(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RunnerConfig(**{"model_path": "/x", **kwargs})
+
+
+def test_cpu_threads_sets_torch_threads(tiny_llama: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        ModelRunner(RunnerConfig(tiny_llama, device="cpu", max_total_tokens=64, cpu_threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_runner_resolves_auto_and_sizes_kv(tiny_llama: Path) -> None:

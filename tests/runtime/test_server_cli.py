@@ -40,10 +40,10 @@ def test_flags_reach_their_configs() -> None:
     server, engine = parse(
         "--port", "0", "--api-key", "k", "--dtype", "float32", "--max-total-tokens", "512",
         "--chunked-prefill-size", "none", "--disable-radix-cache", "--schedule-policy", "lpm",
-        "--max-queued-requests", "3",
+        "--max-queued-requests", "3", "--cpu-threads", "1",
     )
     assert (server.port, server.api_key) == (0, "k")
-    assert (engine.runner.dtype, engine.runner.max_total_tokens) == ("float32", 512)
+    assert (engine.runner.dtype, engine.runner.max_total_tokens, engine.runner.cpu_threads) == ("float32", 512, 1)
     s = engine.scheduler
     assert (s.chunked_prefill_size, s.disable_radix_cache, s.schedule_policy, s.max_queued_requests) == (
         None, True, "lpm", 3,
