@@ -277,6 +277,13 @@ def attend_padded(
     return out, lse
 
 
+# Up to this many KV heads, `_grouped_attention` multiplies every query head with every
+# KV head in one dense batched matmul and keeps the matching blocks (the diagonal): the
+# waste is Hkv-fold in flops, but the gathered K/V feed the matmul without the per-head
+# transposing copies, which cost more on a CPU, where decode attention is bound by memory.
+DENSE_MAX_KV_HEADS = 8
+
+
 def _grouped_attention(
     q: torch.Tensor,  # [B, Hq, D]
     k_buffer: torch.Tensor,  # [S, Hkv, D]
@@ -287,16 +294,28 @@ def _grouped_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D], [B, Hq] float32
     B, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
+    G = Hq // Hkv
     L = slots.shape[1]
     flat = slots.reshape(-1)
-    k = k_buffer.index_select(0, flat).view(B, L, Hkv, D).permute(0, 2, 3, 1).float()  # [B, Hkv, D, L]
-    v = v_buffer.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2).float()  # [B, Hkv, L, D]
-    qg = q.float().view(B, Hkv, Hq // Hkv, D)  # [B, Hkv, G, D]
-    scores = torch.matmul(qg, k).mul_(sm_scale)  # [B, Hkv, G, L]
+    k = k_buffer.index_select(0, flat).float()  # [B*L, Hkv, D]
+    v = v_buffer.index_select(0, flat).float()  # [B*L, Hkv, D]
+    dense = Hkv <= DENSE_MAX_KV_HEADS
+    if dense:
+        every = torch.bmm(k.view(B, L * Hkv, D), q.float().transpose(1, 2))  # [B, L*Hkv, Hq]
+        blocks = every.view(B, L, Hkv, Hkv, G).diagonal(dim1=2, dim2=3)  # [B, L, G, Hkv]
+        scores = blocks.permute(0, 3, 2, 1).mul(sm_scale)  # [B, Hkv, G, L]
+    else:
+        kt = k.view(B, L, Hkv, D).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
+        scores = torch.matmul(q.float().view(B, Hkv, G, D), kt).mul_(sm_scale)  # [B, Hkv, G, L]
     if valid is not None:
         scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, G, 1]
-    o = torch.matmul(scores.sub_(lse).exp_(), v)  # [B, Hkv, G, D]
+    probs = scores.sub_(lse).exp_()  # [B, Hkv, G, L]
+    if dense:
+        every = torch.bmm(probs.reshape(B, Hq, L), v.view(B, L, Hkv * D))  # [B, Hq, Hkv*D]
+        o = every.view(B, Hkv, G, Hkv, D).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [B, Hkv, G, D]
+    else:
+        o = torch.matmul(probs, v.view(B, L, Hkv, D).transpose(1, 2))  # [B, Hkv, G, D]
     return o.reshape(B, Hq, D), lse.reshape(B, Hq)
 
 

@@ -84,8 +84,8 @@ def _decode_case(lens, hq, hkv, d, dtype, seed=0):
 # ---------------------------------------------------------------- references vs naive
 
 
-@pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (4, 1), (8, 1)])
-@pytest.mark.parametrize("lens", [[5, 0, 1, 23], [21, 19, 0, 22]])  # per-request / padded
+@pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (4, 1), (8, 1), (6, 6), (16, 8), (12, 12), (24, 12)])
+@pytest.mark.parametrize("lens", [[5, 0, 1, 23], [21, 19, 0, 22], [3, 40, 17, 9, 30, 1]])  # mixed lengths
 def test_decode_ref_matches_naive(hq: int, hkv: int, lens: list[int]) -> None:
     q, k_buf, v_buf, indptr, indices = _decode_case(lens, hq, hkv, 16, torch.float32)
     got = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=0.3)
@@ -96,7 +96,8 @@ def test_decode_ref_matches_naive(hq: int, hkv: int, lens: list[int]) -> None:
             expected[b] = _naive_extend(q[b : b + 1], k_buf, v_buf, _indptr([1]), _indptr([n]),
                                         indices[indptr[b] : indptr[b + 1]], 0.3)[0]
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
-    assert torch.equal(got[lens.index(0)], torch.zeros_like(got[0]))
+    for b in (b for b, n in enumerate(lens) if n == 0):
+        assert torch.equal(got[b], torch.zeros_like(got[b]))
 
 
 @pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (4, 1), (8, 1)])
