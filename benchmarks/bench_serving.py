@@ -19,6 +19,9 @@ median / p99, and the prefix cache hit rate (cached / prompt tokens over the res
 the server's cumulative `cache_hit_rate`). `--compare-engine` then runs the same requests
 through the offline `Engine` in this process, all submitted at once, and prints the
 serving / engine output throughput ratio (both measured here, in the same run).
+`--repeats N` runs the load N times (cache flushed before each) and the engine N times, and
+reports the run of median duration of each: on a shared machine a single short run can
+be off by 20% either way.
 
     python benchmarks/bench_serving.py                               # local server, demo model
     python benchmarks/bench_serving.py --backend-url http://127.0.0.1:30000
@@ -40,6 +43,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -193,22 +197,34 @@ def server_stats(url: str) -> dict:
 def warm_up_server(url: str, requests: list[Request]) -> None:
     body = {"input_ids": requests[0].input_ids[:16], "sampling_params": {"max_new_tokens": 2}}
     httpx.post(url + "/generate", json=body, timeout=120).raise_for_status()
-    httpx.post(url + "/flush_cache", timeout=30)
 
 
-def run_engine(model: str, requests: list[Request], args: argparse.Namespace) -> tuple[float, int]:
-    """The same requests through the offline Engine, all at once: (seconds, output tokens)."""
+def flush_server(url: str) -> None:
+    httpx.post(url + "/flush_cache", timeout=30).raise_for_status()
+
+
+def median_run(runs: list[tuple[float, Any]]) -> tuple[float, Any]:
+    """The run of median duration (the lower middle one for an even count)."""
+    return sorted(runs, key=lambda run: run[0])[(len(runs) - 1) // 2]
+
+
+def run_engine(model: str, requests: list[Request], args: argparse.Namespace) -> tuple[float, int, list[float]]:
+    """The same requests through the offline Engine, all at once, `--repeats` times (cache
+    flushed before each): (median seconds, output tokens, every run's seconds)."""
     from sprig.runtime import Engine
 
     params = [{"max_new_tokens": r.output_len, "temperature": 0, "ignore_eos": True} for r in requests]
+    runs = []
     with Engine(model, dtype=args.dtype, max_running_requests=args.max_running_requests,
                 cpu_threads=args.threads) as engine:
         engine.generate(input_ids=requests[0].input_ids[:16], sampling_params={"max_new_tokens": 2})
-        engine.flush_cache()
-        start = time.perf_counter()
-        outs = engine.generate(input_ids=[r.input_ids for r in requests], sampling_params=params)
-        seconds = time.perf_counter() - start
-    return seconds, sum(len(o["output_ids"]) for o in outs)
+        for _ in range(args.repeats):
+            engine.flush_cache()
+            start = time.perf_counter()
+            outs = engine.generate(input_ids=[r.input_ids for r in requests], sampling_params=params)
+            runs.append((time.perf_counter() - start, sum(len(o["output_ids"]) for o in outs)))
+    seconds, tokens = median_run(runs)
+    return seconds, tokens, [s for s, _ in runs]
 
 
 # ---- report ------------------------------------------------------------------------------
@@ -274,7 +290,11 @@ def main() -> None:
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare-engine", action="store_true", help="also run the offline Engine; print the ratio")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of the load (and of the engine); the median-duration run is reported")
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
 
     with local_server(args) if args.backend_url is None else _given(args.backend_url) as url:
         model = httpx.get(url + "/get_model_info", timeout=10).json()["model_path"]
@@ -286,15 +306,24 @@ def main() -> None:
               f"{sum(r.output_len for r in requests)} output tokens; request rate {args.request_rate}, "
               f"max concurrency {args.max_concurrency}; server {url} ({model})")
         warm_up_server(url, requests)
-        results, duration = asyncio.run(run_load(url, requests, args))
+        runs = []
+        for _ in range(args.repeats):
+            flush_server(url)
+            results, duration = asyncio.run(run_load(url, requests, args))
+            runs.append((duration, results))
+        duration, results = median_run(runs)
         stats = server_stats(url)
     print("============ Serving Benchmark Result ============")
     serving = report(results, duration, stats)
+    if args.repeats > 1:
+        print(f"{'Durations of the runs (s)':<34}{', '.join(f'{d:.2f}' for d, _ in runs)}")
     if args.compare_engine:
-        seconds, tokens = run_engine(model, requests, args)
+        seconds, tokens, durations = run_engine(model, requests, args)
         engine = tokens / seconds
         print("============ Offline Engine (same requests, all at once) ============")
         print(f"{'Engine duration (s)':<34}{seconds:.2f}")
+        if args.repeats > 1:
+            print(f"{'Durations of the runs (s)':<34}{', '.join(f'{d:.2f}' for d in durations)}")
         print(f"{'Engine output throughput (tok/s)':<34}{engine:.2f}")
         print(f"{'Serving / engine throughput':<34}{serving / engine:.3f}")
 
