@@ -42,16 +42,16 @@ class TrainConfig:
 
     out: str = "runtime/demo/model"
     seed: int = 0
-    steps: int = 700
-    minutes: float = 20.0
+    steps: int = 1000
+    minutes: float = 28.0
     batch_size: int = 64
     lr: float = 3e-3
     warmup: int = 50
     vocab_size: int = 384
-    hidden_size: int = 128
-    layers: int = 4
-    heads: int = 4
-    eval_every: int = 350
+    hidden_size: int = 192
+    layers: int = 6
+    heads: int = 6
+    eval_every: int = 250
     eval_problems: int = 64
 
     def __post_init__(self) -> None:
