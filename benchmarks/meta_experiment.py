@@ -101,7 +101,8 @@ def is_answer(step: str) -> bool:
     return step.strip().startswith("Answer:")
 
 
-def strategies(max_n: int, max_tokens: int, temperature: float, expand: int, beam: int) -> list[Strategy]:
+def strategies(max_n: int, max_tokens: int, temperature: float, top_p: float, expand: int,
+               beam: int) -> list[Strategy]:
     def as_str(text: str) -> str | None:
         answer = extract_answer(text)
         return None if answer is None else str(answer)
@@ -112,20 +113,21 @@ def strategies(max_n: int, max_tokens: int, temperature: float, expand: int, bea
 
     def bon(n: int) -> Solver:
         def solve(prompt: str, backend: Any) -> tuple[int | None, Cost]:
-            r = best_of_n(prompt, n, backend=backend, max_tokens=max_tokens, temperature=temperature)
+            r = best_of_n(prompt, n, backend=backend, max_tokens=max_tokens, temperature=temperature,
+                          top_p=top_p)
             return extract_answer(r.answer), r.cost
         return solve
 
     def sc(n: int) -> Solver:
         def solve(prompt: str, backend: Any) -> tuple[int | None, Cost]:
             r = self_consistency(prompt, n, extract=as_str, backend=backend, max_tokens=max_tokens,
-                                 temperature=temperature)
+                                 temperature=temperature, top_p=top_p)
             return (None if r.answer is None else int(r.answer)), r.cost
         return solve
 
     def search(prompt: str, backend: Any) -> tuple[int | None, Cost]:
         r = tree_search(prompt, step_value, expand=expand, beam=beam, depth=6, is_final=lambda s: is_answer(s[-1]),
-                        backend=backend, max_step_tokens=24, temperature=temperature)
+                        backend=backend, max_step_tokens=24, temperature=temperature, top_p=top_p)
         return extract_answer(r.answer), r.cost
 
     ns = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_n]
@@ -236,7 +238,8 @@ def parse_args() -> argparse.Namespace:
                    "N runs over the powers of two up to it (default: 16)")
     p.add_argument("--threads", type=int, default=64, help="problems in flight at once (default: 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the problem draw (default: 0)")
-    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: 0.8)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default: 0.9)")
     p.add_argument("--max-tokens", type=int, default=64, help="most tokens per solution (default: 64)")
     p.add_argument("--expand", type=int, default=3, help="tree search: next steps sampled per path (default: 3)")
     p.add_argument("--beam", type=int, default=2, help="tree search: paths kept per round (default: 2)")
@@ -255,7 +258,7 @@ def main() -> None:
     args = parse_args()
     problems = take("heldout", args.problems, args.seed)
     prompts = render_prompts(problems)
-    plan = strategies(args.max_n, args.max_tokens, args.temperature, args.expand, args.beam)
+    plan = strategies(args.max_n, args.max_tokens, args.temperature, args.top_p, args.expand, args.beam)
     caches = ["on", "off"] if args.cache == "both" else [args.cache]
     rows: list[Row] = []
     start = time.perf_counter()
@@ -274,7 +277,7 @@ def main() -> None:
     command = "python " + " ".join(sys.argv)
     table = markdown(rows) if len(caches) == 2 else "\n".join(str(asdict(r)) for r in rows) + "\n"
     header = (f"`{command}` — {len(problems)} held-out problems (seed {args.seed}), temperature "
-              f"{args.temperature}, max {args.max_tokens} tokens, tree search expand {args.expand} beam "
+              f"{args.temperature}, top_p {args.top_p}, max {args.max_tokens} tokens, tree search expand {args.expand} beam "
               f"{args.beam}; {platform.machine()}, {elapsed:.0f} s in all.\n\n")
     (args.out_dir / "results.md").write_text(header + table)
     (args.out_dir / "results.json").write_text(json.dumps(
