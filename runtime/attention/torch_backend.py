@@ -43,11 +43,11 @@ class TorchAttentionBackend:
         *,
         sm_scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
-        k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
-        store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
         if self._plan is None or self._plan[0] is not batch:
             raise RuntimeError("TorchAttentionBackend.forward: call begin_step(batch) first")
         plan = self._plan[1]
+        k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
+        store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
         if batch.mode is ForwardMode.DECODE:
             return shared_prefix_decode_attention(q, k_buffer, v_buffer, plan, sm_scale=sm_scale)
         if plan.groups:

@@ -157,16 +157,19 @@ def test_matches_torch_backend(name: str, case: str, checkpoints: dict[str, Path
         assert torch.equal(pool_tri.v[layer], pool_ref.v[layer])
 
 
-def test_forward_requires_begin_step(checkpoints: dict[str, Path]) -> None:
+@pytest.mark.parametrize("backend_class", [TritonAttentionBackend, TorchAttentionBackend])
+def test_forward_requires_begin_step(checkpoints: dict[str, Path], backend_class: type) -> None:
     config = ModelConfig.from_pretrained(checkpoints["llama-gqa"])
     pool, _ = _pools(config)
-    backend = TritonAttentionBackend(config, pool)
+    backend = backend_class(config, pool)
     step = StepInput(ForwardMode.DECODE, [0], [1], [torch.tensor([1, 2])], [0])
     batch, _ = build_forward_batch(step, pool, torch.device(DEVICE))
     q = torch.zeros(1, config.num_heads, config.head_dim, device=DEVICE)
     kv = torch.zeros(1, config.num_kv_heads, config.head_dim, device=DEVICE)
+    before = pool.k[0].clone()
     with pytest.raises(RuntimeError, match="begin_step"):
-        backend.forward(q, kv, kv, 0, batch, sm_scale=1.0)
+        backend.forward(q, kv + 1, kv, 0, batch, sm_scale=1.0)
     backend.begin_step(dataclasses.replace(batch))  # a different batch object
     with pytest.raises(RuntimeError, match="begin_step"):
-        backend.forward(q, kv, kv, 0, batch, sm_scale=1.0)
+        backend.forward(q, kv + 1, kv, 0, batch, sm_scale=1.0)
+    assert torch.equal(pool.k[0], before)  # refused before writing the pool
