@@ -17,8 +17,8 @@ IN_FLIGHT = 120  # beyond httpx's default pool of 100 connections
 
 @pytest.fixture
 def all_at_once_server() -> Iterator[str]:
-    """Answers a POST only once IN_FLIGHT requests are open together (500 after 15 s)."""
-    barrier = threading.Barrier(IN_FLIGHT, timeout=15)
+    """Answers a POST only once IN_FLIGHT requests are open together (500 after 60 s)."""
+    barrier = threading.Barrier(IN_FLIGHT, timeout=60)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -40,8 +40,10 @@ def all_at_once_server() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.request_queue_size = 2 * IN_FLIGHT
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 2 * IN_FLIGHT  # the listen backlog: every connect lands at once
+
+    server = Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -50,7 +52,7 @@ def all_at_once_server() -> Iterator[str]:
 
 
 def test_more_threads_than_a_default_pool_all_get_a_connection(all_at_once_server: str) -> None:
-    client = HttpClient(all_at_once_server, timeout=30)
+    client = HttpClient(all_at_once_server, timeout=90)
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
         answers = list(pool.map(lambda _: client.post("/generate", {})[0], range(IN_FLIGHT)))
     assert answers == [{"ok": True}] * IN_FLIGHT
