@@ -12,6 +12,7 @@ shared by n requests drops n-fold.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -33,13 +34,18 @@ class SharingPlan:
 
     Invariant: for each request b, its context is (its group's `slots`, if any) followed by
     `rest_indices[rest_indptr[b]:rest_indptr[b+1]]`, and a grouped request's remainder is
-    never empty. `rest_padded` is the remainders bucketed for decode (`pad_by_length`).
+    never empty.
     """
 
     groups: tuple[SharedPrefix, ...]
     rest_indptr: torch.Tensor  # [B+1] int64
     rest_indices: torch.Tensor  # [M] int64
-    rest_padded: list[PaddedRows]
+
+    @cached_property
+    def rest_padded(self) -> list[PaddedRows]:
+        """The remainders bucketed for decode (`pad_by_length`): built by the first
+        decode layer of the step, reused by the others; extend steps never build them."""
+        return pad_by_length(self.rest_indptr, self.rest_indices)
 
 
 def plan_shared_prefixes(
@@ -57,7 +63,7 @@ def plan_shared_prefixes(
     lens = indptr[1:] - indptr[:-1]  # [B]
     has_ctx = lens > 0
     if int(has_ctx.sum()) < 2:
-        return _without_groups(indptr, indices)
+        return SharingPlan((), indptr, indices)
     first = torch.where(has_ctx, indices[indptr[:-1].clamp(max=max(indices.numel() - 1, 0))], -1)  # [B]
     values, inverse, counts = torch.unique(first, return_inverse=True, return_counts=True)
     skip = torch.zeros_like(lens)  # [B] shared tokens per request
@@ -73,18 +79,13 @@ def plan_shared_prefixes(
             groups.append(SharedPrefix(members, rows[0, :shared].clone()))
             skip[members] = shared
     if not groups:
-        return _without_groups(indptr, indices)
+        return SharingPlan((), indptr, indices)
     rest_lens = lens - skip
     rest_indptr = torch.zeros_like(indptr)
     torch.cumsum(rest_lens, 0, out=rest_indptr[1:])
     starts = torch.repeat_interleave(indptr[:-1] + skip - rest_indptr[:-1], rest_lens)  # [M]
     positions = torch.arange(int(rest_indptr[-1]), device=indices.device) + starts
-    rest_indices = indices[positions]
-    return SharingPlan(tuple(groups), rest_indptr, rest_indices, pad_by_length(rest_indptr, rest_indices))
-
-
-def _without_groups(indptr: torch.Tensor, indices: torch.Tensor) -> SharingPlan:
-    return SharingPlan((), indptr, indices, pad_by_length(indptr, indices))
+    return SharingPlan(tuple(groups), rest_indptr, indices[positions])
 
 
 def shared_prefix_decode_attention(
