@@ -126,7 +126,7 @@ def strategies(max_n: int, max_tokens: int, temperature: float, top_p: float, ex
         return solve
 
     def search(prompt: str, backend: Any) -> tuple[int | None, Cost]:
-        r = tree_search(prompt, step_value, expand=expand, beam=beam, depth=6, is_final=lambda s: is_answer(s[-1]),
+        r = tree_search(prompt, step_value, expand=expand, beam=beam, depth=10, is_final=lambda s: is_answer(s[-1]),
                         backend=backend, max_step_tokens=24, temperature=temperature, top_p=top_p)
         return extract_answer(r.answer), r.cost
 
@@ -238,9 +238,9 @@ def parse_args() -> argparse.Namespace:
                    "N runs over the powers of two up to it (default: 16)")
     p.add_argument("--threads", type=int, default=64, help="problems in flight at once (default: 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the problem draw (default: 0)")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
+    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default: 0.6)")
     p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default: 0.9)")
-    p.add_argument("--max-tokens", type=int, default=64, help="most tokens per solution (default: 64)")
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens per solution (default: 128)")
     p.add_argument("--expand", type=int, default=3, help="tree search: next steps sampled per path (default: 3)")
     p.add_argument("--beam", type=int, default=2, help="tree search: paths kept per round (default: 2)")
     p.add_argument("--request-timeout", type=float, default=120.0,

@@ -26,11 +26,11 @@ def main() -> None:
     with Engine(args.model) as engine:
         texts = prompts(engine.tokenizer, problems)
         start = time.perf_counter()
-        greedy = engine.generate(texts, {"max_new_tokens": 96, "temperature": 0})
+        greedy = engine.generate(texts, {"max_new_tokens": 128, "temperature": 0})
         greedy_s = time.perf_counter() - start
         print(f"Q: {problems[0].question}\nA: {greedy[0]['text']}\n")
         start = time.perf_counter()
-        sampled = engine.generate(texts, {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "n": args.n, "seed": 0})
+        sampled = engine.generate(texts, {"max_new_tokens": 128, "temperature": 0.6, "top_p": 0.9, "n": args.n, "seed": 0})
         vote_s = time.perf_counter() - start
 
         greedy_ok = sum(extract_answer(o["text"]) == p.answer for o, p in zip(greedy, problems, strict=True))

@@ -37,7 +37,7 @@ def main() -> None:
     with backend(args):
         result = tree_search(
             sprig.user(QUESTION) + sprig.assistant_begin(), value,
-            expand=3, beam=2, depth=4, is_final=lambda steps: steps[-1].strip().startswith("Answer:"),
+            expand=3, beam=2, depth=10, is_final=lambda steps: steps[-1].strip().startswith("Answer:"),
         )
     print("best path:")
     for step in result.best.steps:

@@ -42,8 +42,8 @@ class TrainConfig:
 
     out: str = "runtime/demo/model"
     seed: int = 0
-    steps: int = 1000
-    minutes: float = 28.0
+    steps: int = 800
+    minutes: float = 29.0
     batch_size: int = 64
     lr: float = 3e-3
     warmup: int = 50
@@ -51,7 +51,7 @@ class TrainConfig:
     hidden_size: int = 192
     layers: int = 6
     heads: int = 6
-    eval_every: int = 250
+    eval_every: int = 300
     eval_problems: int = 64
 
     def __post_init__(self) -> None:

@@ -23,10 +23,12 @@ def generate(
     *,
     num_samples: int = 1,
     temperature: float = 0.0,
+    top_p: float = 1.0,
     batch_size: int = 64,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = 128,
 ) -> list[list[str]]:
-    """`num_samples` completions per problem; greedy when `temperature` is 0."""
+    """`num_samples` completions per problem; greedy when `temperature` is 0, else sampled
+    at `temperature` from the nucleus `top_p`."""
     import torch
 
     tokenizer.padding_side = "left"
@@ -37,7 +39,7 @@ def generate(
             texts[i : i + batch_size], add_special_tokens=False, padding=True, return_tensors="pt"
         )
         sampling = (
-            {"do_sample": True, "temperature": temperature, "top_k": 0}
+            {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
             if temperature > 0
             else {"do_sample": False}
         )

@@ -1,8 +1,15 @@
 """The demo model's synthetic task: multi-step arithmetic word problems.
 
 A problem starts a person with some items and applies 1–4 operations (buy, give away,
-double, triple, share equally); the solution walks through one equation per step and ends
-with an `Answer: N` line. Every intermediate value stays in [0, MAX_VALUE].
+double, triple, share equally); the solution works through each operation with one or two
+equations and ends with an `Answer: N` line. Every intermediate value stays in
+[0, MAX_VALUE].
+
+An operation can be worked in several equally valid ways, drawn at random per step: adding
+or taking away a two-digit number directly, tens first, or units first; doubling as `* 2` or
+as a sum; tripling as `* 3` or as a double plus one more. A problem therefore has several
+correct solutions whose mistakes differ, the property self-consistency voting relies on:
+different reasoning paths that agree on the right answer and scatter on wrong ones.
 
 Problems are split into train and held-out sets by a stable hash of the question text,
 so the two sets can never share a question however many problems are drawn.
@@ -19,7 +26,8 @@ from typing import Literal
 
 Split = Literal["train", "heldout"]
 
-MAX_VALUE = 199
+MAX_VALUE = 159
+STEP_MAX = 45  # most items bought or given away in one step
 HELDOUT_BUCKETS = 10  # one hash bucket in this many is held out
 _NAMES = ["Ava", "Ben", "Cara", "Dan", "Eli", "Fay", "Gus", "Hana"]
 _NAMES += ["Ivan", "Jo", "Kim", "Leo", "Mia", "Ned", "Omar", "Pia"]
@@ -43,27 +51,50 @@ class Problem:
         ]
 
 
-def _step(rng: random.Random, value: int) -> tuple[str, str, int]:
-    """Pick one operation valid for `value`; return (sentence, equation, new value)."""
+def _add(rng: random.Random, value: int, n: int, sign: int) -> list[str]:
+    """Equations adding (sign 1) or taking away (sign -1) `n`: directly, tens first, or units first."""
+    op = "+" if sign > 0 else "-"
+    tens, units = n - n % 10, n % 10
+    parts = [[n]]
+    if tens and units:
+        parts += [[tens, units], [units, tens]]
+    equations = []
+    for part in rng.choice(parts):
+        equations.append(f"{value} {op} {part} = {value + sign * part}")
+        value += sign * part
+    return equations
+
+
+def _multiply(rng: random.Random, value: int, k: int) -> list[str]:
+    """Equations multiplying by 2 or 3: as a product, or as a sum."""
+    if rng.random() < 0.5:
+        return [f"{value} * {k} = {value * k}"]
+    if k == 2:
+        return [f"{value} + {value} = {2 * value}"]
+    return [f"{value} * 2 = {2 * value}", f"{2 * value} + {value} = {3 * value}"]
+
+
+def _step(rng: random.Random, value: int) -> tuple[str, list[str], int]:
+    """Pick one operation valid for `value`; return (sentence, equations, new value)."""
     while True:
         op = rng.choice(["buy", "buy", "give", "give", "double", "triple", "share"])
         if op == "buy" and value < MAX_VALUE:
-            n = rng.randint(1, min(60, MAX_VALUE - value))
-            return f"buys {n} more", f"{value} + {n} = {value + n}", value + n
+            n = rng.randint(1, min(STEP_MAX, MAX_VALUE - value))
+            return f"buys {n} more", _add(rng, value, n, 1), value + n
         if op == "give" and value > 1:
-            n = rng.randint(1, min(60, value - 1))
-            return f"gives away {n}", f"{value} - {n} = {value - n}", value - n
+            n = rng.randint(1, min(STEP_MAX, value - 1))
+            return f"gives away {n}", _add(rng, value, n, -1), value - n
         if op in ("double", "triple"):
             k = 2 if op == "double" else 3
             if 0 < value * k <= MAX_VALUE:
-                return f"{op}s them", f"{value} * {k} = {value * k}", value * k
+                return f"{op}s them", _multiply(rng, value, k), value * k
         if op == "share":
             ks = [k for k in (2, 3, 4, 5) if value % k == 0 and value // k > 0]
             if ks:
                 k = rng.choice(ks)
                 return (
                     f"shares them equally with {k - 1} friends and keeps one share",
-                    f"{value} / {k} = {value // k}",
+                    [f"{value} / {k} = {value // k}"],
                     value // k,
                 )
 
@@ -74,9 +105,9 @@ def make_problem(rng: random.Random) -> Problem:
     value = rng.randint(2, 60)
     sentences, equations = [f"{name} has {value} {item}."], []
     for _ in range(rng.randint(1, 4)):
-        sentence, equation, value = _step(rng, value)
+        sentence, worked, value = _step(rng, value)
         sentences.append(f"Then {name} {sentence}.")
-        equations.append(equation)
+        equations += worked
     question = " ".join([*sentences, f"How many {item} does {name} have now?"])
     solution = "\n".join([*equations, f"Answer: {value}"])
     return Problem(question, solution, value)

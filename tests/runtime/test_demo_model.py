@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+
 import pytest
 
 from sprig.runtime.demo import DEMO_MODEL_PATH, ensure_demo_model, tasks
@@ -23,7 +26,42 @@ def test_solution_ends_with_its_answer():
     for p in tasks.take("heldout", 200):
         assert tasks.extract_answer(p.solution) == p.answer
         assert 0 <= p.answer <= tasks.MAX_VALUE
-        assert 1 <= p.solution.count("=") <= 4
+        assert 1 <= p.solution.count("=") <= 8
+
+
+EQUATION = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
+OPS = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__, "/": int.__floordiv__}
+
+
+def test_every_equation_holds_and_chains_to_the_answer():
+    for p in tasks.take("train", 500):
+        *lines, answer_line = p.solution.split("\n")
+        value = int(re.search(r"has (\d+) ", p.question).group(1))
+        for line in lines:
+            a, op, b, c = EQUATION.match(line).groups()
+            assert int(a) == value, (p.solution, line)
+            assert OPS[op](int(a), int(b)) == int(c), line
+            if op == "/":
+                assert int(a) % int(b) == 0, line
+            value = int(c)
+        assert answer_line == f"Answer: {value}" and value == p.answer
+
+
+def test_an_operation_is_worked_in_several_ways():
+    """Buying n >= 10 (not a multiple of 10) is added directly, tens first, or units first,
+    about equally often; doubling is `* 2` or a sum."""
+    ways: Counter[str] = Counter()
+    for p in tasks.take("train", 3000):
+        m = re.search(r"has (\d+) \w+\. Then \w+ buys (\d+) more\.", p.question)
+        if m and int(m.group(2)) >= 10 and int(m.group(2)) % 10:
+            a, n = int(m.group(1)), int(m.group(2))
+            first = p.solution.split("\n")[0]
+            ways[{f"{a} + {n}": "direct", f"{a} + {n - n % 10}": "tens"}.get(first.split(" =")[0], "units")] += 1
+        if re.search(r"has \d+ \w+\. Then \w+ doubles", p.question):
+            ways["* 2" if " * 2 = " in p.solution.split("\n")[0] else "a + a"] += 1
+    total = ways["direct"] + ways["tens"] + ways["units"]
+    assert total > 100 and all(ways[w] > total / 5 for w in ("direct", "tens", "units")), ways
+    assert ways["* 2"] > 10 and ways["a + a"] > 10, ways
 
 
 @pytest.mark.parametrize(
