@@ -6,7 +6,9 @@ reads the shared K/V once, as one matrix product for all the group's new tokens 
 heads (no mask: every new token comes after the prefix), then each request attends to the
 rest of its own context, and the two partial results are merged by their log-sum-exp.
 The result equals plain attention up to float rounding; the K/V traffic for a prefix
-shared by n requests drops n-fold.
+shared by n requests drops n-fold. Groups of similar size are padded to one shape and
+attended together (`pad_groups`), so a step's cost in torch calls does not grow with its
+number of groups.
 """
 
 from __future__ import annotations
@@ -46,6 +48,56 @@ class SharingPlan:
         """The remainders bucketed for decode (`pad_by_length`): built by the first
         decode layer of the step, reused by the others; extend steps never build them."""
         return pad_by_length(self.rest_indptr, self.rest_indices)
+
+    @cached_property
+    def decode_groups(self) -> list[PaddedGroups]:
+        """The groups padded for decode, where a request's query row is its batch row;
+        built by the first decode layer of the step, like `rest_padded`."""
+        return pad_groups([g.members for g in self.groups], [g.slots for g in self.groups])
+
+
+@dataclass(frozen=True)
+class PaddedGroups:
+    """Groups of similar size, padded to one shape: group i's query rows `rows[i]` all
+    attend to its shared slots `slots[i]`.
+
+    Invariant: padding repeats a group's first row or slot; `slot_valid` masks padded
+    slots (None when there are none) and `keep` lists, flattened, the positions of the
+    real query rows, whose rows in the batch are `kept_rows`.
+    """
+
+    rows: torch.Tensor  # [g, n] int64
+    slots: torch.Tensor  # [g, L] int64
+    slot_valid: torch.Tensor | None  # [g, L] bool
+    keep: torch.Tensor  # [m] int64: positions in rows.flatten() that are real
+    kept_rows: torch.Tensor  # [m] int64: rows.flatten()[keep]
+
+
+def pad_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> list[PaddedGroups]:
+    """Bucket groups by the binary magnitude of their row and slot counts (padding at most
+    doubles either) and pad each bucket to its largest group."""
+    buckets: dict[tuple[int, int], list[int]] = {}
+    for i, (r, s) in enumerate(zip(rows, slots, strict=True)):
+        buckets.setdefault((r.numel().bit_length(), s.numel().bit_length()), []).append(i)
+    padded = []
+    for chosen in buckets.values():
+        n = max(rows[i].numel() for i in chosen)
+        L = max(slots[i].numel() for i in chosen)
+        r = torch.stack([_pad_to(rows[i], n) for i in chosen])  # [g, n]
+        s = torch.stack([_pad_to(slots[i], L) for i in chosen])  # [g, L]
+        row_lens = torch.tensor([rows[i].numel() for i in chosen], device=r.device)
+        slot_lens = torch.tensor([slots[i].numel() for i in chosen], device=s.device)
+        real = torch.arange(n, device=r.device)[None, :] < row_lens[:, None]  # [g, n]
+        slot_valid = torch.arange(L, device=s.device)[None, :] < slot_lens[:, None]  # [g, L]
+        keep = torch.nonzero(real.flatten()).flatten()
+        padded.append(PaddedGroups(
+            r, s, None if bool(slot_valid.all()) else slot_valid, keep, r.flatten()[keep]
+        ))
+    return padded
+
+
+def _pad_to(x: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.cat([x, x[:1].expand(n - x.numel())]) if x.numel() < n else x
 
 
 def plan_shared_prefixes(
@@ -99,8 +151,8 @@ def shared_prefix_decode_attention(
     """Decode attention by `plan`: the remainders, then each shared prefix once per group,
     merged by log-sum-exp."""
     out, lse = attend_padded(q, k_buffer, v_buffer, plan.rest_padded, sm_scale=sm_scale)
-    for group in plan.groups:
-        _merge_prefix(q, k_buffer, v_buffer, group.members, group.slots, out, lse, sm_scale)
+    for bucket in plan.decode_groups:
+        _merge_prefix(q, k_buffer, v_buffer, bucket, out, lse, sm_scale)
     return out.to(q.dtype)
 
 
@@ -132,9 +184,12 @@ def shared_prefix_extend_attention(
             out[q0:q1], lse[q0:q1] = _tail_attention(q[q0:q1], k_buffer, v_buffer, slots, sm_scale)
         else:
             out[q0:q1] = request_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale)
-    for group in plan.groups:
-        rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in group.members.tolist()])
-        _merge_prefix(q, k_buffer, v_buffer, rows.to(q.device), group.slots, out, lse, sm_scale)
+    rows = [
+        torch.cat([torch.arange(qo[b], qo[b + 1]) for b in g.members.tolist()]).to(q.device)
+        for g in plan.groups
+    ]
+    for bucket in pad_groups(rows, [g.slots for g in plan.groups]):
+        _merge_prefix(q, k_buffer, v_buffer, bucket, out, lse, sm_scale)
     return out.to(q.dtype)
 
 
@@ -142,17 +197,19 @@ def _merge_prefix(
     q: torch.Tensor,  # [T, Hq, D]
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
-    rows: torch.Tensor,  # [n] int64: query rows that all see `slots` first
-    slots: torch.Tensor,  # [L] int64
+    bucket: PaddedGroups,
     out: torch.Tensor,  # [T, Hq, D] float32: the rows' attention to the rest, updated
     lse: torch.Tensor,  # [T, Hq] float32: its log-sum-exp, updated
     sm_scale: float,
 ) -> None:
-    o_p, lse_p = _prefix_attention(q[rows], k_buffer, v_buffer, slots, sm_scale)
-    o_r, lse_r = out[rows], lse[rows]
-    total = torch.logaddexp(lse_p, lse_r)  # [n, Hq]
-    out[rows] = o_p * (lse_p - total).exp_().unsqueeze(-1) + o_r * (lse_r - total).exp_().unsqueeze(-1)
-    lse[rows] = total
+    o_p, lse_p = _prefix_attention(q, k_buffer, v_buffer, bucket, sm_scale)
+    o_p, lse_p = o_p.index_select(0, bucket.keep), lse_p.index_select(0, bucket.keep)
+    rows = bucket.kept_rows
+    o_r, lse_r = out.index_select(0, rows), lse.index_select(0, rows)
+    total = torch.logaddexp(lse_p, lse_r)  # [m, Hq]
+    merged = o_p * (lse_p - total).exp_().unsqueeze(-1) + o_r * (lse_r - total).exp_().unsqueeze(-1)
+    out.index_copy_(0, rows, merged)
+    lse.index_copy_(0, rows, total)
 
 
 def _tail_attention(
@@ -179,22 +236,28 @@ def _tail_attention(
 
 
 def _prefix_attention(
-    q: torch.Tensor,  # [n, Hq, D]
+    q: torch.Tensor,  # [T, Hq, D]
     k_buffer: torch.Tensor,  # [S, Hkv, D]
     v_buffer: torch.Tensor,  # [S, Hkv, D]
-    slots: torch.Tensor,  # [L] int64
+    bucket: PaddedGroups,
     sm_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [n, Hq, D], [n, Hq] float32
-    """Every query head of every member against one shared run of slots: per KV head,
-    one [n*G, D] x [D, L] product."""
-    n, Hq, D = q.shape
+) -> tuple[torch.Tensor, torch.Tensor]:  # [g*n, Hq, D], [g*n, Hq] float32
+    """Every query head of every row of each group against the group's shared slots: per
+    group and KV head, one [n*G, D] x [D, L] product, all in one batched matmul."""
+    g, n = bucket.rows.shape
+    L = bucket.slots.shape[1]
+    Hq, D = q.shape[1:]
     Hkv = k_buffer.shape[1]
     G = Hq // Hkv
-    k = k_buffer.index_select(0, slots).float().permute(1, 2, 0)  # [Hkv, D, L]
-    v = v_buffer.index_select(0, slots).float().transpose(0, 1)  # [Hkv, L, D]
-    qh = q.float().view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D)
-    scores = torch.matmul(qh, k).mul_(sm_scale)  # [Hkv, nG, L]
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [Hkv, nG, 1]
-    o = torch.matmul(scores.sub_(lse).exp_(), v)  # [Hkv, nG, D]
-    o = o.view(Hkv, n, G, D).transpose(0, 1).reshape(n, Hq, D)
-    return o, lse.view(Hkv, n, G).transpose(0, 1).reshape(n, Hq)
+    flat = bucket.slots.flatten()
+    k = k_buffer.index_select(0, flat).float().view(g, L, Hkv, D).permute(0, 2, 3, 1)  # [g, Hkv, D, L]
+    v = v_buffer.index_select(0, flat).float().view(g, L, Hkv, D).transpose(1, 2)  # [g, Hkv, L, D]
+    qh = q.index_select(0, bucket.rows.flatten()).float().view(g, n, Hkv, G, D)
+    qh = qh.permute(0, 2, 1, 3, 4).reshape(g, Hkv, n * G, D)
+    scores = torch.matmul(qh, k).mul_(sm_scale)  # [g, Hkv, nG, L]
+    if bucket.slot_valid is not None:
+        scores.masked_fill_(~bucket.slot_valid[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [g, Hkv, nG, 1]
+    o = torch.matmul(scores.sub_(lse).exp_(), v)  # [g, Hkv, nG, D]
+    o = o.view(g, Hkv, n, G, D).permute(0, 2, 1, 3, 4).reshape(g * n, Hq, D)
+    return o, lse.view(g, Hkv, n, G).permute(0, 2, 1, 3).reshape(g * n, Hq)

@@ -36,9 +36,10 @@ def fresh(n: int, counter: list[int]) -> list[int]:
 
 
 def contexts_with_sharing() -> tuple[list[list[int]], dict[int, tuple[list[int], int]]]:
-    """A batch mixing shared prefixes (one with a longer shared run inside it), requests
-    that share too little, singletons and an empty context; and the expected groups
-    (first member -> members, shared length)."""
+    """A batch mixing shared prefixes (one with a longer shared run inside it; two of
+    similar size, attended as one padded bucket), requests that share too little,
+    singletons and an empty context; and the expected groups (first member -> members,
+    shared length)."""
     c = [100]
     system = fresh(70, c)
     other = fresh(40, c)
@@ -56,7 +57,9 @@ def contexts_with_sharing() -> tuple[list[list[int]], dict[int, tuple[list[int],
     ]
     nested = system + fresh(20, c)
     contexts += [nested + fresh(4, c), nested + fresh(7, c)]  # 9, 10: group A (shares 70 with it)
-    return contexts, {0: ([0, 2, 6, 9, 10], 70), 3: ([3, 7], 40)}
+    third = fresh(36, c)  # group C: padded beside B (more rows than B, fewer shared slots)
+    contexts += [third + fresh(n, c) for n in (2, 6, 1)]  # 11, 12, 13
+    return contexts, {0: ([0, 2, 6, 9, 10], 70), 3: ([3, 7], 40), 11: ([11, 12, 13], 36)}
 
 
 def test_the_plan_finds_each_shared_run_and_keeps_the_rest() -> None:
@@ -96,7 +99,9 @@ def test_equals_plain_decode_attention(hq: int, hkv: int, dtype: torch.dtype) ->
     v_buf = torch.randn(POOL, hkv, D).to(dtype)
     q = torch.randn(len(contexts), hq, D).to(dtype)
     plan = plan_shared_prefixes(indptr, indices)
-    assert plan.groups
+    buckets = sorted(plan.decode_groups, key=lambda b: b.rows.shape[0])
+    assert [b.rows.shape for b in buckets] == [(1, 5), (2, 3)]  # A; B and C padded together
+    assert buckets[1].slot_valid is not None and buckets[1].keep.numel() == 5
     got = shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=D**-0.5)
     want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=D**-0.5)
     assert got.dtype == dtype
@@ -110,7 +115,7 @@ def test_equals_plain_decode_attention(hq: int, hkv: int, dtype: torch.dtype) ->
 def test_extend_equals_the_plain_reference(hq: int, hkv: int, dtype: torch.dtype) -> None:
     torch.manual_seed(1)
     contexts, _ = contexts_with_sharing()
-    new_tokens = [5, 30, 1, 9, 50, 3, 64, 2, 0, 4, 7]  # each context's own last slots
+    new_tokens = [5, 30, 1, 9, 50, 3, 64, 2, 0, 4, 7, 2, 5, 1]  # each context's own last slots
     indptr, indices = build_batch(contexts)
     qo_indptr = torch.tensor([0, *new_tokens]).cumsum(0).to(torch.int32)
     D = 16
