@@ -17,10 +17,9 @@ Writes `results.md`, `results.json` and `accuracy_vs_tokens.png` to `--out-dir`.
 
     python benchmarks/meta_experiment.py [--problems 200] [--max-n 16] [--threads 64]
 
-On a shared, loaded 2-core CPU machine the server decoded only ~30-500 tokens/s, so the
-default (200 problems, N up to 16: ~75 samples per problem per cache setting) takes well
-over an hour there (the checked-in results are `--problems 32 --max-n 4 --threads 32`,
-151 s). Scale with `--problems` and `--max-n`.
+The checked-in results are the default run (200 problems, N up to 16: ~75 samples per
+problem per cache setting), 1467 s on an otherwise idle 2-core CPU VM; on a loaded machine
+it takes much longer. Scale with `--problems` and `--max-n`.
 """
 
 from __future__ import annotations
