@@ -56,7 +56,8 @@ def test_an_operation_is_worked_in_several_ways():
         if m and int(m.group(2)) >= 10 and int(m.group(2)) % 10:
             a, n = int(m.group(1)), int(m.group(2))
             first = p.solution.split("\n")[0]
-            ways[{f"{a} + {n}": "direct", f"{a} + {n - n % 10}": "tens"}.get(first.split(" =")[0], "units")] += 1
+            way = {f"{a} + {n}": "direct", f"{a} + {n - n % 10}": "tens", f"{a} + {n % 10}": "units"}
+            ways[way[first.split(" =")[0]]] += 1  # any other first line is a KeyError
         if re.search(r"has \d+ \w+\. Then \w+ doubles", p.question):
             ways["* 2" if " * 2 = " in p.solution.split("\n")[0] else "a + a"] += 1
     total = ways["direct"] + ways["tens"] + ways["units"]
