@@ -11,7 +11,10 @@ each on a server with the radix cache ON and on one with it OFF (`--disable-radi
 the two side by side in the same run. Every strategy is a `sprig.meta` call that returns a
 `Cost` (prompt, cached and generated tokens from the server's meta_info); many problems
 run at once (`--threads`) so the server batches them. The prefix cache is flushed before
-each strategy, so a strategy's cached tokens are its own reuse.
+each strategy, so a strategy's cached tokens are its own reuse. Sampling is seeded per
+problem (`--sample-seed`): best-of-N and self-consistency choose among the same samples,
+a larger N adds samples to a smaller N's, and the two cache settings sample alike, so
+differences in the table come from the strategy, not from sampling noise.
 
 Writes `results.md`, `results.json` and `accuracy_vs_tokens.png` to `--out-dir`.
 
@@ -50,7 +53,8 @@ OPS: dict[str, Callable[[int, int], int | None]] = {
     "/": lambda a, b: a // b if b else None,
 }
 
-Solver = Callable[[str, Any], tuple[int | None, Cost]]  # (prompt, backend) -> (answer, cost)
+Solver = Callable[[str, int, Any], tuple[int | None, Cost]]  # (prompt, seed, backend) -> (answer, cost)
+SEED_STRIDE = 1 << 20  # problem i samples with seeds from sample_seed + i * SEED_STRIDE on
 
 
 @dataclass(frozen=True)
@@ -106,27 +110,27 @@ def strategies(max_n: int, max_tokens: int, temperature: float, top_p: float, ex
         answer = extract_answer(text)
         return None if answer is None else str(answer)
 
-    def greedy(prompt: str, backend: Any) -> tuple[int | None, Cost]:
+    def greedy(prompt: str, seed: int, backend: Any) -> tuple[int | None, Cost]:
         state = _greedy.run(prompt=prompt, max_tokens=max_tokens, backend=backend)
         return extract_answer(state["answer"]), state.cost()
 
     def bon(n: int) -> Solver:
-        def solve(prompt: str, backend: Any) -> tuple[int | None, Cost]:
+        def solve(prompt: str, seed: int, backend: Any) -> tuple[int | None, Cost]:
             r = best_of_n(prompt, n, backend=backend, max_tokens=max_tokens, temperature=temperature,
-                          top_p=top_p)
+                          top_p=top_p, seed=seed)
             return extract_answer(r.answer), r.cost
         return solve
 
     def sc(n: int) -> Solver:
-        def solve(prompt: str, backend: Any) -> tuple[int | None, Cost]:
+        def solve(prompt: str, seed: int, backend: Any) -> tuple[int | None, Cost]:
             r = self_consistency(prompt, n, extract=as_str, backend=backend, max_tokens=max_tokens,
-                                 temperature=temperature, top_p=top_p)
+                                 temperature=temperature, top_p=top_p, seed=seed)
             return (None if r.answer is None else int(r.answer)), r.cost
         return solve
 
-    def search(prompt: str, backend: Any) -> tuple[int | None, Cost]:
+    def search(prompt: str, seed: int, backend: Any) -> tuple[int | None, Cost]:
         r = tree_search(prompt, step_value, expand=expand, beam=beam, depth=10, is_final=lambda s: is_answer(s[-1]),
-                        backend=backend, max_step_tokens=24, temperature=temperature, top_p=top_p)
+                        backend=backend, max_step_tokens=24, temperature=temperature, top_p=top_p, seed=seed)
         return extract_answer(r.answer), r.cost
 
     ns = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_n]
@@ -155,12 +159,12 @@ def render_prompts(problems: list[Problem]) -> list[str]:
 
 
 def run_strategy(strategy: Strategy, cache: str, problems: list[Problem], prompts: list[str],
-                 endpoint: sprig.RuntimeEndpoint, threads: int, bar: tqdm) -> Row:
+                 sample_seed: int, endpoint: sprig.RuntimeEndpoint, threads: int, bar: tqdm) -> Row:
     endpoint.flush_cache()
 
     def one(i: int) -> tuple[bool | None, Cost]:
         try:
-            answer, cost = strategy.solve(prompts[i], endpoint)
+            answer, cost = strategy.solve(prompts[i], sample_seed + i * SEED_STRIDE, endpoint)
         except Exception as e:  # a lost request: count the problem wrong, report it
             tqdm.write(f"{strategy.label}, cache {cache}, problem {i}: {type(e).__name__}: {e}")
             return None, Cost()
@@ -237,6 +241,10 @@ def parse_args() -> argparse.Namespace:
                    "N runs over the powers of two up to it (default: 16)")
     p.add_argument("--threads", type=int, default=64, help="problems in flight at once (default: 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the problem draw (default: 0)")
+    p.add_argument("--sample-seed", type=int, default=0,
+                   help="seed of the sampling: problem i's samples use seeds from this + i * 2**20 on, "
+                   "so best-of-N and self-consistency vote over the same samples, N=k's samples are "
+                   "the first k of N=2k's, and cache on and off sample alike (default: 0)")
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default: 0.6)")
     p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default: 0.9)")
     p.add_argument("--max-tokens", type=int, default=128, help="most tokens per solution (default: 128)")
@@ -267,7 +275,8 @@ def main() -> None:
         with sprig.Runtime(args.model, disable_radix_cache=cache == "off") as runtime:
             endpoint = sprig.RuntimeEndpoint(runtime.url, timeout=args.request_timeout)
             for strategy in plan:
-                rows.append(run_strategy(strategy, cache, problems, prompts, endpoint, args.threads, bar))
+                rows.append(run_strategy(strategy, cache, problems, prompts, args.sample_seed, endpoint,
+                                         args.threads, bar))
             endpoint.close()
     bar.close()
     elapsed = time.perf_counter() - start
@@ -275,7 +284,8 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(sys.argv)
     table = markdown(rows) if len(caches) == 2 else "\n".join(str(asdict(r)) for r in rows) + "\n"
-    header = (f"`{command}` — {len(problems)} held-out problems (seed {args.seed}), temperature "
+    header = (f"`{command}` — {len(problems)} held-out problems (seed {args.seed}, sample seed "
+              f"{args.sample_seed}), temperature "
               f"{args.temperature}, top_p {args.top_p}, max {args.max_tokens} tokens, tree search expand {args.expand} beam "
               f"{args.beam}; {platform.machine()}, {elapsed:.0f} s in all.\n\n")
     (args.out_dir / "results.md").write_text(header + table)

@@ -26,6 +26,7 @@ def gen(
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
+    seed: int | None = None,
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
@@ -38,7 +39,9 @@ def gen(
 ) -> Gen | Select:
     """Generate text into variable `name`; unset arguments fall back to the run's
     defaults, then the server's. With `choices` this is `select`; with `dtype` (int,
-    float, str, bool) the text is regex-constrained and bound as that Python type."""
+    float, str, bool) the text is regex-constrained and bound as that Python type.
+    `seed` (sent as SGLang's `sampling_seed`) makes a sampled gen reproducible: the same
+    text, parameters and seed give the same output whatever else the server runs."""
     if choices:
         return select(name, choices, 0.0 if temperature is None else temperature,
                       choices_method or token_length_normalized)
@@ -48,7 +51,7 @@ def gen(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
         stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos, regex=regex, json_schema=json_schema, dtype=dtype,
+        ignore_eos=ignore_eos, seed=seed, regex=regex, json_schema=json_schema, dtype=dtype,
         return_logprob=return_logprob, logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
     ))

@@ -29,6 +29,7 @@ _DTYPES: dict[str, tuple[type, str, tuple[str, ...]]] = {
 }
 _LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 _LOCAL_FIELDS = ("dtype", *_LOGPROB_FIELDS)
+_NATIVE_NAMES = {"seed": "sampling_seed"}  # SGLang's name; a sprig server takes either
 
 
 def dtype_name(dtype: type | str | None) -> str | None:
@@ -69,6 +70,7 @@ class SamplingParams:
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
+    seed: int | None = None
     regex: str | None = None
     json_schema: str | None = None
     dtype: str | None = None
@@ -88,6 +90,8 @@ class SamplingParams:
             raise ValueError("give dtype or regex, not both: a dtype is a regex")
         if self.n is not None and self.n < 1:
             raise ValueError(f"n must be >= 1; got {self.n}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an int; got {self.seed!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0; got {self.max_new_tokens}")
 
@@ -124,7 +128,7 @@ class SamplingParams:
         for name in self.field_names():
             value = getattr(self, name)
             if value is not None and name not in _LOCAL_FIELDS:
-                out[name] = list(value) if isinstance(value, tuple) else value
+                out[_NATIVE_NAMES.get(name, name)] = list(value) if isinstance(value, tuple) else value
         return out
 
     def logprob_fields(self) -> dict[str, Any]:

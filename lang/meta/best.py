@@ -31,13 +31,14 @@ def best_of_n(
     temperature: float = 0.8,
     top_p: float = 1.0,
     stop: str | list[str] | None = None,
+    seed: int | None = None,
 ) -> BestOfN:
     """Sample `n` continuations of `prompt` (one fork: the prompt is prefilled once) and
     return the highest-scoring; ties go to the earliest. Without `scorer` a candidate's
-    score is its mean token logprob."""
+    score is its mean token logprob. With `seed`, candidate i samples with seed `seed + i`."""
     with stopwatch() as elapsed:
         samples = sample(prompt, n, backend=backend, max_tokens=max_tokens, temperature=temperature,
-                         top_p=top_p, stop=stop, return_logprob=scorer is None)
+                         top_p=top_p, stop=stop, seed=seed, return_logprob=scorer is None)
         scores = [scorer(t) if scorer else mean_output_logprob(m) for t, m in zip(samples.texts, samples.metas, strict=True)]
     candidates = tuple(Scored(t, s) for t, s in zip(samples.texts, scores, strict=True))
     best = max(candidates, key=lambda c: c.score)

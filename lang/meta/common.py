@@ -35,22 +35,27 @@ class Samples:
 
 
 @function
-def _fork_and_generate(s, prompt: Prompt, n: int, gen_kwargs: dict[str, Any]) -> tuple[list[str], list[Any]]:
+def _fork_and_generate(s, prompt: Prompt, n: int, seed: int | None,
+                       gen_kwargs: dict[str, Any]) -> tuple[list[str], list[Any]]:
     s += prompt
     forks = s.fork(n)
-    forks += gen("sample", **gen_kwargs)
+    forks += lambda i: gen("sample", seed=None if seed is None else seed + i, **gen_kwargs)
     texts = [f["sample"] for f in forks]
     metas = [f.get_meta_info("sample") for f in forks]
     forks.join()
     return texts, metas
 
 
-def sample(prompt: Prompt, n: int, *, backend: Any = None, **gen_kwargs: Any) -> Samples:
+def sample(prompt: Prompt, n: int, *, seed: int | None = None, backend: Any = None,
+           **gen_kwargs: Any) -> Samples:
     """`n` continuations of `prompt`: the prompt is committed once, then `n` forks each
-    generate with `gen_kwargs` (gen's arguments: max_tokens, temperature, stop, ...)."""
+    generate with `gen_kwargs` (gen's arguments: max_tokens, temperature, stop, ...).
+
+    With `seed`, fork i samples with seed `seed + i`: the samples are reproducible, and
+    the first k of a call with n > k are the samples of the same call with n = k."""
     if n < 1:
         raise ValueError(f"n must be >= 1; got {n}")
-    state = _fork_and_generate.run(prompt=prompt, n=n, gen_kwargs=gen_kwargs, backend=backend)
+    state = _fork_and_generate.run(prompt=prompt, n=n, seed=seed, gen_kwargs=gen_kwargs, backend=backend)
     texts, metas = state.ret_value
     return Samples(tuple(texts), tuple(metas), state.cost())
 

@@ -44,11 +44,12 @@ class SearchResult:
 
 
 @function
-def _expand(s, prompt: Prompt, path: str, k: int, gen_kwargs: dict[str, Any]) -> list[str]:
+def _expand(s, prompt: Prompt, path: str, k: int, seed: int | None,
+            gen_kwargs: dict[str, Any]) -> list[str]:
     s += prompt
     s += path
     forks = s.fork(k)
-    forks += gen("step", **gen_kwargs)
+    forks += lambda i: gen("step", seed=None if seed is None else seed + i, **gen_kwargs)
     forks.join()
     return s["step"]
 
@@ -71,10 +72,12 @@ def tree_search(
     max_step_tokens: int = 128,
     temperature: float = 0.8,
     top_p: float = 1.0,
+    seed: int | None = None,
 ) -> SearchResult:
     """Beam search (see the module docstring). `value_fn(steps)` returns a float, or a
     `(float, Cost)` when it calls a model itself. Steps end at `separator`, which joins
-    them back into the text the next step continues."""
+    them back into the text the next step continues. With `seed`, every sampled step has
+    its own seed from `seed` on, so the whole search is reproducible."""
     if min(expand, beam, depth) < 1:
         raise ValueError("expand, beam and depth must be >= 1")
     gen_kwargs = {"stop": separator, "max_tokens": max_step_tokens, "temperature": temperature, "top_p": top_p}
@@ -83,10 +86,11 @@ def tree_search(
     scored: list[Path] = []
     costs: list[Cost] = []
     with stopwatch() as elapsed:
-        for _ in range(depth):
+        for round_ in range(depth):
             states = _expand.run_batch(
-                [{"prompt": prompt, "path": p.text(separator), "k": expand, "gen_kwargs": gen_kwargs}
-                 for p in open_paths],
+                [{"prompt": prompt, "path": p.text(separator), "k": expand, "gen_kwargs": gen_kwargs,
+                  "seed": None if seed is None else seed + (round_ * beam + j) * expand}
+                 for j, p in enumerate(open_paths)],
                 backend=backend, num_threads=len(open_paths),
             )
             costs += [s.cost() for s in states]

@@ -61,12 +61,14 @@ def self_consistency(
     temperature: float = 0.8,
     top_p: float = 1.0,
     stop: str | list[str] | None = None,
+    seed: int | None = None,
 ) -> Vote:
     """Sample `n` chains (one fork), extract an answer from each, return the most common
-    one; a tie goes to the answer that appeared first."""
+    one; a tie goes to the answer that appeared first. With `seed`, sample i samples with
+    seed `seed + i`."""
     with stopwatch() as elapsed:
         samples = sample(prompt, n, backend=backend, max_tokens=max_tokens, temperature=temperature,
-                         top_p=top_p, stop=stop)
+                         top_p=top_p, stop=stop, seed=seed)
     answers = tuple(extract(t) for t in samples.texts)
     votes = dict(Counter(a for a in answers if a is not None))
     return Vote(majority(answers), votes, samples.texts, answers, samples.cost.with_wall(elapsed[0]))

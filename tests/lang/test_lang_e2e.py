@@ -9,6 +9,7 @@ import json
 import pytest
 
 import sprig as sgl
+from sprig import meta
 
 LONG_CONTEXT = "Background: " + " ".join(["the quick brown fox jumps over the lazy dog"] * 12) + "\n"
 
@@ -172,3 +173,13 @@ def test_run_batch_sends_a_shared_prefix_once(backend, server) -> None:
     assert len(states) == 6
     cached = sum(s.get_meta_info("answer")["cached_tokens"] for s in states)
     assert cached > 0 and after["cached_tokens"] > before["cached_tokens"]
+
+
+def test_seeded_samples_are_reproducible_and_nested(backend, server) -> None:
+    four = meta.sample(LONG_CONTEXT + "Next:", 4, seed=9, max_tokens=6, temperature=1.0)
+    two = meta.sample(LONG_CONTEXT + "Next:", 2, seed=9, max_tokens=6, temperature=1.0)
+    other = meta.sample(LONG_CONTEXT + "Next:", 2, seed=90, max_tokens=6, temperature=1.0)
+    assert two.texts == four.texts[:2]  # the same seeds give the same samples
+    assert len(set(four.texts)) > 1  # each fork has its own seed
+    assert other.texts != two.texts
+    server.wait_idle()

@@ -150,3 +150,22 @@ def test_sampling_parameters_reach_every_generation(strategy: str) -> None:
         getattr(meta, strategy)(PROMPT, 3, backend=backend, temperature=0.6, top_p=0.85)
     gens = [c.params for c in backend.calls if c.kind == "generate"]
     assert gens and all((p.temperature, p.top_p) == (0.6, 0.85) for p in gens)
+
+
+@pytest.mark.parametrize("strategy", ["best_of_n", "self_consistency"])
+def test_a_seed_gives_sample_i_the_seed_plus_i(strategy: str) -> None:
+    backend = ScriptedBackend(lambda text, params: "Answer: 4")
+    getattr(meta, strategy)(PROMPT, 4, backend=backend, seed=100)
+    assert sorted(c.params.seed for c in backend.calls if c.kind == "generate") == [100, 101, 102, 103]
+    unseeded = ScriptedBackend(lambda text, params: "Answer: 4")
+    getattr(meta, strategy)(PROMPT, 2, backend=unseeded)
+    assert [c.params.seed for c in unseeded.calls if c.kind == "generate"] == [None, None]
+
+
+def test_a_seeded_tree_search_gives_every_step_its_own_seed() -> None:
+    backend = ScriptedBackend(per_text_counter())
+    meta.tree_search(PROMPT, lambda steps: float(sum(map(int, steps))), expand=3, beam=2, depth=3,
+                     backend=backend, seed=50)
+    seeds = [c.params.seed for c in backend.calls if c.kind == "generate"]
+    assert len(seeds) == 3 + 2 * 3 + 2 * 3 == len(set(seeds))
+    assert min(seeds) == 50

@@ -63,11 +63,11 @@ def backend(fake: FakeOpenAI) -> sgl.OpenAI:
 def test_a_program_without_roles_uses_completions(fake: FakeOpenAI) -> None:
     @sgl.function
     def program(s):
-        s += "Hi" + sgl.gen("x", max_tokens=8, temperature=0.2, stop=".", top_k=5, return_logprob=True)
+        s += "Hi" + sgl.gen("x", max_tokens=8, temperature=0.2, stop=".", top_k=5, seed=3, return_logprob=True)
 
     state = program.run(backend=backend(fake))
     assert fake.requests == [("/v1/completions", {
-        "model": "m", "prompt": "Hi", "max_tokens": 8, "temperature": 0.2, "top_k": 5, "stop": ["."],
+        "model": "m", "prompt": "Hi", "max_tokens": 8, "temperature": 0.2, "top_k": 5, "seed": 3, "stop": ["."],
         "logprobs": 0,
     })]
     assert state.text() == "Hi there"

@@ -172,6 +172,12 @@ def test_dtype_and_regex_together_is_an_error() -> None:
         sgl.gen("v", dtype=int, regex="[0-9]+")
 
 
+@pytest.mark.parametrize("seed", ["1", 1.5, True])
+def test_a_seed_that_is_not_an_int_is_an_error(seed) -> None:
+    with pytest.raises(ValueError, match="seed must be an int"):
+        sgl.gen("v", seed=seed)
+
+
 def test_n_samples_bind_a_list_and_append_the_first(echo_backend: ScriptedBackend) -> None:
     @sgl.function
     def program(s):

@@ -61,13 +61,14 @@ def test_gen_payload() -> None:
     @sgl.function
     def program(s):
         s += sgl.user("Capital?")
-        s += sgl.assistant(sgl.gen("a", max_tokens=16, stop="\n", temperature=0.5, top_k=4,
+        s += sgl.assistant(sgl.gen("a", max_tokens=16, stop="\n", temperature=0.5, top_k=4, seed=7,
                                    return_logprob=True, top_logprobs_num=2))
 
     state = program.run(backend=server.endpoint())
     assert server.generates() == [{
         "text": "<|user|>\nCapital?<|end|>\n<|assistant|>\n",
-        "sampling_params": {"max_new_tokens": 16, "stop": ["\n", "<|end|>"], "temperature": 0.5, "top_k": 4},
+        "sampling_params": {"max_new_tokens": 16, "stop": ["\n", "<|end|>"], "temperature": 0.5, "top_k": 4,
+                            "sampling_seed": 7},
         "return_logprob": True,
         "top_logprobs_num": 2,
     }]
