@@ -7,8 +7,10 @@ On held-out problems of the demo task (multi-step arithmetic, `sprig.runtime.dem
 - a step-wise beam search over solution lines whose value function checks the
   arithmetic of every `a op b = c` line (`sprig.meta.tree_search`);
 
-each on a server with the radix cache ON and on one with it OFF (`--disable-radix-cache`),
-the two side by side in the same run. Every strategy is a `sprig.meta` call that returns a
+each on a server with the radix cache ON and on one with it OFF (`--disable-radix-cache`).
+Both servers run for the whole experiment and each strategy runs on one, then at once on
+the other, so a machine whose speed drifts during the run (a shared VM) skews the wall
+time ratio of a strategy little; an idle server uses no CPU. Every strategy is a `sprig.meta` call that returns a
 `Cost` (prompt, cached and generated tokens from the server's meta_info); many problems
 run at once (`--threads`) so the server batches them. The prefix cache is flushed before
 each strategy, so a strategy's cached tokens are its own reuse. Sampling is seeded per
@@ -35,6 +37,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -270,14 +273,17 @@ def main() -> None:
     rows: list[Row] = []
     start = time.perf_counter()
     bar = tqdm(total=len(plan) * len(problems) * len(caches), unit="problem", dynamic_ncols=True)
-    for cache in caches:
-        bar.set_postfix_str(f"starting server, cache {cache}")
-        with sprig.Runtime(args.model, disable_radix_cache=cache == "off") as runtime:
-            endpoint = sprig.RuntimeEndpoint(runtime.url, timeout=args.request_timeout)
-            for strategy in plan:
-                rows.append(run_strategy(strategy, cache, problems, prompts, args.sample_seed, endpoint,
-                                         args.threads, bar))
-            endpoint.close()
+    with ExitStack() as stack:
+        endpoints = {}
+        for cache in caches:
+            bar.set_postfix_str(f"starting server, cache {cache}")
+            runtime = stack.enter_context(sprig.Runtime(args.model, disable_radix_cache=cache == "off"))
+            endpoints[cache] = sprig.RuntimeEndpoint(runtime.url, timeout=args.request_timeout)
+            stack.callback(endpoints[cache].close)
+        for strategy in plan:
+            for cache in caches:
+                rows.append(run_strategy(strategy, cache, problems, prompts, args.sample_seed,
+                                         endpoints[cache], args.threads, bar))
     bar.close()
     elapsed = time.perf_counter() - start
 
