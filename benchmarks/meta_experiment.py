@@ -23,7 +23,7 @@ Writes `results.md`, `results.json` and `accuracy_vs_tokens.png` to `--out-dir`.
     python benchmarks/meta_experiment.py [--problems 200] [--max-n 16] [--threads 64]
 
 The checked-in results are the default run (200 problems, N up to 16: ~75 samples per
-problem per cache setting), 1467 s on an otherwise idle 2-core CPU VM; on a loaded machine
+problem per cache setting), 1075 s on an otherwise idle 2-core CPU VM; on a loaded machine
 it takes much longer. Scale with `--problems` and `--max-n`.
 """
 
