@@ -10,7 +10,7 @@ from _backend import backend, parser
 import sprig
 from sprig.meta import best_of_n
 
-QUESTION = "Fay has 12 marbles. Fay buys 7 more. Then Fay gives away 5. How many marbles does Fay have?"
+QUESTION = "Fay has 12 marbles. Then Fay buys 7 more. Then Fay gives away 5. How many marbles does Fay have now?"
 
 
 def main() -> None:

@@ -11,13 +11,13 @@ from _backend import backend, parser
 import sprig
 
 SHOTS = [
-    ("Ava has 3 apples. Ava buys 4 more. How many apples does Ava have?", "3 + 4 = 7\nAnswer: 7"),
-    ("Ben has 10 coins. Ben gives away 6. How many coins does Ben have?", "10 - 6 = 4\nAnswer: 4"),
+    ("Ava has 3 apples. Then Ava buys 4 more. How many apples does Ava have now?", "3 + 4 = 7\nAnswer: 7"),
+    ("Ben has 10 coins. Then Ben gives away 6. How many coins does Ben have now?", "10 - 6 = 4\nAnswer: 4"),
 ]
 QUESTIONS = [
-    "Cara has 5 pens. Cara buys 2 more. How many pens does Cara have?",
-    "Dan has 9 books. Dan gives away 3. How many books does Dan have?",
-    "Eli has 4 shells. Eli doubles his shells. How many shells does Eli have?",
+    "Cara has 5 pens. Then Cara buys 2 more. How many pens does Cara have now?",
+    "Dan has 9 books. Then Dan gives away 3. How many books does Dan have now?",
+    "Eli has 4 shells. Then Eli doubles them. How many shells does Eli have now?",
 ]
 
 

@@ -10,7 +10,7 @@ from _backend import backend, parser
 import sprig
 from sprig.meta import answer_extractor, self_consistency
 
-QUESTION = "Gus has 20 stamps. Gus gives away 8. Then Gus doubles his stamps. How many stamps does Gus have?"
+QUESTION = "Gus has 20 stamps. Then Gus gives away 8. Then Gus doubles them. How many stamps does Gus have now?"
 
 
 def main() -> None:

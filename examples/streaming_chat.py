@@ -10,8 +10,8 @@ from _backend import backend, parser
 import sprig
 
 TURNS = [
-    "Mia has 8 pens. Mia buys 5 more. How many pens does Mia have?",
-    "Ned has 30 coins. Ned gives away 11. How many coins does Ned have?",
+    "Mia has 8 pens. Then Mia buys 5 more. How many pens does Mia have now?",
+    "Ned has 30 coins. Then Ned gives away 11. How many coins does Ned have now?",
 ]
 
 

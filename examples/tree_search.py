@@ -16,7 +16,7 @@ from _backend import backend, parser
 import sprig
 from sprig.meta import tree_search
 
-QUESTION = "Hana has 6 cards. Hana triples her cards. Then Hana gives away 5. How many cards does Hana have?"
+QUESTION = "Hana has 6 cards. Then Hana triples them. Then Hana gives away 5. How many cards does Hana have now?"
 EQUATION = re.compile(r"(-?\d+)\s*([-+*/x×])\s*(-?\d+)\s*=\s*(-?\d+)")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "x": lambda a, b: a * b,
        "×": lambda a, b: a * b, "/": lambda a, b: a // b if b else None}
