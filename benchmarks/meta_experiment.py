@@ -7,17 +7,17 @@ On held-out problems of the demo task (multi-step arithmetic, `sprig.runtime.dem
 - a step-wise beam search over solution lines whose value function checks the
   arithmetic of every `a op b = c` line (`sprig.meta.tree_search`);
 
-each on a server with the radix cache ON and on one with it OFF (`--disable-radix-
-cache`). Both servers run for the whole experiment and each strategy runs on one, then
-at once on the other, so a machine whose speed drifts during the run (a shared VM) skews
-the wall time ratio of a strategy little; an idle server uses no CPU. Every strategy is
-a `sprig.meta` call that returns a `Cost` (prompt, cached and generated tokens from the
-server's meta_info); many problems run at once (`--threads`) so the server batches them.
-The prefix cache is flushed before each strategy, so a strategy's cached tokens are its
-own reuse. Sampling is seeded per problem (`--sample-seed`): best-of-N and self-
-consistency choose among the same samples, a larger N adds samples to a smaller N's, and
-the two cache settings sample alike, so differences in the table come from the strategy,
-not from sampling noise.
+each on a server with the radix cache ON and on one with it OFF
+(`--disable-radix-cache`). Both servers run for the whole experiment and each strategy
+runs on one, then at once on the other, so a machine whose speed drifts during the run
+(a shared VM) skews the wall time ratio of a strategy little; an idle server uses no
+CPU. Every strategy is a `sprig.meta` call that returns a `Cost` (prompt, cached and
+generated tokens from the server's meta_info); many problems run at once (`--threads`)
+so the server batches them. The prefix cache is flushed before each strategy, so a
+strategy's cached tokens are its own reuse. Sampling is seeded per problem
+(`--sample-seed`): best-of-N and self-consistency choose among the same samples, a
+larger N adds samples to a smaller N's, and the two cache settings sample alike, so
+differences in the table come from the strategy, not from sampling noise.
 
 Writes `results.md`, `results.json` and `accuracy_vs_tokens.png` to `--out-dir`.
 
