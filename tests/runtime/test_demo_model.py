@@ -89,3 +89,48 @@ def test_greedy_output_ends_with_an_answer_line():
     problems = tasks.take("heldout", 4)
     for text in generate(model, tok, problems):
         assert isinstance(tasks.extract_answer(text[0]), int), text
+
+
+def test_packed_training_loss_equals_one_example_per_row(monkeypatch):
+    """The training script packs several problems into a row; loss and gradients must be
+    those of padding each problem to its own row (nothing attends across problems)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_model.py"
+    spec = importlib.util.spec_from_file_location("train_demo_model", path)
+    train = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, train)  # its dataclasses look themselves up
+    spec.loader.exec_module(train)
+    tok = AutoTokenizer.from_pretrained(DEMO_MODEL_PATH)
+    examples = train.encode(tok, tasks.take("train", 24))
+    inputs, _, positions = train.pack(examples, tok.pad_token_id)
+    assert inputs.shape[0] < len(examples) and int((positions == 0).sum()) >= len(examples)
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+
+    def loss_and_grads(loss: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    width = max(len(ids) for ids, _ in examples)
+    padded = torch.full((len(examples), width), tok.pad_token_id)
+    labels = torch.full((len(examples), width), -100)
+    for row, (ids, n_prompt) in enumerate(examples):
+        padded[row, : len(ids)] = torch.tensor(ids)
+        labels[row, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
+    want, want_grads = loss_and_grads(model(input_ids=padded, labels=labels).loss)
+    got, got_grads = loss_and_grads(train.packed_loss(model, examples, tok.pad_token_id))
+    assert got == pytest.approx(want, abs=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
