@@ -277,6 +277,20 @@ def attend_padded(
     return out, lse
 
 
+def exp_scores(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Overwrite `scores` [..., L] with exp(scores - row max); return it, the row sums
+    [..., 1] and the rows' log-sum-exp [..., 1].
+
+    Attention is then `(exp @ v) / sums`: dividing the [..., D] output instead of the
+    [..., L] weights, and taking the log-sum-exp from the same exponentials, makes one
+    pass over the scores where softmax and logsumexp would make three. A row must have a
+    finite score."""
+    peak = scores.amax(dim=-1, keepdim=True)
+    weights = scores.sub_(peak).exp_()
+    sums = weights.sum(dim=-1, keepdim=True)
+    return weights, sums, sums.log().add_(peak)
+
+
 # Up to this many KV heads, `_grouped_attention` multiplies every query head with every
 # KV head in one dense batched matmul and keeps the matching blocks (the diagonal): the
 # waste is Hkv-fold in flops, but the gathered K/V feed the matmul without the per-head
@@ -309,14 +323,13 @@ def _grouped_attention(
         scores = torch.matmul(q.float().view(B, Hkv, G, D), kt).mul_(sm_scale)  # [B, Hkv, G, L]
     if valid is not None:
         scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, G, 1]
-    probs = scores.sub_(lse).exp_()  # [B, Hkv, G, L]
+    weights, sums, lse = exp_scores(scores)  # [B, Hkv, G, L], [B, Hkv, G, 1] x2
     if dense:
-        every = torch.bmm(probs.reshape(B, Hq, L), v.view(B, L, Hkv * D))  # [B, Hq, Hkv*D]
+        every = torch.bmm(weights.reshape(B, Hq, L), v.view(B, L, Hkv * D))  # [B, Hq, Hkv*D]
         o = every.view(B, Hkv, G, Hkv, D).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [B, Hkv, G, D]
     else:
-        o = torch.matmul(probs, v.view(B, L, Hkv, D).transpose(1, 2))  # [B, Hkv, G, D]
-    return o.reshape(B, Hq, D), lse.reshape(B, Hq)
+        o = torch.matmul(weights, v.view(B, L, Hkv, D).transpose(1, 2))  # [B, Hkv, G, D]
+    return (o / sums).reshape(B, Hq, D), lse.reshape(B, Hq)
 
 
 def decode_attention(

@@ -82,7 +82,9 @@ class Engine:
             )
             for seq in expand(rids, prompts, params)
         ]
-        builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=return_text_in_logprobs)
+        builder = ResponseBuilder(
+            self.tokenizer, reqs, return_text_in_logprobs=return_text_in_logprobs, stream=stream
+        )
         self._submit(reqs)
         updated = self._run(reqs, builder)
         if stream:

@@ -57,20 +57,29 @@ class OutputDecoder:
 
     Invariant: the concatenated `text_delta`s are the stop-trimmed decode of the output
     ids (see `RequestDetokenizer`); `prompt_ids` only needs the prompt's last few ids.
+    With `incremental=False` every delta is empty until the last, which carries the whole
+    text: one decode per request instead of one per step, the same text.
     """
 
     def __init__(
-        self, tokenizer, prompt_ids: Sequence[int], config: DetokenizeConfig, *, logprob_text: bool
+        self,
+        tokenizer,
+        prompt_ids: Sequence[int],
+        config: DetokenizeConfig,
+        *,
+        logprob_text: bool,
+        incremental: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.detok = RequestDetokenizer(tokenizer, prompt_ids, config)
         self.logprob_text = logprob_text
+        self.incremental = incremental
+        self._held: list[int] = []
 
     def decode(self, out: TokenOutput) -> DetokenizedOutput:
-        finished = out.finish_reason is not None
         return DetokenizedOutput(
             rid=out.rid,
-            text_delta=self.detok.step(out.new_ids, finished=finished).text_delta,
+            text_delta=self._text(out),
             new_ids=list(out.new_ids),
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
@@ -84,6 +93,15 @@ class OutputDecoder:
             if out.input_top_logprobs is None
             else [None if row is None else self._entries(row) for row in out.input_top_logprobs],
         )
+
+    def _text(self, out: TokenOutput) -> str:
+        finished = out.finish_reason is not None
+        if self.incremental:
+            return self.detok.step(out.new_ids, finished=finished).text_delta
+        self._held.extend(out.new_ids)
+        if not finished:
+            return ""
+        return self.detok.step(self._held, finished=True).text_delta
 
     def _entries(self, pairs: Sequence[Sequence[Any]]) -> list[list[Any]]:
         """`[logprob, id]` pairs as SGLang's `[logprob, id, text | None]` triples."""
@@ -143,12 +161,21 @@ class ResponseState:
 
 
 class ResponseBuilder:
-    """Both stages in one process, over a fixed set of requests (the offline engine)."""
+    """Both stages in one process, over a fixed set of requests (the offline engine).
+    Unless `stream`, text is decoded once per request, when it finishes."""
 
-    def __init__(self, tokenizer, reqs: list[Req], *, return_text_in_logprobs: bool = False) -> None:
+    def __init__(
+        self, tokenizer, reqs: list[Req], *, return_text_in_logprobs: bool = False, stream: bool = True
+    ) -> None:
         self.order = [r.rid for r in reqs]
         self.decoders = {
-            r.rid: OutputDecoder(tokenizer, r.prompt_ids, detokenize_config(r), logprob_text=return_text_in_logprobs)
+            r.rid: OutputDecoder(
+                tokenizer,
+                r.prompt_ids,
+                detokenize_config(r),
+                logprob_text=return_text_in_logprobs,
+                incremental=stream,
+            )
             for r in reqs
         }
         self.state = {

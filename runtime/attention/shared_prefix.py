@@ -18,7 +18,7 @@ from functools import cached_property
 
 import torch
 
-from sprig.kernels.decode_attention import PaddedRows, attend_padded, pad_by_length
+from sprig.kernels.decode_attention import PaddedRows, attend_padded, exp_scores, pad_by_length
 from sprig.kernels.extend_attention import request_attention_ref
 
 
@@ -230,8 +230,8 @@ def _tail_attention(
     scores = torch.matmul(qh, k.unsqueeze(1)).mul_(sm_scale)  # [Hkv, G, Lq, R]
     future = torch.arange(R, device=q.device)[None, :] > torch.arange(Lq, device=q.device)[:, None] + (R - Lq)
     scores.masked_fill_(future, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [Hkv, G, Lq, 1]
-    o = torch.matmul(scores.sub_(lse).exp_(), v.unsqueeze(1))  # [Hkv, G, Lq, D]
+    weights, sums, lse = exp_scores(scores)  # [Hkv, G, Lq, R], [Hkv, G, Lq, 1] x2
+    o = torch.matmul(weights, v.unsqueeze(1)).div_(sums)  # [Hkv, G, Lq, D]
     return o.permute(2, 0, 1, 3).reshape(Lq, Hq, D), lse.squeeze(-1).permute(2, 0, 1).reshape(Lq, Hq)
 
 
@@ -257,7 +257,7 @@ def _prefix_attention(
     scores = torch.matmul(qh, k).mul_(sm_scale)  # [g, Hkv, nG, L]
     if bucket.slot_valid is not None:
         scores.masked_fill_(~bucket.slot_valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [g, Hkv, nG, 1]
-    o = torch.matmul(scores.sub_(lse).exp_(), v)  # [g, Hkv, nG, D]
+    weights, sums, lse = exp_scores(scores)  # [g, Hkv, nG, L], [g, Hkv, nG, 1] x2
+    o = torch.matmul(weights, v).div_(sums)  # [g, Hkv, nG, D]
     o = o.view(g, Hkv, n, G, D).permute(0, 2, 1, 3, 4).reshape(g * n, Hq, D)
     return o, lse.view(g, Hkv, n, G).permute(0, 2, 1, 3).reshape(g * n, Hq)

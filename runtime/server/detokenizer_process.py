@@ -47,7 +47,11 @@ class DetokenizerLoop:
                 no_stop_trim=msg.no_stop_trim,
             )
             self.decoders[msg.rid] = OutputDecoder(
-                self.tokenizer, msg.prompt_tail, config, logprob_text=msg.logprob_text
+                self.tokenizer,
+                msg.prompt_tail,
+                config,
+                logprob_text=msg.logprob_text,
+                incremental=msg.incremental,
             )
         elif isinstance(msg, TokenBatch):
             outputs = [d for d in map(self._decode, msg.outputs) if d is not None]

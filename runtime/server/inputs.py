@@ -100,9 +100,9 @@ class InputBuilder:
         return params
 
     def requests(self, prompts: list[list[int]], params: list[SamplingParams], rid: Any,
-                 logprobs: LogprobArgs) -> list[GenerateReq]:
+                 logprobs: LogprobArgs, *, stream: bool) -> list[GenerateReq]:
         """One `GenerateReq` per sequence (n per prompt, in output order), with every
-        length limit checked."""
+        length limit checked. Only a `stream`ed request's text is decoded step by step."""
         for ids, p in zip(prompts, params, strict=True):
             self.check_length(len(ids), p.max_new_tokens)
         if logprobs.top_logprobs_num > self.vocab_size:
@@ -124,6 +124,7 @@ class InputBuilder:
                 logprob_start_len=logprobs.logprob_start_len,
                 top_logprobs_num=logprobs.top_logprobs_num,
                 return_text_in_logprobs=logprobs.return_text_in_logprobs,
+                stream=stream,
             )
             for s in seqs
         ]

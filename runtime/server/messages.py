@@ -34,6 +34,7 @@ class GenerateReq:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    stream: bool = False
 
 
 @dataclass
@@ -59,7 +60,8 @@ class ControlReply:
 
 @dataclass
 class DetokRegister:
-    """How to detokenize `rid`; sent on the same socket before its first `TokenBatch`."""
+    """How to detokenize `rid`; sent on the same socket before its first `TokenBatch`.
+    Text is decoded at each step only if `incremental` (a streamed request)."""
 
     rid: str
     prompt_tail: list[int]
@@ -68,6 +70,7 @@ class DetokRegister:
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     logprob_text: bool = False
+    incremental: bool = True
 
 
 @dataclass

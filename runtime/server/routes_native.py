@@ -38,7 +38,7 @@ async def generate(request: Request) -> Response:
     batch, prompts = st.inputs.prompts(req.text, req.input_ids)
     params = st.inputs.params(req.sampling_params, len(prompts))
     logprobs = LogprobArgs(req.return_logprob, req.logprob_start_len, req.top_logprobs_num, req.return_text_in_logprobs)
-    call = st.manager.submit(st.inputs.requests(prompts, params, req.rid, logprobs))
+    call = st.manager.submit(st.inputs.requests(prompts, params, req.rid, logprobs, stream=req.stream))
     many = batch or len(call.rids) > 1
     if req.stream:
         return SSEResponse(_events(call, many), call.close)
@@ -124,7 +124,9 @@ async def health_generate(request: Request) -> Response:
     st = state_of(request)
     bos = getattr(st.inputs.tokenizer, "bos_token_id", None)
     params = SamplingParams(max_new_tokens=1, temperature=0.0)
-    reqs = st.inputs.requests([[bos if bos is not None else 0]], [params], None, LogprobArgs())
+    reqs = st.inputs.requests(
+        [[bos if bos is not None else 0]], [params], None, LogprobArgs(), stream=False
+    )
     try:
         call = st.manager.submit(reqs)
         await asyncio.wait_for(call.collect(), HEALTH_GENERATE_TIMEOUT_S)

@@ -81,7 +81,7 @@ async def completions(request: Request) -> Response:
     params = [_params(st, req, len(ids), req.max_tokens) for ids in prompts]
     want = req.logprobs is not None
     logprobs = LogprobArgs(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
-    call = st.manager.submit(st.inputs.requests(prompts, params, None, logprobs))
+    call = st.manager.submit(st.inputs.requests(prompts, params, None, logprobs, stream=req.stream))
     env = _Envelope(f"cmpl-{uuid.uuid4().hex}", "text_completion", now_s(), st.model_name)
     sent: dict[int, tuple[int, int, int, bool]] = {}  # index -> chars, logprobs, offset, echoed input
 
@@ -124,7 +124,7 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = [_params(st, req, len(ids), max_tokens)]
     logprobs = LogprobArgs(req.logprobs, -1, req.top_logprobs or 0, True)
-    call = st.manager.submit(st.inputs.requests([ids], params, None, logprobs))
+    call = st.manager.submit(st.inputs.requests([ids], params, None, logprobs, stream=req.stream))
     env = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", now_s(), st.model_name)
     sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output logprobs)
 

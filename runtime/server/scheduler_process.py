@@ -99,6 +99,7 @@ class SchedulerLoop:
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
                 no_stop_trim=params.no_stop_trim,
                 logprob_text=msg.return_text_in_logprobs,
+                incremental=msg.stream,
             )
         )
 

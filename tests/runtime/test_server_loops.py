@@ -137,22 +137,26 @@ def test_control_requests(engine: Engine, sinks) -> None:
     assert flush.ok and not unknown.ok and "reboot" in unknown.data["error"]
 
 
-def test_the_pipeline_reproduces_the_offline_engine(engine: Engine, sinks) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_pipeline_reproduces_the_offline_engine(engine: Engine, sinks, stream: bool) -> None:
     """scheduler loop -> detokenizer loop -> ResponseState == Engine.generate, stop strings
-    and logprob texts included."""
+    and logprob texts included; a streamed request's text arrives step by step, any other's
+    all at once with its last output."""
     loop, detok, http = sinks
     ref = engine.generate("what is the capital", {**GREEDY, "max_new_tokens": 12})
-    stop = ref["text"][4:6]
+    stop = ref["text"][7:9]
+    assert ref["text"].find(stop) == 7, "the test needs text before the stop string"
     expected = engine.generate("what is the capital", {**GREEDY, "max_new_tokens": 12, "stop": stop},
                                return_logprob=True, return_text_in_logprobs=True)
     loop.handle(GenerateReq("p", engine.tokenizer.encode("what is the capital"),
-                            {**GREEDY, "max_new_tokens": 12, "stop": stop}, True, -1, 0, True))
+                            {**GREEDY, "max_new_tokens": 12, "stop": stop}, True, -1, 0, True, stream))
     drain(loop)
     texts: list[object] = []
     detokenizer = DetokenizerLoop(engine.tokenizer, texts.append)
     state = ResponseState("p", len(engine.tokenizer.encode("what is the capital")), return_logprob=True)
     for msg in [TokenBatch([TokenOutput("ghost", [1], 1, 1, 0)]), *detok]:
         detokenizer.handle(msg)
+    deltas = [out.text_delta for batch in texts for out in batch.outputs]
     for batch in texts:
         for out in batch.outputs:
             state.add(out, 0.0)
@@ -161,6 +165,8 @@ def test_the_pipeline_reproduces_the_offline_engine(engine: Engine, sinks) -> No
     assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert got["meta_info"]["output_token_logprobs"] == expected["meta_info"]["output_token_logprobs"]
     assert not detokenizer.decoders and not http
+    assert len(deltas) > 2
+    assert sum(bool(d) for d in deltas) > 1 if stream else all(not d for d in deltas[:-1])
 
 
 def test_stats_tracker_reports_while_busy_and_once_idle(engine: Engine) -> None:
