@@ -4,8 +4,9 @@ On held-out problems of the demo task (multi-step arithmetic, `sprig.runtime.dem
 
 - greedy decoding;
 - best-of-N (highest mean logprob) and self-consistency (majority vote) for N = 1, 2, 4, ...;
-- a step-wise beam search over solution lines whose value function checks the
-  arithmetic of every `a op b = c` line (`sprig.meta.tree_search`);
+- a step-wise beam search over solution lines (`sprig.meta.tree_search`) whose value
+  function, the demo task's process verifier (`sprig.runtime.demo.verify`), checks that
+  every `a op b = c` line holds and follows from the question and the lines before it;
 
 each on a server with the radix cache ON and on one with it OFF
 (`--disable-radix-cache`). Both servers run for the whole experiment and each strategy
@@ -24,7 +25,7 @@ Writes `results.md`, `results.json` and `accuracy_vs_tokens.png` to `--out-dir`.
     python benchmarks/meta_experiment.py [--problems 200] [--max-n 16] [--threads 64]
 
 The checked-in results are the default run (200 problems, N up to 16: ~75 samples per
-problem per cache setting), 1075 s on an otherwise idle 2-core CPU VM; on a loaded machine
+problem per cache setting), about 20 minutes on an otherwise idle 2-core CPU VM; on a loaded machine
 it takes much longer. Scale with `--problems` and `--max-n`.
 """
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -44,18 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+from transformers import AutoTokenizer
 
 import sprig
 from sprig.cost import Cost, total
 from sprig.meta import best_of_n, self_consistency, tree_search
 from sprig.runtime.demo import DEMO_MODEL_PATH
+from sprig.runtime.demo.evaluate import prompts as chat_prompts
 from sprig.runtime.demo.tasks import Problem, extract_answer, take
-
-EQUATION = re.compile(r"(-?\d+)\s*([-+*/])\s*(-?\d+)\s*=\s*(-?\d+)")
-OPS: dict[str, Callable[[int, int], int | None]] = {
-    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-    "/": lambda a, b: a // b if b else None,
-}
+from sprig.runtime.demo.verify import is_answer, step_value
 
 Solver = Callable[[str, int, Any], tuple[int | None, Cost]]  # (prompt, seed, backend) -> (answer, cost)
 SEED_STRIDE = 1 << 20  # problem i samples with seeds from sample_seed + i * SEED_STRIDE on
@@ -93,21 +90,6 @@ class Row:
         return self.computed_prompt_tokens + self.completion_tokens
 
 
-def step_value(steps: tuple[str, ...]) -> float:
-    """Fraction of the steps whose equations hold (a step without one counts 0), plus 0.5
-    when the last step is an `Answer:` line."""
-    score = 0.0
-    for step in steps:
-        eqs = EQUATION.findall(step)
-        if eqs:
-            score += sum(OPS[op](int(a), int(b)) == int(c) for a, op, b, c in eqs) / len(eqs)
-    return score / len(steps) + (0.5 if is_answer(steps[-1]) else 0.0)
-
-
-def is_answer(step: str) -> bool:
-    return step.strip().startswith("Answer:")
-
-
 def strategies(max_n: int, max_tokens: int, temperature: float, top_p: float, expand: int,
                beam: int) -> list[Strategy]:
     def as_str(text: str) -> str | None:
@@ -133,7 +115,10 @@ def strategies(max_n: int, max_tokens: int, temperature: float, top_p: float, ex
         return solve
 
     def search(prompt: str, seed: int, backend: Any) -> tuple[int | None, Cost]:
-        r = tree_search(prompt, step_value, expand=expand, beam=beam, depth=10, is_final=lambda s: is_answer(s[-1]),
+        def value(steps: tuple[str, ...]) -> float:
+            return step_value(prompt, steps)  # the prompt's only numbers are the question's
+
+        r = tree_search(prompt, value, expand=expand, beam=beam, depth=10, is_final=lambda s: is_answer(s[-1]),
                         backend=backend, max_step_tokens=24, temperature=temperature, top_p=top_p, seed=seed)
         return extract_answer(r.answer), r.cost
 
@@ -150,16 +135,6 @@ def strategies(max_n: int, max_tokens: int, temperature: float, top_p: float, ex
 def _greedy(s, prompt: str, max_tokens: int) -> None:
     s += prompt
     s += sprig.gen("answer", max_tokens=max_tokens, temperature=0.0)
-
-
-def render_prompts(problems: list[Problem]) -> list[str]:
-    """The exact text the demo model was trained on, up to the assistant's turn. Passed as
-    raw text: the frontend's `user(q) + assistant_begin()` lacks the template's `<s>`."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL_PATH)
-    return [tokenizer.apply_chat_template(p.messages()[:1], add_generation_prompt=True, tokenize=False)
-            for p in problems]
 
 
 def run_strategy(strategy: Strategy, cache: str, problems: list[Problem], prompts: list[str],
@@ -268,7 +243,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     problems = take("heldout", args.problems, args.seed)
-    prompts = render_prompts(problems)
+    prompts = chat_prompts(AutoTokenizer.from_pretrained(args.model), problems)
     plan = strategies(args.max_n, args.max_tokens, args.temperature, args.top_p, args.expand, args.beam)
     caches = ["on", "off"] if args.cache == "both" else [args.cache]
     rows: list[Row] = []

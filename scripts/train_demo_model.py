@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from sprig.runtime.demo import tasks
@@ -60,7 +60,9 @@ class TrainConfig:
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE over `corpus` in which every digit (with its leading space) is one token."""
+    """A byte-level BPE over `corpus` in which every digit (with its leading space) is one
+    token; encoding with special tokens prepends `<s>`, so a raw-text prompt (a frontend's
+    rendered roles) gets the same ids as the chat template."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -76,6 +78,10 @@ def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFa
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(  # encode() adds <s>, as Llama's does
+        single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", bos)]
+    )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",

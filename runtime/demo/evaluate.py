@@ -9,11 +9,14 @@ from sprig.runtime.demo.tasks import Problem, extract_answer
 
 
 def prompts(tokenizer: Any, problems: list[Problem]) -> list[str]:
-    """Each problem's question, chat-formatted up to the assistant's turn."""
-    return [
+    """Each problem's question, chat-formatted up to the assistant's turn, without the
+    leading `<s>`: the tokenizer adds it when the text is encoded (as a server does)."""
+    bos = tokenizer.bos_token or ""
+    texts = [
         tokenizer.apply_chat_template(p.messages()[:1], add_generation_prompt=True, tokenize=False)
         for p in problems
     ]
+    return [t[len(bos) :] if bos and t.startswith(bos) else t for t in texts]
 
 
 def generate(
@@ -36,7 +39,7 @@ def generate(
     out: list[list[str]] = []
     for i in range(0, len(texts), batch_size):
         enc = tokenizer(
-            texts[i : i + batch_size], add_special_tokens=False, padding=True, return_tensors="pt"
+            texts[i : i + batch_size], padding=True, return_tensors="pt"
         )
         sampling = (
             {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}

@@ -134,3 +134,56 @@ def test_packed_training_loss_equals_one_example_per_row(monkeypatch):
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_verifier_scores_every_worked_solution_sound():
+    from sprig.runtime.demo.verify import step_value
+
+    for p in tasks.take("train", 400):
+        steps = p.solution.split("\n")
+        assert step_value(p.question, steps) == 1.5, p
+        for k in range(1, len(steps)):
+            assert step_value(p.question, steps[:k]) == 1.0, (p, k)
+
+
+def test_verifier_marks_down_each_kind_of_slip():
+    from sprig.runtime.demo.verify import step_value
+
+    q = "Hana has 6 cards. Then Hana buys 27 more. Then Hana shares them equally with 2 friends and keeps one share. How many cards does Hana have now?"
+    good = ["6 + 20 = 26", "26 + 7 = 33", "33 / 3 = 11", "Answer: 11"]
+    assert step_value(q, good) == 1.5
+    slips = {
+        "wrong arithmetic": ["6 + 20 = 25", "25 + 7 = 32"],
+        "not from the question's start": ["62 * 2 = 124"],
+        "breaks the chain": ["6 + 27 = 33", "30 / 3 = 10"],
+        "a number the question never names": ["6 + 41 = 47"],
+        "takes away a value the chain held": ["6 + 27 = 33", "33 - 6 = 27"],
+        "multiplies by a named number": ["6 * 27 = 162"],
+        "no equation": ["Hana has cards"],
+    }
+    for name, steps in slips.items():
+        assert step_value(q, steps) < 1.0, name
+    assert step_value(q, [*good[:3], "Answer: 12"]) < 1.0  # answers what the chain did not reach
+    assert step_value(q, ["6 * 3 = 18"]) == 1.0  # tripling needs no number from the question
+
+
+def test_frontend_roles_encode_to_the_training_prompt():
+    """`user(q) + assistant_begin()` from a frontend (roles derived from the chat template,
+    without `<s>`) and `evaluate.prompts` encode, as a server encodes text, to exactly the
+    ids the model was trained on: the tokenizer adds `<s>`."""
+    from transformers import AutoTokenizer
+
+    from sprig.runtime.demo.evaluate import prompts
+    from sprig.template_source import from_jinja
+
+    tok = AutoTokenizer.from_pretrained(DEMO_MODEL_PATH)
+    roles = from_jinja(tok.chat_template, bos_token=tok.bos_token).roles
+    problem = tasks.take("heldout", 1)[0]
+    trained = tok.encode(
+        tok.apply_chat_template(problem.messages()[:1], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+    )
+    frontend = roles["user"][0] + problem.question + roles["user"][1] + roles["assistant"][0]
+    assert trained[0] == tok.bos_token_id and trained.count(tok.bos_token_id) == 1
+    assert tok.encode(frontend) == trained
+    assert tok.encode(prompts(tok, [problem])[0]) == trained
