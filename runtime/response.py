@@ -68,7 +68,7 @@ class OutputDecoder:
         config: DetokenizeConfig,
         *,
         logprob_text: bool,
-        incremental: bool = True,
+        incremental: bool,
     ) -> None:
         self.tokenizer = tokenizer
         self.detok = RequestDetokenizer(tokenizer, prompt_ids, config)
@@ -165,7 +165,7 @@ class ResponseBuilder:
     Unless `stream`, text is decoded once per request, when it finishes."""
 
     def __init__(
-        self, tokenizer, reqs: list[Req], *, return_text_in_logprobs: bool = False, stream: bool = True
+        self, tokenizer, reqs: list[Req], *, return_text_in_logprobs: bool = False, stream: bool
     ) -> None:
         self.order = [r.rid for r in reqs]
         self.decoders = {
