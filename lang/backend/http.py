@@ -13,12 +13,8 @@ import httpx
 
 # No cap on open connections: `run_batch` threads times `fork` branches can exceed
 # httpx's default of 100, and a capped pool makes the excess wait silently for a
-# connection. The server bounds its own queue and answers 503 past it. No cap on idle
-# ones either: httpcore 1.0.9's sync pool, once more connections are open than the
-# keep-alive cap, closes idle connections on every pass, one just handed to a waiting
-# thread included, whose request can then lose its socket mid-flight (encode/httpcore
-# issue 1110). Idle connections still close after the keep-alive expiry.
-CONNECTION_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+# connection. The server bounds its own queue and answers 503 past it.
+CONNECTION_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 
 class ServerError(RuntimeError):
     """A model server answered with an error status (or an error event in a stream)."""
