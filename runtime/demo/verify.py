@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from sprig.runtime.demo.tasks import extract_answer
+
 EQUATION = re.compile(r"(-?\d+)\s*([-+*/x×])\s*(-?\d+)\s*=\s*(-?\d+)")
-ANSWER = re.compile(r"^\s*Answer:\s*(-?\d+)\s*$")
 _OPS = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
@@ -48,8 +49,8 @@ def step_value(question: str, steps: Sequence[str]) -> float:
     value, seen = named[0], {named[0]}
     sound = 0
     for step in steps:
-        if (answer := ANSWER.match(step)) is not None:
-            sound += int(int(answer.group(1)) == value)
+        if is_answer(step):
+            sound += int(extract_answer(step) == value)
             continue
         equations = EQUATION.findall(step)
         ok = bool(equations)
@@ -60,6 +61,5 @@ def step_value(question: str, steps: Sequence[str]) -> float:
             value = c
             seen.add(c)
         sound += int(ok)
-    last = ANSWER.match(steps[-1])
-    finished = last is not None and int(last.group(1)) == value
+    finished = is_answer(steps[-1]) and extract_answer(steps[-1]) == value
     return sound / len(steps) + (0.5 if finished else 0.0)
