@@ -14,6 +14,7 @@ slower.
 
     python benchmarks/bench_offline.py                 # a small random checkpoint, built here
     python benchmarks/bench_offline.py --model PATH    # any local Llama-family checkpoint
+    python benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b  # on a GPU
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ from transformers import AutoModelForCausalLM
 
 from sprig.runtime import Engine
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
+
+SIZES = {  # random Llama shapes the benchmark can build (--size)
+    "small": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                  num_attention_heads=8, num_key_value_heads=4),
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+               num_attention_heads=32, num_key_value_heads=8),
+}
 
 
 @dataclass
@@ -67,8 +75,13 @@ def workload(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 
 def run_sprig(name: str, model: str, prompts: list[list[int]], args: argparse.Namespace, **options) -> Result:
     params = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
-    with Engine(model, dtype="float32", max_running_requests=args.batch, **options) as engine:
-        engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})  # warm up
+    with Engine(
+        model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
+        max_running_requests=args.batch, **options
+    ) as engine:
+        # Warm up on the workload's own shapes (on CUDA, Triton compiles a kernel variant
+        # per shape class on first use), then time a cold cache.
+        engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 2})
         engine.flush_cache()
         before = engine.scheduler.stats.prefill_tokens
         start = time.perf_counter()
@@ -79,29 +92,40 @@ def run_sprig(name: str, model: str, prompts: list[list[int]], args: argparse.Na
 
 
 def run_transformers(model_path: str, prompts: list[list[int]], args: argparse.Namespace) -> Result:
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(args.device).eval()
     model.generation_config.eos_token_id = None
     pad = 0
     computed = produced = 0
+    with torch.inference_mode():  # warm up (CUDA kernels, allocator) on one batch's shape
+        warm = torch.tensor(prompts[: args.hf_batch], device=args.device)
+        model.generate(input_ids=warm, max_new_tokens=2, do_sample=False, pad_token_id=pad)
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(prompts), args.hf_batch):
             chunk = prompts[i : i + args.hf_batch]
             width = max(len(p) for p in chunk)
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=args.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=args.device)
             out = model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=args.output_len,
                 min_new_tokens=args.output_len, do_sample=False, pad_token_id=pad,
             )
             computed += ids.numel()
             produced += (out.shape[1] - width) * len(chunk)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
     return Result("transformers generate", time.perf_counter() - start, produced, computed, len(prompts))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="local checkpoint directory (default: build a small random Llama)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="small",
+                        help="shape of the random Llama built when --model is not given")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (both engines)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--attention-backend", default="auto", help="sprig's (auto: the device's default)")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--prompts-per-group", type=int, default=16)
     parser.add_argument("--system-len", type=int, default=512)
@@ -117,16 +141,14 @@ def main() -> None:
     model = args.model
     if model is None:
         model = tempfile.mkdtemp(prefix="sprig-bench-")
-        build_tiny_checkpoint(
-            model, "llama", hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-            num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
-        )
+        build_tiny_checkpoint(model, "llama", max_position_embeddings=4096, **SIZES[args.size])
     vocab = AutoModelForCausalLM.from_pretrained(model).config.vocab_size
     prompts = workload(args, vocab)
     minimum = args.groups * args.system_len + len(prompts) * args.question_len
     print(
         f"{len(prompts)} requests: {args.groups} groups x {args.prompts_per_group}, system {args.system_len} "
-        f"+ question {args.question_len} tokens, {args.output_len} output tokens; threads={torch.get_num_threads()}"
+        f"+ question {args.question_len} tokens, {args.output_len} output tokens; "
+        f"{args.size if args.model is None else args.model}, {args.dtype} on {args.device}, threads={torch.get_num_threads()}"
     )
     results = [
         run_sprig("sprig", model, prompts, args),

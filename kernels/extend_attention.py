@@ -16,6 +16,8 @@ import triton.language as tl
 
 from ._dispatch import dot_in_f32, next_pow2, use_triton
 
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+
 
 @triton.jit
 def _attend_range(
@@ -25,7 +27,7 @@ def _attend_range(
     stride_ks, stride_kh, stride_vs, stride_vh,
     lo, hi,  # context positions [lo, hi) to visit
     row_pos,  # [BM] position of each query row (used when CAUSAL)
-    sm_scale,
+    qk_scale,  # sm_scale * log2(e): scores in base 2, so the softmax uses exp2
     CAUSAL: tl.constexpr,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -33,7 +35,8 @@ def _attend_range(
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    """Online-softmax accumulation over one range of context positions."""
+    """Online-softmax accumulation over one range of context positions; m_i is the running
+    max of the base-2 scores."""
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
     for start in range(lo, hi, BLOCK_N):
@@ -45,14 +48,14 @@ def _attend_range(
                     mask=kv_mask, other=0.0)  # [BN, BD]
         if DOT_F32:
             k = k.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale  # [BM, BN]
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN]
         keep = nmask[None, :]
         if CAUSAL:
             keep = keep & (n[None, :] <= row_pos[:, None])
         qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0)  # [BN, BD]
         if DOT_F32:
@@ -72,7 +75,7 @@ def _extend_kernel(
     qo_indptr_ptr,  # [B+1]
     kv_indptr_ptr,  # [B+1]
     kv_indices_ptr,  # [N]
-    sm_scale,
+    qk_scale,
     stride_qt,
     stride_qh,
     stride_ks,
@@ -117,14 +120,14 @@ def _extend_kernel(
         diag = prefix + m_start
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
-            stride_ks, stride_kh, stride_vs, stride_vh, 0, diag, row_pos, sm_scale,
+            stride_ks, stride_kh, stride_vs, stride_vh, 0, diag, row_pos, qk_scale,
             CAUSAL=False, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32,
         )
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
             stride_ks, stride_kh, stride_vs, stride_vh, diag,
-            tl.minimum(diag + BLOCK_M, kv_len), row_pos, sm_scale,
+            tl.minimum(diag + BLOCK_M, kv_len), row_pos, qk_scale,
             CAUSAL=True, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32,
         )
@@ -162,13 +165,15 @@ def extend_attention_triton(
         return out
     block_d = max(16, next_pow2(D))
     block = 32 if block_d > 128 else 64
+    # 3 stages measured fastest for D=128 bf16 on an H200 (benchmarks/RESULTS.md)
+    stages = 3 if block_d <= 128 else 2
     _extend_kernel[(B, Hq, triton.cdiv(max_q_len, block))](
-        q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices, sm_scale,
+        q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
         GROUP=Hq // Hkv, D=D, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_F32=dot_in_f32(q.dtype), num_warps=4, num_stages=2,
+        DOT_F32=dot_in_f32(q.dtype), num_warps=4, num_stages=stages,
     )
     return out
 
