@@ -77,7 +77,7 @@ def run_sprig(name: str, model: str, prompts: list[list[int]], args: argparse.Na
     params = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
     with Engine(
         model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        max_running_requests=args.batch, **options
+        disable_cuda_graph=args.disable_cuda_graph, max_running_requests=args.batch, **options
     ) as engine:
         # Warm up on the workload's own shapes (on CUDA, Triton compiles a kernel variant
         # per shape class on first use), then time a cold cache.
@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (both engines)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--attention-backend", default="auto", help="sprig's (auto: the device's default)")
+    parser.add_argument("--disable-cuda-graph", action="store_true", help="sprig decodes eagerly on CUDA")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--prompts-per-group", type=int, default=16)
     parser.add_argument("--system-len", type=int, default=512)

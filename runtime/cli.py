@@ -39,6 +39,8 @@ HELP = {
     "mem_fraction_static": "share of free GPU memory for the KV pool when --max-total-tokens is not given",
     "seed": "seed of the sampling RNG for unseeded requests",
     "cpu_threads": "torch threads of the scheduler process (default: one per core)",
+    "disable_cuda_graph": "run every decode step eagerly instead of replaying captured CUDA graphs",
+    "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger batches run eagerly",
     "max_running_requests": "most requests decoding at once",
     "max_prefill_tokens": "most new prompt tokens in one prefill step",
     "chunked_prefill_size": "most prompt tokens one request computes per step; 'none' disables chunking",

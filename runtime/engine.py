@@ -9,11 +9,14 @@ Outputs follow SGLang's `/generate` response schema.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
+
+import torch
 
 from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.generate_input import (
@@ -104,8 +107,12 @@ class Engine:
     def shutdown(self) -> None:
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.abort(req.rid)
+        on_cuda = self.runner is not None and self.runner.device.type == "cuda"
         self.scheduler = None
         self.runner = None
+        if on_cuda:  # hand the KV pool's memory back to the driver, for other processes
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def __enter__(self) -> Engine:
         return self

@@ -11,6 +11,7 @@ import torch
 
 from sprig.radix.kv_cache import KVCache, KVShape, slots_for_budget
 from sprig.runtime.attention import ATTENTION_BACKENDS, backend_class, default_backend
+from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.step_input import StepInput, build_forward_batch
 from sprig.runtime.weight_loader import load_model
@@ -32,7 +33,10 @@ class RunnerConfig:
     pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
     weights load, on CPU `CPU_DEFAULT_TOKENS` capped at `CPU_KV_BUDGET_BYTES`.
     `cpu_threads` sets torch's intra-op threads for the process (None: torch's default,
-    one per core); on a CPU shared with other processes, fewer threads step more evenly."""
+    one per core); on a CPU shared with other processes, fewer threads step more evenly.
+    On CUDA with the Triton backend, decode steps of up to `cuda_graph_max_bs` requests
+    replay captured CUDA graphs (`sprig.runtime.cuda_graph`) unless `disable_cuda_graph`;
+    elsewhere both are ignored."""
 
     model_path: str | os.PathLike[str]
     dtype: str = "auto"
@@ -43,6 +47,8 @@ class RunnerConfig:
     mem_fraction_static: float = 0.85
     seed: int = 0
     cpu_threads: int | None = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 256
 
     def __post_init__(self) -> None:
         if not str(self.model_path):
@@ -69,6 +75,8 @@ class RunnerConfig:
             )
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 
@@ -106,6 +114,15 @@ class ModelRunner:
         )
         self.backend = backend_class(self.attention_backend)(self.model_config, self.kv_cache)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.graphs = (
+            DecodeGraphs(
+                self.model, self.backend, self.kv_cache, max_bs=config.cuda_graph_max_bs,
+                context_len=self.model_config.context_len, device=self.device,
+            )
+            if self.device.type == "cuda" and self.attention_backend == "triton"
+            and not config.disable_cuda_graph
+            else None
+        )
 
     @property
     def num_slots(self) -> int:
@@ -124,6 +141,11 @@ class ModelRunner:
                 f"a context of {longest} tokens exceeds the model's context_len "
                 f"{self.model_config.context_len}"
             )
+        bucket = self.graphs.bucket(step) if self.graphs is not None else None
+        if bucket is not None:
+            with torch.inference_mode():
+                hidden = self.graphs.run(step, bucket)  # [B, H]: decode has one row each
+                return self.model.compute_logits(hidden)
         batch, logit_rows = build_forward_batch(step, self.kv_cache, self.device)
         with torch.inference_mode():
             self.backend.begin_step(batch)

@@ -44,6 +44,7 @@ def extend(ids: list[list[int]], slots: list[torch.Tensor], logits_from: list[in
         ({"mem_fraction_static": 0.0}, "mem_fraction_static"),
         ({"mem_fraction_static": 1.5}, "mem_fraction_static"),
         ({"cpu_threads": 0}, "cpu_threads"),
+        ({"cuda_graph_max_bs": 0}, "cuda_graph_max_bs"),
     ],
 )
 def test_runner_config_rejects(kwargs: dict, message: str) -> None:
