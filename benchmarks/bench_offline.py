@@ -3,7 +3,9 @@ vs transformers' batched `generate`.
 
 Workload (SGLang's generated-shared-prefix shape, scaled for a CPU): G groups x P prompts;
 each group shares a system prompt of S tokens, each prompt adds a Q-token question, and
-every request generates exactly O tokens. Prompts arrive shuffled.
+every request generates exactly O tokens. Prompts arrive shuffled. The default batch
+sizes are each side's fastest on the 2-core CPU (benchmarks/RESULTS.md): sprig runs all
+128 requests at once, transformers 64 at a time.
 
 Printed for each run: wall time, output tokens/s, prompt tokens computed, and tokens run
 through the model (prompt tokens computed + decode steps' tokens); then the ratios. The
@@ -132,8 +134,8 @@ def main() -> None:
     parser.add_argument("--system-len", type=int, default=512)
     parser.add_argument("--question-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=64, help="sprig's max running requests")
-    parser.add_argument("--hf-batch", type=int, default=32, help="transformers' batch size")
+    parser.add_argument("--batch", type=int, default=128, help="sprig's max running requests")
+    parser.add_argument("--hf-batch", type=int, default=64, help="transformers' batch size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()

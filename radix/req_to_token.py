@@ -48,6 +48,14 @@ class ReqToTokenPool:
             raise ValueError(f"context of {end} tokens exceeds max_context_len={self.max_context_len}")
         self.table[row, start:end] = slots.to(torch.int32)
 
+    def write_at(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        """Set `table[rows[i], cols[i]] = slots[i]` for every i (1-D, equal lengths)."""
+        if cols.numel() and int(cols.max()) >= self.max_context_len:
+            raise ValueError(
+                f"context of {int(cols.max()) + 1} tokens exceeds max_context_len={self.max_context_len}"
+            )
+        self.table[rows, cols] = slots.to(torch.int32)
+
     def read(self, row: int, end: int, start: int = 0) -> torch.Tensor:
         """The slots of tokens `start .. end-1` of request `row` (a view)."""
         return self.table[row, start:end]

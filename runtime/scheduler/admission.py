@@ -97,12 +97,18 @@ class Admission:
 
     def _shares_uncomputed_prefix(self, req: Req, extends: list[Extend], cached: int) -> bool:
         """Whether `req` would recompute tokens another request of this step computes."""
-        if not extends:
+        if not extends or cached >= req.seq_len:
             return False
-        ids = np.asarray(req.fill_ids, dtype=np.int32)
-        uncached = len(ids) - cached
+        first = req.token_at(cached)
+        ids: np.ndarray | None = None
+        uncached = req.seq_len - cached
         for ext in extends:
-            other = np.asarray(ext.req.fill_ids[: ext.req.kv_len + ext.length], dtype=np.int32)
+            end = ext.req.kv_len + ext.length
+            if end <= cached or ext.req.token_at(cached) != first:
+                continue  # they part at or before `cached`: nothing uncomputed in common
+            if ids is None:
+                ids = np.asarray(req.fill_ids, dtype=np.int32)
+            other = np.asarray(ext.req.fill_ids[:end], dtype=np.int32)
             shared = common_prefix_len(ids, other) - cached
             if shared > 0 and shared >= min(self.config.in_batch_prefix_min, uncached - 1):
                 return True

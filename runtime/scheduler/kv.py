@@ -79,6 +79,30 @@ class RequestKV:
         req.alloc_len += need
         return True
 
+    def reserve_all(self, reqs: list[Req]) -> bool:
+        """`reserve(r, r.seq_len)` for every request of `reqs`, as one allocation and one
+        table write. False (nothing changed) if the pool cannot supply them all."""
+        needs = [self.pages(r.seq_len) - r.alloc_len for r in reqs]
+        total = sum(n for n in needs if n > 0)
+        if total == 0:
+            return True
+        short = total - self.allocator.available()
+        if short > 0:
+            self.cache.evict(short)
+        slots = self.allocator.alloc(total)
+        if slots is None:
+            return False
+        rows: list[int] = []
+        cols: list[int] = []
+        grown = [(r, n) for r, n in zip(reqs, needs, strict=True) if n > 0]
+        for r, n in grown:
+            rows += [r.row] * n
+            cols += range(r.alloc_len, r.alloc_len + n)
+        self.table.write_at(torch.tensor(rows), torch.tensor(cols), slots)
+        for r, n in grown:
+            r.alloc_len += n
+        return True
+
     def cache_prefix(self, req: Req) -> None:
         """Put `req`'s computed tokens in the tree so others can share them; it keeps going."""
         ids = req.fill_ids[: req.kv_len]

@@ -81,6 +81,11 @@ class Req:
         """`len(fill_ids)`, without building the list."""
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def token_at(self, i: int) -> int:
+        """`fill_ids[i]` (0 <= i < seq_len), without building the list."""
+        n = len(self.prompt_ids)
+        return self.prompt_ids[i] if i < n else self.output_ids[i - n]
+
     def pending_ids(self) -> list[int]:
         """The tokens after `kv_len` (fed next while decoding); cheap for long prompts."""
         start = self.kv_len - len(self.prompt_ids)

@@ -273,9 +273,8 @@ class Scheduler:
             if self.kv.can_fit(need) or len(self.running) <= 1:
                 break
             self._retract(max(self.running, key=self._retract_priority))
-        for r in self.running:
-            if not self.kv.reserve(r, r.seq_len):
-                raise RuntimeError(f"no KV slot for request {r.rid} even after retraction")
+        if not self.kv.reserve_all(self.running):
+            raise RuntimeError("no KV slots for the running requests even after retraction")
 
     @staticmethod
     def _retract_priority(req: Req) -> float:

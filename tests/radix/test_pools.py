@@ -69,6 +69,10 @@ def test_req_to_token_rows() -> None:
     assert pool.read(r1, 5, start=2).tolist() == [7, 8, 9]
     with pytest.raises(ValueError, match="max_context_len"):
         pool.write(r1, 6, torch.tensor([1, 2, 3]))
+    pool.write_at(torch.tensor([r0, r1, r1]), torch.tensor([0, 5, 6]), torch.tensor([4, 5, 6]))
+    assert pool.read(r0, 1).tolist() == [4] and pool.read(r1, 7, start=2).tolist() == [7, 8, 9, 5, 6]
+    with pytest.raises(ValueError, match="max_context_len"):
+        pool.write_at(torch.tensor([r0]), torch.tensor([8]), torch.tensor([1]))
     pool.free(r0)
     with pytest.raises(ValueError, match="not allocated"):
         pool.free(r0)
