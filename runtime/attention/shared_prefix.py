@@ -147,12 +147,20 @@ def shared_prefix_decode_attention(
     plan: SharingPlan,
     *,
     sm_scale: float,
+    prefix_kv: PrefixKV | None = None,
+    layer: int = 0,
 ) -> torch.Tensor:  # [B, Hq, D] in q.dtype
     """Decode attention by `plan`: the remainders, then each shared prefix once per group,
-    merged by log-sum-exp."""
+    merged by log-sum-exp. With `prefix_kv`, the groups' gathered K/V come from (and go to)
+    it under keys (`layer`, bucket index)."""
     out, lse = attend_padded(q, k_buffer, v_buffer, plan.rest_padded, sm_scale=sm_scale)
-    for bucket in plan.decode_groups:
-        _merge_prefix(q, k_buffer, v_buffer, bucket, out, lse, sm_scale)
+    for i, bucket in enumerate(plan.decode_groups):
+        kv = (
+            prefix_kv.get((layer, i), bucket, k_buffer, v_buffer)
+            if prefix_kv is not None
+            else gather_prefix_kv(k_buffer, v_buffer, bucket)
+        )
+        _merge_prefix(q, kv, bucket, out, lse, sm_scale)
     return out.to(q.dtype)
 
 
@@ -189,20 +197,19 @@ def shared_prefix_extend_attention(
         for g in plan.groups
     ]
     for bucket in pad_groups(rows, [g.slots for g in plan.groups]):
-        _merge_prefix(q, k_buffer, v_buffer, bucket, out, lse, sm_scale)
+        _merge_prefix(q, gather_prefix_kv(k_buffer, v_buffer, bucket), bucket, out, lse, sm_scale)
     return out.to(q.dtype)
 
 
 def _merge_prefix(
     q: torch.Tensor,  # [T, Hq, D]
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
+    kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
     bucket: PaddedGroups,
     out: torch.Tensor,  # [T, Hq, D] float32: the rows' attention to the rest, updated
     lse: torch.Tensor,  # [T, Hq] float32: its log-sum-exp, updated
     sm_scale: float,
 ) -> None:
-    o_p, lse_p = _prefix_attention(q, k_buffer, v_buffer, bucket, sm_scale)
+    o_p, lse_p = _prefix_attention(q, kv, bucket, sm_scale)
     o_p, lse_p = o_p.index_select(0, bucket.keep), lse_p.index_select(0, bucket.keep)
     rows = bucket.kept_rows
     o_r, lse_r = out.index_select(0, rows), lse.index_select(0, rows)
@@ -235,23 +242,73 @@ def _tail_attention(
     return o.permute(2, 0, 1, 3).reshape(Lq, Hq, D), lse.squeeze(-1).permute(2, 0, 1).reshape(Lq, Hq)
 
 
-def _prefix_attention(
-    q: torch.Tensor,  # [T, Hq, D]
+def gather_prefix_kv(
     k_buffer: torch.Tensor,  # [S, Hkv, D]
     v_buffer: torch.Tensor,  # [S, Hkv, D]
+    bucket: PaddedGroups,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [g, Hkv, D, L], [g, Hkv, L, D] float32, contiguous
+    """The bucket's shared K (transposed for the score product) and V, per group and KV head."""
+    g, L = bucket.slots.shape
+    Hkv, D = k_buffer.shape[1:]
+    flat = bucket.slots.flatten()
+    k = k_buffer.index_select(0, flat).float().view(g, L, Hkv, D).permute(0, 2, 3, 1).contiguous()
+    v = v_buffer.index_select(0, flat).float().view(g, L, Hkv, D).transpose(1, 2).contiguous()
+    return k, v
+
+
+class PrefixKV:
+    """The decode groups' gathered prefix K/V (`gather_prefix_kv`), kept across decode steps
+    while their slots stay the same, up to `budget_bytes`.
+
+    Valid between extend steps only: a decode step stores K/V only in slots just allocated
+    for new tokens, so the slots a running group shares keep their contents, and a group
+    can come to hold a slot again only through an extend. The owner calls `clear()` before
+    every step that is not a decode step.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        """Buckets whose K/V are kept."""
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def get(
+        self, key: tuple[int, int], bucket: PaddedGroups, k_buffer: torch.Tensor, v_buffer: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of `bucket` (`key`: layer, bucket index), reused when its slots are unchanged."""
+        hit = self._entries.get(key)
+        if hit is not None and hit[0].shape == bucket.slots.shape and torch.equal(hit[0], bucket.slots):
+            return hit[1], hit[2]
+        if hit is not None:
+            del self._entries[key]
+            self._bytes -= hit[1].nbytes + hit[2].nbytes
+        k, v = gather_prefix_kv(k_buffer, v_buffer, bucket)
+        if self._bytes + k.nbytes + v.nbytes <= self.budget_bytes:
+            self._entries[key] = (bucket.slots, k, v)
+            self._bytes += k.nbytes + v.nbytes
+        return k, v
+
+
+def _prefix_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
     bucket: PaddedGroups,
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [g*n, Hq, D], [g*n, Hq] float32
     """Every query head of every row of each group against the group's shared slots: per
     group and KV head, one [n*G, D] x [D, L] product, all in one batched matmul."""
     g, n = bucket.rows.shape
-    L = bucket.slots.shape[1]
     Hq, D = q.shape[1:]
-    Hkv = k_buffer.shape[1]
+    k, v = kv
+    Hkv = k.shape[1]
     G = Hq // Hkv
-    flat = bucket.slots.flatten()
-    k = k_buffer.index_select(0, flat).float().view(g, L, Hkv, D).permute(0, 2, 3, 1)  # [g, Hkv, D, L]
-    v = v_buffer.index_select(0, flat).float().view(g, L, Hkv, D).transpose(1, 2)  # [g, Hkv, L, D]
     qh = q.index_select(0, bucket.rows.flatten()).float().view(g, n, Hkv, G, D)
     qh = qh.permute(0, 2, 1, 3, 4).reshape(g, Hkv, n * G, D)
     scores = torch.matmul(qh, k).mul_(sm_scale)  # [g, Hkv, nG, L]
