@@ -16,6 +16,13 @@ import httpx
 # connection. The server bounds its own queue and answers 503 past it.
 CONNECTION_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 
+# A kept-alive connection the server closed just as a request went out fails with one of
+# these before any answer arrives (the server never read the request, or dropped it).
+# Such a request is sent again on a fresh connection, up to RETRIES more times.
+DROPPED_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
+RETRIES = 2
+RETRY_BACKOFF_S = 0.05
+
 class ServerError(RuntimeError):
     """A model server answered with an error status (or an error event in a stream)."""
 
@@ -49,22 +56,24 @@ class HttpClient:
         )
 
     def get(self, path: str) -> Any:
-        response = self._client.get(path)
+        response = self._send("GET", path, None)
         _check(path, response)
         return response.json()
 
     def post(self, path: str, payload: dict[str, Any]) -> tuple[Any, float]:
-        """The decoded JSON answer and the seconds the call took."""
+        """The decoded JSON answer and the seconds the call took (retries included)."""
         start = time.perf_counter()
-        response = self._client.post(path, json=payload)
+        response = self._send("POST", path, payload)
         _check(path, response)
         return response.json(), time.perf_counter() - start
 
     def stream(self, path: str, payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], float]]:
         """The `data:` events of an SSE answer until `[DONE]`, each with the seconds
-        since the request began."""
+        since the request began. A connection dropped before the answer began is retried
+        like `post`; once events flow, a failure is raised."""
         start = time.perf_counter()
-        with self._client.stream("POST", path, json=payload) as response:
+        response = self._send("POST", path, payload, stream=True)
+        try:
             if response.status_code >= 400:
                 response.read()
             _check(path, response)
@@ -78,6 +87,24 @@ class HttpClient:
                 if isinstance(event, dict) and "error" in event:
                     raise ServerError(path, response.status_code, str(event["error"]))
                 yield event, time.perf_counter() - start
+        finally:
+            response.close()
+
+    def _send(
+        self, method: str, path: str, payload: dict[str, Any] | None, *, stream: bool = False
+    ) -> httpx.Response:
+        """Send one request; `DROPPED_CONNECTION` errors are retried on a fresh connection
+        (the pool drops a failed one), after a short pause, `RETRIES` times at most."""
+        attempt = 0
+        while True:
+            request = self._client.build_request(method, path, json=payload)
+            try:
+                return self._client.send(request, stream=stream)
+            except DROPPED_CONNECTION:
+                if attempt == RETRIES:
+                    raise
+                attempt += 1
+                time.sleep(RETRY_BACKOFF_S * attempt)
 
     def close(self) -> None:
         self._client.close()
