@@ -69,10 +69,7 @@ class RequestKV:
         need = self.pages(length) - req.alloc_len
         if need <= 0:
             return True
-        short = need - self.allocator.available()
-        if short > 0:
-            self.cache.evict(short)
-        slots = self.allocator.alloc(need)
+        slots = self._take(need)
         if slots is None:
             return False
         self.table.write(req.row, req.alloc_len, slots)
@@ -86,10 +83,7 @@ class RequestKV:
         total = sum(n for n in needs if n > 0)
         if total == 0:
             return True
-        short = total - self.allocator.available()
-        if short > 0:
-            self.cache.evict(short)
-        slots = self.allocator.alloc(total)
+        slots = self._take(total)
         if slots is None:
             return False
         rows: list[int] = []
@@ -102,6 +96,14 @@ class RequestKV:
         for r, n in grown:
             r.alloc_len += n
         return True
+
+    def _take(self, n: int) -> torch.Tensor | None:
+        """`n` slots from the allocator, evicting cold cache first if it has fewer free;
+        None if even that cannot supply them."""
+        short = n - self.allocator.available()
+        if short > 0:
+            self.cache.evict(short)
+        return self.allocator.alloc(n)
 
     def cache_prefix(self, req: Req) -> None:
         """Put `req`'s computed tokens in the tree so others can share them; it keeps going."""
