@@ -17,6 +17,7 @@ slower.
     python benchmarks/bench_offline.py                 # a small random checkpoint, built here
     python benchmarks/bench_offline.py --model PATH    # any local Llama-family checkpoint
     python benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b  # on a GPU
+    python benchmarks/bench_offline.py --repeats 3     # each side 3 times; the median run
 """
 
 from __future__ import annotations
@@ -75,49 +76,63 @@ def workload(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     return prompts
 
 
-def run_sprig(name: str, model: str, prompts: list[list[int]], args: argparse.Namespace, **options) -> Result:
+def run_sprig(name: str, model: str, prompts: list[list[int]], args: argparse.Namespace, **options) -> list[Result]:
+    """`args.repeats` timed runs on one engine, each from a cold cache."""
     params = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
+    results = []
     with Engine(
         model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
         disable_cuda_graph=args.disable_cuda_graph, max_running_requests=args.batch, **options
     ) as engine:
         # Warm up on the workload's own shapes (on CUDA, Triton compiles a kernel variant
-        # per shape class on first use), then time a cold cache.
+        # per shape class on first use).
         engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 2})
-        engine.flush_cache()
-        before = engine.scheduler.stats.prefill_tokens
-        start = time.perf_counter()
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
-        seconds = time.perf_counter() - start
-        computed = engine.scheduler.stats.prefill_tokens - before
-    return Result(name, seconds, sum(len(o["output_ids"]) for o in outs), computed, len(prompts))
+        for _ in range(args.repeats):
+            engine.flush_cache()
+            before = engine.scheduler.stats.prefill_tokens
+            start = time.perf_counter()
+            outs = engine.generate(input_ids=prompts, sampling_params=params)
+            seconds = time.perf_counter() - start
+            computed = engine.scheduler.stats.prefill_tokens - before
+            results.append(Result(name, seconds, sum(len(o["output_ids"]) for o in outs), computed, len(prompts)))
+    return results
 
 
-def run_transformers(model_path: str, prompts: list[list[int]], args: argparse.Namespace) -> Result:
+def run_transformers(model_path: str, prompts: list[list[int]], args: argparse.Namespace) -> list[Result]:
+    """`args.repeats` timed runs of batched, padded `generate`."""
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(args.device).eval()
     model.generation_config.eos_token_id = None
     pad = 0
-    computed = produced = 0
     with torch.inference_mode():  # warm up (CUDA kernels, allocator) on one batch's shape
         warm = torch.tensor(prompts[: args.hf_batch], device=args.device)
         model.generate(input_ids=warm, max_new_tokens=2, do_sample=False, pad_token_id=pad)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        for i in range(0, len(prompts), args.hf_batch):
-            chunk = prompts[i : i + args.hf_batch]
-            width = max(len(p) for p in chunk)
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=args.device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=args.device)
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=args.output_len,
-                min_new_tokens=args.output_len, do_sample=False, pad_token_id=pad,
-            )
-            computed += ids.numel()
-            produced += (out.shape[1] - width) * len(chunk)
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return Result("transformers generate", time.perf_counter() - start, produced, computed, len(prompts))
+    results = []
+    for _ in range(args.repeats):
+        computed = produced = 0
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for i in range(0, len(prompts), args.hf_batch):
+                chunk = prompts[i : i + args.hf_batch]
+                width = max(len(p) for p in chunk)
+                ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=args.device)
+                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=args.device)
+                out = model.generate(
+                    input_ids=ids, attention_mask=mask, max_new_tokens=args.output_len,
+                    min_new_tokens=args.output_len, do_sample=False, pad_token_id=pad,
+                )
+                computed += ids.numel()
+                produced += (out.shape[1] - width) * len(chunk)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        results.append(
+            Result("transformers generate", time.perf_counter() - start, produced, computed, len(prompts))
+        )
+    return results
+
+
+def median_run(runs: list[Result]) -> Result:
+    return sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
 
 
 def main() -> None:
@@ -138,6 +153,8 @@ def main() -> None:
     parser.add_argument("--hf-batch", type=int, default=64, help="transformers' batch size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timed runs of each side; the run of median time is reported")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -153,12 +170,13 @@ def main() -> None:
         f"+ question {args.question_len} tokens, {args.output_len} output tokens; "
         f"{args.size if args.model is None else args.model}, {args.dtype} on {args.device}, threads={torch.get_num_threads()}"
     )
-    results = [
+    runs = [
         run_sprig("sprig", model, prompts, args),
         run_sprig("sprig, radix cache off", model, prompts, args, disable_radix_cache=True),
     ]
     if not args.skip_transformers:
-        results.append(run_transformers(model, prompts, args))
+        runs.append(run_transformers(model, prompts, args))
+    results = [median_run(r) for r in runs]
 
     print("\n| run | wall s | output tok/s | prompt tokens computed | vs minimum | tokens through the model |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
@@ -168,6 +186,10 @@ def main() -> None:
             f"{r.prompt_tokens_computed / minimum:.3f}x | {r.model_tokens:,} |"
         )
     sprig = results[0]
+    if args.repeats > 1:
+        print(f"\nthe run of median time of {args.repeats} is shown; all durations (s):")
+        for r in runs:
+            print(f"  {r[0].name}: {', '.join(f'{x.seconds:.2f}' for x in r)}")
     print(f"\nminimum prompt tokens (each shared prefix once): {minimum:,}")
     for other in results[1:]:
         print(
