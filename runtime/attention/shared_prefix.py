@@ -181,6 +181,7 @@ def shared_prefix_extend_attention(
     lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
     qo, rest = qo_indptr.tolist(), plan.rest_indptr.tolist()
     grouped = {int(b) for g in plan.groups for b in g.members}
+    tails: dict[tuple[int, int], list[int]] = {}  # (new tokens, remainder) -> grouped requests
     for b in range(len(qo) - 1):
         q0, q1 = qo[b], qo[b + 1]
         if q1 == q0:
@@ -189,9 +190,18 @@ def shared_prefix_extend_attention(
         if slots.numel() < q1 - q0:  # shared slots are computed KV, never a new token's
             raise ValueError(f"request {b}: {slots.numel()} unshared slots < {q1 - q0} new tokens")
         if b in grouped:
-            out[q0:q1], lse[q0:q1] = _tail_attention(q[q0:q1], k_buffer, v_buffer, slots, sm_scale)
+            tails.setdefault((q1 - q0, slots.numel()), []).append(b)
         else:
             out[q0:q1] = request_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale)
+    for (n_new, _), members in tails.items():
+        token_rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(q.device)
+        slots = torch.stack([plan.rest_indices[rest[b] : rest[b + 1]] for b in members])  # [m, R]
+        o, s = _tail_attention(
+            q.index_select(0, token_rows).view(len(members), n_new, Hq, D), k_buffer, v_buffer,
+            slots, sm_scale,
+        )
+        out.index_copy_(0, token_rows, o.reshape(-1, Hq, D))
+        lse.index_copy_(0, token_rows, s.reshape(-1, Hq))
     rows = [
         torch.cat([torch.arange(qo[b], qo[b + 1]) for b in g.members.tolist()]).to(q.device)
         for g in plan.groups
@@ -220,26 +230,32 @@ def _merge_prefix(
 
 
 def _tail_attention(
-    q: torch.Tensor,  # [Lq, Hq, D]: the last Lq tokens of the context
+    q: torch.Tensor,  # [m, Lq, Hq, D]: each request's last Lq tokens
     k_buffer: torch.Tensor,  # [S, Hkv, D]
     v_buffer: torch.Tensor,  # [S, Hkv, D]
-    slots: torch.Tensor,  # [R] int64, R >= Lq
+    slots: torch.Tensor,  # [m, R] int64, R >= Lq: each request's remainder
     sm_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [Lq, Hq, D], [Lq, Hq] float32
-    """Causal attention of a request's new tokens to the end of its context, with the
-    log-sum-exp: token i sees positions `0 ..= R - Lq + i` of `slots`."""
-    Lq, Hq, D = q.shape
+) -> tuple[torch.Tensor, torch.Tensor]:  # [m, Lq, Hq, D], [m, Lq, Hq] float32
+    """Causal attention of m requests' new tokens to the ends of their contexts, with the
+    log-sum-exp, in one batched product: token i sees positions `0 ..= R - Lq + i` of its
+    request's `slots`."""
+    m, Lq, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
-    R = slots.numel()
-    k = k_buffer.index_select(0, slots).float().permute(1, 2, 0)  # [Hkv, D, R]
-    v = v_buffer.index_select(0, slots).float().transpose(0, 1)  # [Hkv, R, D]
-    qh = q.float().view(Lq, Hkv, Hq // Hkv, D).permute(1, 2, 0, 3)  # [Hkv, G, Lq, D]
-    scores = torch.matmul(qh, k.unsqueeze(1)).mul_(sm_scale)  # [Hkv, G, Lq, R]
+    G = Hq // Hkv
+    R = slots.shape[1]
+    flat = slots.flatten()
+    k = k_buffer.index_select(0, flat).float().view(m, R, Hkv, D).permute(0, 2, 3, 1)  # [m, Hkv, D, R]
+    v = v_buffer.index_select(0, flat).float().view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
+    qh = q.float().view(m, Lq, Hkv, G, D).permute(0, 2, 3, 1, 4)  # [m, Hkv, G, Lq, D]
+    scores = torch.matmul(qh, k.unsqueeze(2)).mul_(sm_scale)  # [m, Hkv, G, Lq, R]
     future = torch.arange(R, device=q.device)[None, :] > torch.arange(Lq, device=q.device)[:, None] + (R - Lq)
     scores.masked_fill_(future, float("-inf"))
-    weights, sums, lse = exp_scores(scores)  # [Hkv, G, Lq, R], [Hkv, G, Lq, 1] x2
-    o = torch.matmul(weights, v.unsqueeze(1)).div_(sums)  # [Hkv, G, Lq, D]
-    return o.permute(2, 0, 1, 3).reshape(Lq, Hq, D), lse.squeeze(-1).permute(2, 0, 1).reshape(Lq, Hq)
+    weights, sums, lse = exp_scores(scores)  # [m, Hkv, G, Lq, R], [m, Hkv, G, Lq, 1] x2
+    o = torch.matmul(weights, v.unsqueeze(2)).div_(sums)  # [m, Hkv, G, Lq, D]
+    return (
+        o.permute(0, 3, 1, 2, 4).reshape(m, Lq, Hq, D),
+        lse.squeeze(-1).permute(0, 3, 1, 2).reshape(m, Lq, Hq),
+    )
 
 
 def gather_prefix_kv(

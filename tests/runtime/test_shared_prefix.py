@@ -193,6 +193,24 @@ def test_extend_equals_the_plain_reference(hq: int, hkv: int, dtype: torch.dtype
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("new", [8, 3])
+def test_extend_of_equal_tails_is_batched_and_equals_the_reference(new: int) -> None:
+    torch.manual_seed(3)
+    c = [100]
+    system = fresh(40, c)
+    contexts = [system + fresh(8, c) for _ in range(5)] + [system + fresh(6, c), fresh(12, c)]
+    new_tokens = [new] * 5 + [2, 12]  # five requests share one (new tokens, remainder) shape
+    indptr, indices = build_batch(contexts)
+    qo_indptr = torch.tensor([0, *new_tokens]).cumsum(0).to(torch.int32)
+    k_buf, v_buf = torch.randn(POOL, 2, 16), torch.randn(POOL, 2, 16)
+    q = torch.randn(sum(new_tokens), 4, 16)
+    plan = plan_shared_prefixes(indptr, indices)
+    assert [g.members.tolist() for g in plan.groups] == [[0, 1, 2, 3, 4, 5]]
+    got = shared_prefix_extend_attention(q, k_buf, v_buf, qo_indptr, plan, sm_scale=0.25)
+    want = extend_attention_ref(q, k_buf, v_buf, qo_indptr, indptr, indices, sm_scale=0.25)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_the_engine_decodes_a_shared_prompt_through_the_plan(
     tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
