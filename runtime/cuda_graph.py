@@ -23,7 +23,7 @@ from torch import nn
 from sprig.radix.kv_cache import KVCache
 from sprig.runtime.attention.base import AttentionBackend
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
-from sprig.runtime.step_input import StepInput
+from sprig.runtime.step_input import StepInput, check_slots
 
 PAD_SLOT = 0  # the KV pool's padding slot: padded requests store and attend there only
 MAX_KV_ENTRIES = 1 << 25  # cap of the static slot-table buffer (128 MiB of int32)
@@ -63,8 +63,7 @@ def pad_decode_step(step: StepInput, batch_size: int, rows_in_pool: int) -> Padd
     pad = batch_size - B
     kv_lens = torch.tensor([s.numel() for s in step.kv_slots] + [1] * pad, dtype=torch.int64)
     kv_indices = torch.cat([*step.kv_slots, torch.full((pad,), PAD_SLOT)]).to(torch.int32)
-    if int(kv_indices.min()) < 0 or int(kv_indices.max()) >= rows_in_pool:
-        raise ValueError(f"kv slot out of range [0, {rows_in_pool}) of the KV pool")
+    check_slots(kv_indices, rows_in_pool)
     kv_indptr = torch.zeros(batch_size + 1, dtype=torch.int32)
     kv_indptr[1:] = kv_lens.cumsum(0)
     return PaddedDecode(

@@ -50,6 +50,12 @@ class StepInput:
                 raise ValueError(f"request {b}: logits_from {first} not in [0, {q_len - 1}]")
 
 
+def check_slots(kv_indices: torch.Tensor, rows_in_pool: int) -> None:
+    """Raise ValueError unless every slot of `kv_indices` (non-empty) is a pool row."""
+    if int(kv_indices.min()) < 0 or int(kv_indices.max()) >= rows_in_pool:
+        raise ValueError(f"kv slot out of range [0, {rows_in_pool}) of the KV pool")
+
+
 def build_forward_batch(
     step: StepInput, kv_cache: KVCache, device: torch.device
 ) -> tuple[ForwardBatch, torch.Tensor]:
@@ -62,9 +68,7 @@ def build_forward_batch(
     qo_indptr = F.pad(q_lens.cumsum(0), (1, 0))  # [B+1]
     kv_indptr = F.pad(kv_lens.cumsum(0), (1, 0))  # [B+1]
     kv_indices = torch.cat(step.kv_slots).to(torch.int64)  # [N]
-    rows_in_pool = kv_cache.num_slots + kv_cache.page_size
-    if int(kv_indices.min()) < 0 or int(kv_indices.max()) >= rows_in_pool:
-        raise ValueError(f"kv slot out of range [0, {rows_in_pool}) of the KV pool")
+    check_slots(kv_indices, kv_cache.num_slots + kv_cache.page_size)
     T = int(qo_indptr[-1])
     req = torch.repeat_interleave(torch.arange(B), q_lens)  # [T] request of each new token
     local = torch.arange(T) - qo_indptr[req]  # [T] index among its request's new tokens
