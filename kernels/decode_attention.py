@@ -8,6 +8,7 @@ computed in float32; the output has q's dtype. A request with no context gets ze
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_in_f32, next_pow2, use_triton
+from .attention_lse import attention_lse
 
 
 @triton.jit
@@ -219,7 +221,9 @@ def decode_attention_lse_ref(
     that partial results over disjoint parts of a context can be merged exactly).
     A request with no context gets zeros and -inf."""
     buckets = pad_by_length(kv_indptr, kv_indices)
-    return attend_padded(q, k_buffer, v_buffer, buckets, sm_scale=sm_scale)
+    return attend_padded(
+        q, buckets, lambda _, bucket: gather_bucket_kv(k_buffer, v_buffer, bucket), sm_scale=sm_scale
+    )
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,7 @@ class PaddedRows:
     rows: torch.Tensor  # [b] int64: batch rows
     slots: torch.Tensor  # [b, L] int64 (padding points at slot 0)
     valid: torch.Tensor | None  # [b, L] bool; None when nothing is padding
+    lens: torch.Tensor  # [b] int64: each row's context length (its valid slots)
 
 
 def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[PaddedRows]:
@@ -252,84 +257,55 @@ def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[Pad
         offs = torch.arange(n[run[0]], device=indptr.device)  # [L]
         valid = offs[None, :] < lens[rows, None]  # [b, L]
         slots = indices[torch.where(valid, indptr[rows, None] + offs[None, :], 0)]  # [b, L]
-        buckets.append(PaddedRows(rows, slots, None if n[run[-1]] == n[run[0]] else valid))
+        buckets.append(PaddedRows(rows, slots, None if n[run[-1]] == n[run[0]] else valid, lens[rows]))
     return buckets
+
+
+BucketKV = Callable[[int, PaddedRows], tuple[torch.Tensor, torch.Tensor]]
+"""(bucket index, bucket) -> its K and V, [b, Hkv, L, D] each, any strides and dtype."""
 
 
 def attend_padded(
     q: torch.Tensor,  # [B, Hq, D]
-    k_buffer: torch.Tensor,  # [S, Hkv, D]
-    v_buffer: torch.Tensor,  # [S, Hkv, D]
     buckets: list[PaddedRows],
+    bucket_kv: BucketKV,
     *,
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D] float32, [B, Hq] float32
-    """Each bucket as one grouped matmul (a KV group's query heads share their gathered
-    K/V; nothing is repeated); rows in no bucket get zeros and -inf."""
+    """Each bucket in one `attention_lse` call, a KV head's query heads as its query rows
+    (the K/V are read once for all of them); rows in no bucket get zeros and -inf."""
     B, Hq, D = q.shape
     every_row = sum(bucket.rows.numel() for bucket in buckets) == B
     out = (torch.empty if every_row else torch.zeros)((B, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.full((B, Hq), float("-inf"), dtype=torch.float32, device=q.device)
-    for bucket in buckets:
-        o, s = _grouped_attention(q[bucket.rows], k_buffer, v_buffer, bucket.slots, bucket.valid, sm_scale)
-        out.index_copy_(0, bucket.rows, o)
-        lse.index_copy_(0, bucket.rows, s)
+    for i, bucket in enumerate(buckets):
+        k, v = bucket_kv(i, bucket)
+        b, Hkv = k.shape[:2]
+        valid = None if bucket.valid is None else bucket.valid[:, None, None, :]
+        o, s = attention_lse(q[bucket.rows].view(b, Hkv, Hq // Hkv, D), k, v, scale=sm_scale, valid=valid)
+        out.index_copy_(0, bucket.rows, o.reshape(b, Hq, D))
+        lse.index_copy_(0, bucket.rows, s.reshape(b, Hq))
     return out, lse
 
 
-def exp_scores(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Overwrite `scores` [..., L] with exp(scores - row max); return it, the row sums
-    [..., 1] and the rows' log-sum-exp [..., 1].
-
-    Attention is then `(exp @ v) / sums`: dividing the [..., D] output instead of the
-    [..., L] weights, and taking the log-sum-exp from the same exponentials, makes one
-    pass over the scores where softmax and logsumexp would make three. A row must have a
-    finite score."""
-    peak = scores.amax(dim=-1, keepdim=True)
-    weights = scores.sub_(peak).exp_()
-    sums = weights.sum(dim=-1, keepdim=True)
-    return weights, sums, sums.log().add_(peak)
-
-
-# Up to this many KV heads, `_grouped_attention` multiplies every query head with every
-# KV head in one dense batched matmul and keeps the matching blocks (the diagonal): the
-# waste is Hkv-fold in flops, but the gathered K/V feed the matmul without the per-head
-# transposing copies, which cost more on a CPU, where decode attention is bound by memory.
-DENSE_MAX_KV_HEADS = 8
-
-
-def _grouped_attention(
-    q: torch.Tensor,  # [B, Hq, D]
+def gather_bucket_kv(
     k_buffer: torch.Tensor,  # [S, Hkv, D]
     v_buffer: torch.Tensor,  # [S, Hkv, D]
-    slots: torch.Tensor,  # [B, L] int64
-    valid: torch.Tensor | None,  # [B, L] bool, None when every slot is valid
-    sm_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D], [B, Hq] float32
-    B, Hq, D = q.shape
-    Hkv = k_buffer.shape[1]
-    G = Hq // Hkv
-    L = slots.shape[1]
-    flat = slots.reshape(-1)
-    k = k_buffer.index_select(0, flat).float()  # [B*L, Hkv, D]
-    v = v_buffer.index_select(0, flat).float()  # [B*L, Hkv, D]
-    dense = Hkv <= DENSE_MAX_KV_HEADS
-    if dense:
-        every = torch.bmm(k.view(B, L * Hkv, D), q.float().transpose(1, 2))  # [B, L*Hkv, Hq]
-        blocks = every.view(B, L, Hkv, Hkv, G).diagonal(dim1=2, dim2=3)  # [B, L, G, Hkv]
-        scores = blocks.permute(0, 3, 2, 1).mul(sm_scale)  # [B, Hkv, G, L]
-    else:
-        kt = k.view(B, L, Hkv, D).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
-        scores = torch.matmul(q.float().view(B, Hkv, G, D), kt).mul_(sm_scale)  # [B, Hkv, G, L]
-    if valid is not None:
-        scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    weights, sums, lse = exp_scores(scores)  # [B, Hkv, G, L], [B, Hkv, G, 1] x2
-    if dense:
-        every = torch.bmm(weights.reshape(B, Hq, L), v.view(B, L, Hkv * D))  # [B, Hq, Hkv*D]
-        o = every.view(B, Hkv, G, Hkv, D).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [B, Hkv, G, D]
-    else:
-        o = torch.matmul(weights, v.view(B, L, Hkv, D).transpose(1, 2))  # [B, Hkv, G, D]
-    return (o / sums).reshape(B, Hq, D), lse.reshape(B, Hq)
+    bucket: PaddedRows,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [b, Hkv, L, D] x2, views of fresh copies
+    """The bucket's K and V, gathered from the pool (the `BucketKV` of the reference)."""
+    b, L = bucket.slots.shape
+    Hkv, D = k_buffer.shape[1:]
+    flat = bucket.slots.reshape(-1)
+    k = gather_rows(k_buffer, flat).view(b, L, Hkv, D).transpose(1, 2)
+    v = gather_rows(v_buffer, flat).view(b, L, Hkv, D).transpose(1, 2)
+    return k, v
+
+
+def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:  # [n, *buffer.shape[1:]]
+    """`buffer[slots]` for a pool buffer [S, ...] and int64 slots [n]: one row copy per
+    slot (indexing the 2-D view copies whole rows, about twice as fast on the CPU)."""
+    return buffer.view(buffer.shape[0], -1).index_select(0, slots).view(-1, *buffer.shape[1:])
 
 
 def decode_attention(

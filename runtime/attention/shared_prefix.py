@@ -15,11 +15,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 
-from sprig.kernels.decode_attention import PaddedRows, attend_padded, exp_scores, pad_by_length
+from sprig.kernels.attention_lse import attention_lse
+from sprig.kernels.decode_attention import (
+    PaddedRows,
+    attend_padded,
+    gather_bucket_kv,
+    gather_rows,
+    pad_by_length,
+)
 from sprig.kernels.extend_attention import request_attention_ref
+
+if TYPE_CHECKING:
+    from sprig.runtime.attention.kept_kv import KeptKV
 
 
 @dataclass(frozen=True)
@@ -147,17 +158,22 @@ def shared_prefix_decode_attention(
     plan: SharingPlan,
     *,
     sm_scale: float,
-    prefix_kv: PrefixKV | None = None,
+    kept: KeptKV | None = None,
     layer: int = 0,
 ) -> torch.Tensor:  # [B, Hq, D] in q.dtype
     """Decode attention by `plan`: the remainders, then each shared prefix once per group,
-    merged by log-sum-exp. With `prefix_kv`, the groups' gathered K/V come from (and go to)
-    it under keys (`layer`, bucket index)."""
-    out, lse = attend_padded(q, k_buffer, v_buffer, plan.rest_padded, sm_scale=sm_scale)
+    merged by log-sum-exp. With `kept`, the gathered K/V come from (and go to) its stores
+    under keys (`layer`, bucket index)."""
+    def rest_kv(i: int, bucket: PaddedRows) -> tuple[torch.Tensor, torch.Tensor]:
+        if kept is None:
+            return gather_bucket_kv(k_buffer, v_buffer, bucket)
+        return kept.tails.get((layer, i), bucket, k_buffer, v_buffer)
+
+    out, lse = attend_padded(q, plan.rest_padded, rest_kv, sm_scale=sm_scale)
     for i, bucket in enumerate(plan.decode_groups):
         kv = (
-            prefix_kv.get((layer, i), bucket, k_buffer, v_buffer)
-            if prefix_kv is not None
+            kept.prefixes.get((layer, i), bucket, k_buffer, v_buffer)
+            if kept is not None
             else gather_prefix_kv(k_buffer, v_buffer, bucket)
         )
         _merge_prefix(q, kv, bucket, out, lse, sm_scale)
@@ -237,24 +253,20 @@ def _tail_attention(
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [m, Lq, Hq, D], [m, Lq, Hq] float32
     """Causal attention of m requests' new tokens to the ends of their contexts, with the
-    log-sum-exp, in one batched product: token i sees positions `0 ..= R - Lq + i` of its
-    request's `slots`."""
+    log-sum-exp, in one call: token i sees positions `0 ..= R - Lq + i` of its request's
+    `slots`. A KV head's query rows are its G query heads times the Lq tokens."""
     m, Lq, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     G = Hq // Hkv
     R = slots.shape[1]
-    flat = slots.flatten()
-    k = k_buffer.index_select(0, flat).float().view(m, R, Hkv, D).permute(0, 2, 3, 1)  # [m, Hkv, D, R]
-    v = v_buffer.index_select(0, flat).float().view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
-    qh = q.float().view(m, Lq, Hkv, G, D).permute(0, 2, 3, 1, 4)  # [m, Hkv, G, Lq, D]
-    scores = torch.matmul(qh, k.unsqueeze(2)).mul_(sm_scale)  # [m, Hkv, G, Lq, R]
-    future = torch.arange(R, device=q.device)[None, :] > torch.arange(Lq, device=q.device)[:, None] + (R - Lq)
-    scores.masked_fill_(future, float("-inf"))
-    weights, sums, lse = exp_scores(scores)  # [m, Hkv, G, Lq, R], [m, Hkv, G, Lq, 1] x2
-    o = torch.matmul(weights, v.unsqueeze(2)).div_(sums)  # [m, Hkv, G, Lq, D]
+    k = gather_rows(k_buffer, slots.flatten()).view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
+    v = gather_rows(v_buffer, slots.flatten()).view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
+    qh = q.view(m, Lq, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(m, Hkv, G * Lq, D)
+    seen = torch.arange(R, device=q.device)[None, :] <= torch.arange(Lq, device=q.device)[:, None] + (R - Lq)
+    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=seen.repeat(G, 1))  # [m, Hkv, G*Lq, D], [m, Hkv, G*Lq]
     return (
-        o.permute(0, 3, 1, 2, 4).reshape(m, Lq, Hq, D),
-        lse.squeeze(-1).permute(0, 3, 1, 2).reshape(m, Lq, Hq),
+        o.view(m, Hkv, G, Lq, D).permute(0, 3, 1, 2, 4).reshape(m, Lq, Hq, D),
+        lse.view(m, Hkv, G, Lq).permute(0, 3, 1, 2).reshape(m, Lq, Hq),
     )
 
 
@@ -262,54 +274,14 @@ def gather_prefix_kv(
     k_buffer: torch.Tensor,  # [S, Hkv, D]
     v_buffer: torch.Tensor,  # [S, Hkv, D]
     bucket: PaddedGroups,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [g, Hkv, D, L], [g, Hkv, L, D] float32, contiguous
-    """The bucket's shared K (transposed for the score product) and V, per group and KV head."""
+) -> tuple[torch.Tensor, torch.Tensor]:  # [g, Hkv, L, D] x2 float32, contiguous
+    """The bucket's shared K and V, per group and KV head."""
     g, L = bucket.slots.shape
     Hkv, D = k_buffer.shape[1:]
     flat = bucket.slots.flatten()
-    k = k_buffer.index_select(0, flat).float().view(g, L, Hkv, D).permute(0, 2, 3, 1).contiguous()
-    v = v_buffer.index_select(0, flat).float().view(g, L, Hkv, D).transpose(1, 2).contiguous()
+    k = gather_rows(k_buffer, flat).float().view(g, L, Hkv, D).transpose(1, 2).contiguous()
+    v = gather_rows(v_buffer, flat).float().view(g, L, Hkv, D).transpose(1, 2).contiguous()
     return k, v
-
-
-class PrefixKV:
-    """The decode groups' gathered prefix K/V (`gather_prefix_kv`), kept across decode steps
-    while their slots stay the same, up to `budget_bytes`.
-
-    Valid between extend steps only: a decode step stores K/V only in slots just allocated
-    for new tokens, so the slots a running group shares keep their contents, and a group
-    can come to hold a slot again only through an extend. The owner calls `clear()` before
-    every step that is not a decode step.
-    """
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = budget_bytes
-        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        """Buckets whose K/V are kept."""
-        return len(self._entries)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._bytes = 0
-
-    def get(
-        self, key: tuple[int, int], bucket: PaddedGroups, k_buffer: torch.Tensor, v_buffer: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of `bucket` (`key`: layer, bucket index), reused when its slots are unchanged."""
-        hit = self._entries.get(key)
-        if hit is not None and hit[0].shape == bucket.slots.shape and torch.equal(hit[0], bucket.slots):
-            return hit[1], hit[2]
-        if hit is not None:
-            del self._entries[key]
-            self._bytes -= hit[1].nbytes + hit[2].nbytes
-        k, v = gather_prefix_kv(k_buffer, v_buffer, bucket)
-        if self._bytes + k.nbytes + v.nbytes <= self.budget_bytes:
-            self._entries[key] = (bucket.slots, k, v)
-            self._bytes += k.nbytes + v.nbytes
-        return k, v
 
 
 def _prefix_attention(
@@ -318,19 +290,16 @@ def _prefix_attention(
     bucket: PaddedGroups,
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [g*n, Hq, D], [g*n, Hq] float32
-    """Every query head of every row of each group against the group's shared slots: per
-    group and KV head, one [n*G, D] x [D, L] product, all in one batched matmul."""
+    """Every query head of every row of each group against the group's shared slots, in
+    one call: per group and KV head, the query rows are its n rows times G query heads."""
     g, n = bucket.rows.shape
     Hq, D = q.shape[1:]
     k, v = kv
     Hkv = k.shape[1]
     G = Hq // Hkv
-    qh = q.index_select(0, bucket.rows.flatten()).float().view(g, n, Hkv, G, D)
+    qh = q.index_select(0, bucket.rows.flatten()).view(g, n, Hkv, G, D)
     qh = qh.permute(0, 2, 1, 3, 4).reshape(g, Hkv, n * G, D)
-    scores = torch.matmul(qh, k).mul_(sm_scale)  # [g, Hkv, nG, L]
-    if bucket.slot_valid is not None:
-        scores.masked_fill_(~bucket.slot_valid[:, None, None, :], float("-inf"))
-    weights, sums, lse = exp_scores(scores)  # [g, Hkv, nG, L], [g, Hkv, nG, 1] x2
-    o = torch.matmul(weights, v).div_(sums)  # [g, Hkv, nG, D]
+    valid = None if bucket.slot_valid is None else bucket.slot_valid[:, None, None, :]
+    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=valid)  # [g, Hkv, nG, D], [g, Hkv, nG]
     o = o.view(g, Hkv, n, G, D).permute(0, 2, 1, 3, 4).reshape(g * n, Hq, D)
     return o, lse.view(g, Hkv, n, G).permute(0, 2, 1, 3).reshape(g * n, Hq)

@@ -7,8 +7,8 @@ import torch
 from sprig.kernels.extend_attention import extend_attention_ref
 from sprig.kernels.store_kv import store_kv_ref
 from sprig.radix.kv_cache import KVCache
+from sprig.runtime.attention.kept_kv import KeptKV
 from sprig.runtime.attention.shared_prefix import (
-    PrefixKV,
     SharingPlan,
     plan_shared_prefixes,
     shared_prefix_decode_attention,
@@ -17,15 +17,17 @@ from sprig.runtime.attention.shared_prefix import (
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
 from sprig.runtime.model_config import ModelConfig
 
-# Most bytes of gathered shared-prefix K/V kept across decode steps (float32 copies).
-PREFIX_KV_BUDGET_BYTES = 256 << 20
+# Most bytes of gathered K/V kept across decode steps (float32 copies), for shared
+# prefixes and for the remainders each.
+KEPT_KV_BUDGET_BYTES = 256 << 20
 
 
 class TorchAttentionBackend:
     """Stores new K/V with `store_kv_ref`, then `extend_attention_ref` or decode attention
     by the batch's mode. A prefix that several requests share is read once for all of them
     (`shared_prefix`), planned once per step by `begin_step`; during a run of decode steps
-    its gathered K/V are kept (`PrefixKV`) while the group holds the same slots.
+    the gathered K/V are kept (`KeptKV`): a group's while it holds the same slots, the
+    remainders' while each step adds one token to every request.
 
     Invariant: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
     step, and every step of the pool goes through this backend (a step it did not see
@@ -35,13 +37,13 @@ class TorchAttentionBackend:
     def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
         """The registry's constructor convention; the pool comes with each batch."""
         self._plan: tuple[ForwardBatch, SharingPlan] | None = None
-        self.prefix_kv = PrefixKV(PREFIX_KV_BUDGET_BYTES)
+        self.kept_kv = KeptKV(KEPT_KV_BUDGET_BYTES)
 
     def begin_step(self, batch: ForwardBatch) -> None:
-        """Find the prefixes the batch's requests share; forget kept prefix K/V unless
+        """Find the prefixes the batch's requests share; forget kept K/V unless
         this is a decode step."""
         if batch.mode is not ForwardMode.DECODE:
-            self.prefix_kv.clear()
+            self.kept_kv.clear()
         self._plan = (batch, plan_shared_prefixes(batch.kv_indptr, batch.kv_indices))
 
     def forward(
@@ -61,7 +63,7 @@ class TorchAttentionBackend:
         store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
         if batch.mode is ForwardMode.DECODE:
             return shared_prefix_decode_attention(
-                q, k_buffer, v_buffer, plan, sm_scale=sm_scale, prefix_kv=self.prefix_kv, layer=layer
+                q, k_buffer, v_buffer, plan, sm_scale=sm_scale, kept=self.kept_kv, layer=layer
             )
         if plan.groups:
             return shared_prefix_extend_attention(

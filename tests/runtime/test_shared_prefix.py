@@ -15,13 +15,10 @@ from sprig.kernels.extend_attention import extend_attention_ref
 from sprig.runtime import Engine
 from sprig.runtime.attention import shared_prefix
 from sprig.runtime.attention.shared_prefix import (
-    PrefixKV,
     plan_shared_prefixes,
     shared_prefix_decode_attention,
     shared_prefix_extend_attention,
 )
-from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 
 POOL = 4096
 
@@ -111,65 +108,6 @@ def test_equals_plain_decode_attention(hq: int, hkv: int, dtype: torch.dtype) ->
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     assert torch.all(got[8] == 0)  # the empty context
-
-
-def test_kept_prefix_kv_serves_decode_steps_until_cleared() -> None:
-    torch.manual_seed(2)
-    contexts, _ = contexts_with_sharing()
-    indptr, indices = build_batch(contexts)
-    D, scale = 16, 16**-0.5
-    k_buf, v_buf = torch.randn(POOL, 2, D), torch.randn(POOL, 2, D)
-    q = torch.randn(len(contexts), 4, D)
-    plan = plan_shared_prefixes(indptr, indices)
-    kept = PrefixKV(budget_bytes=1 << 30)
-
-    def attend(layer: int = 0) -> torch.Tensor:
-        return shared_prefix_decode_attention(
-            q, k_buf, v_buf, plan, sm_scale=scale, prefix_kv=kept, layer=layer
-        )
-
-    def plain() -> torch.Tensor:
-        return decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale)
-
-    torch.testing.assert_close(attend(), plain())
-    assert len(kept) == len(plan.decode_groups) == 2
-    bucket = plan.decode_groups[0]
-    first = kept.get((0, 0), bucket, k_buf, v_buf)
-    assert all(a is b for a, b in zip(first, kept.get((0, 0), bucket, k_buf, v_buf), strict=True))
-    attend(layer=1)
-    assert len(kept) == 4  # one entry per layer and bucket
-    k_buf[plan.groups[0].slots] += 1.0  # an extend rewrote a shared prefix's slots
-    assert not torch.allclose(attend(), plain(), atol=1e-3)  # kept K/V are what was read
-    kept.clear()
-    torch.testing.assert_close(attend(), plain())
-    other = PrefixKV(budget_bytes=0)  # over budget: gathered every time, nothing kept
-    got = other.get((0, 0), bucket, k_buf, v_buf)
-    assert len(other) == 0 and got[0] is not other.get((0, 0), bucket, k_buf, v_buf)[0]
-
-
-def test_the_backend_forgets_kept_prefix_kv_on_any_step_but_decode(tiny_llama: Path) -> None:
-    runner = ModelRunner(RunnerConfig(tiny_llama, device="cpu", max_total_tokens=256))
-    backend, cache = runner.backend, runner.kv_cache
-    contexts = [[*range(1, 41), 41], [*range(1, 41), 42]]
-    indptr, indices = build_batch(contexts)
-
-    def batch(mode: ForwardMode) -> ForwardBatch:
-        return ForwardBatch(
-            mode=mode, input_ids=torch.tensor([5, 6]), positions=torch.tensor([40, 40]),
-            qo_indptr=torch.tensor([0, 1, 2], dtype=torch.int32), kv_indptr=indptr,
-            kv_indices=indices, out_cache_loc=torch.tensor([41, 42]), kv_cache=cache,
-            max_q_len=1, max_kv_len=41,
-        )
-
-    q, kv = torch.randn(2, 4, 16), torch.randn(2, 2, 16)
-    decode = batch(ForwardMode.DECODE)
-    backend.begin_step(decode)
-    backend.forward(q, kv, kv, 0, decode, sm_scale=0.25)
-    assert len(backend.prefix_kv) == 1
-    backend.begin_step(batch(ForwardMode.DECODE))
-    assert len(backend.prefix_kv) == 1
-    backend.begin_step(batch(ForwardMode.EXTEND))
-    assert len(backend.prefix_kv) == 0
 
 
 @pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2)])

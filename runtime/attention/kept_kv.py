@@ -1,0 +1,154 @@
+"""K/V that the torch backend gathers for decode attention, kept across decode steps.
+
+Both stores are valid between extend steps only: a decode step stores K/V only in slots
+just allocated for its new tokens, so the slots a running request holds keep their
+contents, and a request can come to hold a slot again only through an extend. Their owner
+calls `clear()` before every step that is not a decode step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sprig.kernels.decode_attention import PaddedRows, gather_bucket_kv, gather_rows
+from sprig.runtime.attention.shared_prefix import PaddedGroups, gather_prefix_kv
+
+
+class PrefixKV:
+    """The decode groups' gathered prefix K/V (`gather_prefix_kv`), kept while their slots
+    stay the same, up to `budget_bytes`."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        """Buckets whose K/V are kept."""
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def get(
+        self, key: tuple[int, int], bucket: PaddedGroups, k_buffer: torch.Tensor, v_buffer: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of `bucket` (`key`: layer, bucket index), reused when its slots are unchanged."""
+        hit = self._entries.get(key)
+        if hit is not None and hit[0].shape == bucket.slots.shape and torch.equal(hit[0], bucket.slots):
+            return hit[1], hit[2]
+        if hit is not None:
+            del self._entries[key]
+            self._bytes -= hit[1].nbytes + hit[2].nbytes
+        k, v = gather_prefix_kv(k_buffer, v_buffer, bucket)
+        if self._bytes + k.nbytes + v.nbytes <= self.budget_bytes:
+            self._entries[key] = (bucket.slots, k, v)
+            self._bytes += k.nbytes + v.nbytes
+        return k, v
+
+
+@dataclass
+class _Tails:
+    bucket: PaddedRows  # the bucket whose K/V the buffers hold
+    k: torch.Tensor  # [b, cap, Hkv, D] float32, cap >= the bucket's L
+    v: torch.Tensor  # [b, cap, Hkv, D] float32
+
+
+class TailKV:
+    """The decode buckets' gathered remainder K/V (`gather_bucket_kv`, in float32), kept up
+    to `budget_bytes`: when a step's bucket has the same rows as the kept one, each with
+    the same slots plus one new slot (every request decoded one token), the kept K/V gain
+    the new tokens' K/V instead of the whole bucket being gathered again.
+
+    Rows keep their padded positions, so a row's new slot lands at its old length; the
+    bucket's `valid` mask hides what lies beyond each row's length.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: dict[tuple[int, int], _Tails] = {}
+        self._bytes = 0
+        self._verdicts: dict[int, tuple[PaddedRows, PaddedRows, bool]] = {}
+
+    def __len__(self) -> int:
+        """Buckets whose K/V are kept."""
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._verdicts.clear()
+        self._bytes = 0
+
+    def get(
+        self, key: tuple[int, int], bucket: PaddedRows, k_buffer: torch.Tensor, v_buffer: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [b, Hkv, L, D] x2 float32
+        """K/V of `bucket` (`key`: layer, bucket index): the kept ones extended by a step,
+        or gathered (and kept, within the budget)."""
+        L = bucket.slots.shape[1]
+        kept = self._entries.pop(key, None)
+        if kept is not None:
+            self._bytes -= kept.k.nbytes + kept.v.nbytes
+            if self._one_step_on(key[1], kept.bucket, bucket):
+                kept = self._extend(kept, bucket, k_buffer, v_buffer)
+            else:
+                kept = None
+        if kept is None:
+            k, v = gather_bucket_kv(k_buffer, v_buffer, bucket)  # [b, Hkv, L, D] views
+            kept = _Tails(bucket, k.float().transpose(1, 2), v.float().transpose(1, 2))
+        if self._bytes + kept.k.nbytes + kept.v.nbytes <= self.budget_bytes:
+            self._entries[key] = kept
+            self._bytes += kept.k.nbytes + kept.v.nbytes
+        return kept.k[:, :L].transpose(1, 2), kept.v[:, :L].transpose(1, 2)
+
+    def _one_step_on(self, index: int, old: PaddedRows, new: PaddedRows) -> bool:
+        """Whether `new` is `old` one decode step later; decided once per step and bucket
+        index (every layer's entry was built from the same `old`)."""
+        seen = self._verdicts.get(index)
+        if seen is not None and seen[0] is old and seen[1] is new:
+            return seen[2]
+        L = old.slots.shape[1]
+        same = (
+            old.rows.shape == new.rows.shape
+            and torch.equal(old.rows, new.rows)
+            and torch.equal(new.lens, old.lens + 1)
+        )
+        if same:
+            if old.valid is None:
+                same = torch.equal(new.slots[:, :L], old.slots)
+            else:
+                same = torch.equal(new.slots[:, :L][old.valid], old.slots[old.valid])
+        self._verdicts[index] = (old, new, same)
+        return same
+
+    @staticmethod
+    def _extend(kept: _Tails, new: PaddedRows, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> _Tails:
+        """Write each row's new token K/V at its old length, growing the buffers by a
+        quarter when they are full. Growth is zeros: a masked position's weight is 0, and
+        0 times uninitialised memory can be NaN."""
+        b, L = new.slots.shape
+        k, v = kept.k, kept.v
+        if k.shape[1] < L:
+            cap = L + max(16, L // 4)
+            k = torch.cat([k, k.new_zeros(b, cap - k.shape[1], *k.shape[2:])], dim=1)
+            v = torch.cat([v, v.new_zeros(b, cap - v.shape[1], *v.shape[2:])], dim=1)
+        at = kept.bucket.lens  # [b]: each row's new position
+        rows = torch.arange(b, device=at.device)
+        fresh = new.slots[rows, at]  # [b]
+        k[rows, at] = gather_rows(k_buffer, fresh).float()
+        v[rows, at] = gather_rows(v_buffer, fresh).float()
+        return _Tails(new, k, v)
+
+
+class KeptKV:
+    """The torch backend's two stores, each within `budget_bytes`, cleared together."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.prefixes = PrefixKV(budget_bytes)
+        self.tails = TailKV(budget_bytes)
+
+    def clear(self) -> None:
+        self.prefixes.clear()
+        self.tails.clear()

@@ -1,0 +1,164 @@
+"""K/V kept across decode steps by the torch backend: what they serve equals attention
+over the pool, they are reused or extended only when the batch allows it, and the backend
+forgets them on any step but decode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from test_shared_prefix import POOL, build_batch, contexts_with_sharing, fresh
+
+from sprig.kernels.decode_attention import decode_attention_ref
+from sprig.runtime.attention.kept_kv import KeptKV, PrefixKV, TailKV
+from sprig.runtime.attention.shared_prefix import (
+    plan_shared_prefixes,
+    shared_prefix_decode_attention,
+)
+from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
+from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+
+
+def test_kept_prefix_kv_serves_decode_steps_until_cleared() -> None:
+    torch.manual_seed(2)
+    contexts, _ = contexts_with_sharing()
+    indptr, indices = build_batch(contexts)
+    D, scale = 16, 16**-0.5
+    k_buf, v_buf = torch.randn(POOL, 2, D), torch.randn(POOL, 2, D)
+    q = torch.randn(len(contexts), 4, D)
+    plan = plan_shared_prefixes(indptr, indices)
+    kept = KeptKV(budget_bytes=1 << 30)
+
+    def attend(layer: int = 0) -> torch.Tensor:
+        return shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=scale, kept=kept, layer=layer)
+
+    def plain() -> torch.Tensor:
+        return decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale)
+
+    torch.testing.assert_close(attend(), plain())
+    assert len(kept.prefixes) == len(plan.decode_groups) == 2
+    bucket = plan.decode_groups[0]
+    first = kept.prefixes.get((0, 0), bucket, k_buf, v_buf)
+    assert all(a is b for a, b in zip(first, kept.prefixes.get((0, 0), bucket, k_buf, v_buf), strict=True))
+    attend(layer=1)
+    assert len(kept.prefixes) == 4  # one entry per layer and bucket
+    k_buf[plan.groups[0].slots] += 1.0  # an extend rewrote a shared prefix's slots
+    assert not torch.allclose(attend(), plain(), atol=1e-3)  # kept K/V are what was read
+    kept.clear()
+    torch.testing.assert_close(attend(), plain())
+    other = PrefixKV(budget_bytes=0)  # over budget: gathered every time, nothing kept
+    got = other.get((0, 0), bucket, k_buf, v_buf)
+    assert len(other) == 0 and got[0] is not other.get((0, 0), bucket, k_buf, v_buf)[0]
+
+
+def decode_steps(contexts: list[list[int]], steps: int, c: list[int]):
+    """Each step appends one fresh slot to every context; yields (indptr, indices, new slots)."""
+    for _ in range(steps):
+        new = [fresh(1, c)[0] for _ in contexts]
+        for ctx, slot in zip(contexts, new, strict=True):
+            ctx.append(slot)
+        indptr, indices = build_batch(contexts)
+        yield indptr, indices, new
+
+
+def test_kept_remainders_grow_by_each_decode_step() -> None:
+    torch.manual_seed(4)
+    c = [100]
+    system = fresh(40, c)
+    # one padded remainder bucket (lengths 9..14) and a request alone; 30 steps outgrow
+    # the buffers more than once
+    contexts = [system + fresh(n, c) for n in (9, 14, 12)] + [fresh(13, c)]
+    D, scale = 16, 16**-0.5
+    k_buf, v_buf = torch.randn(POOL, 2, D), torch.randn(POOL, 2, D)
+    kept = KeptKV(budget_bytes=1 << 30)
+    entries = []
+    for indptr, indices, new in decode_steps(contexts, 30, c):
+        k_buf[new], v_buf[new] = torch.randn(len(new), 2, D), torch.randn(len(new), 2, D)  # the step's store
+        q = torch.randn(len(contexts), 4, D)
+        plan = plan_shared_prefixes(indptr, indices)
+        assert len(plan.rest_padded) == 1 and plan.rest_padded[0].valid is not None
+        for layer in range(2):
+            got = shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=scale, kept=kept, layer=layer)
+            want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        entries.append(len(kept.tails))
+    assert entries == [2] * 30  # both layers' buckets kept throughout
+    # the kept remainders were extended, not gathered again: rewriting an old slot
+    # (which no decode step does) goes unseen until the store is cleared
+    old = contexts[0][-5]
+    k_buf[old] += 1.0
+    (indptr, indices, new), = decode_steps(contexts, 1, c)
+    plan = plan_shared_prefixes(indptr, indices)
+    q = torch.randn(len(contexts), 4, D)
+    want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale)
+    stale = shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=scale, kept=kept)
+    assert not torch.allclose(stale, want, atol=1e-3)
+    kept.clear()
+    fixed = shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=scale, kept=kept)
+    torch.testing.assert_close(fixed, want, atol=1e-5, rtol=1e-5)
+
+
+def test_kept_remainders_are_gathered_again_when_the_batch_changes() -> None:
+    torch.manual_seed(5)
+    c = [100]
+    contexts = [fresh(n, c) for n in (20, 22, 25)]
+    D, scale = 8, 8**-0.5
+    k_buf, v_buf = torch.randn(POOL, 1, D), torch.randn(POOL, 1, D)
+    kept = KeptKV(budget_bytes=1 << 30)
+
+    def check(indptr: torch.Tensor, indices: torch.Tensor) -> None:
+        q = torch.randn(indptr.numel() - 1, 2, D)
+        plan = plan_shared_prefixes(indptr, indices)
+        got = shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=scale, kept=kept)
+        torch.testing.assert_close(got, decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale))
+
+    for indptr, indices, _ in decode_steps(contexts, 2, c):
+        check(indptr, indices)
+    contexts.pop(1)  # a request finished: the rows differ
+    for indptr, indices, _ in decode_steps(contexts, 2, c):
+        check(indptr, indices)
+    contexts[0] = contexts[0][:10] + fresh(12, c)  # same rows and lengths, other slots
+    check(*build_batch(contexts))
+    for ctx in contexts:  # two tokens at once (a jump-forward): lengths grew by two
+        ctx += fresh(2, c)
+    check(*build_batch(contexts))
+
+
+def test_kept_remainders_within_the_budget_only() -> None:
+    torch.manual_seed(6)
+    c = [100]
+    contexts = [fresh(30, c), fresh(31, c)]
+    k_buf, v_buf = torch.randn(POOL, 1, 8), torch.randn(POOL, 1, 8)
+    tails = TailKV(budget_bytes=0)
+    for indptr, indices, _ in decode_steps(contexts, 2, c):
+        plan = plan_shared_prefixes(indptr, indices)
+        k, v = tails.get((0, 0), plan.rest_padded[0], k_buf, v_buf)
+        torch.testing.assert_close(v, v_buf[plan.rest_padded[0].slots].transpose(1, 2).float())
+        assert len(tails) == 0
+        want = k_buf[plan.rest_padded[0].slots].transpose(1, 2)
+        torch.testing.assert_close(k, want.float())
+
+
+def test_the_backend_forgets_kept_kv_on_any_step_but_decode(tiny_llama: Path) -> None:
+    runner = ModelRunner(RunnerConfig(tiny_llama, device="cpu", max_total_tokens=256))
+    backend, cache = runner.backend, runner.kv_cache
+    contexts = [[*range(1, 41), 41], [*range(1, 41), 42]]
+    indptr, indices = build_batch(contexts)
+
+    def batch(mode: ForwardMode) -> ForwardBatch:
+        return ForwardBatch(
+            mode=mode, input_ids=torch.tensor([5, 6]), positions=torch.tensor([40, 40]),
+            qo_indptr=torch.tensor([0, 1, 2], dtype=torch.int32), kv_indptr=indptr,
+            kv_indices=indices, out_cache_loc=torch.tensor([41, 42]), kv_cache=cache,
+            max_q_len=1, max_kv_len=41,
+        )
+
+    q, kv = torch.randn(2, 4, 16), torch.randn(2, 2, 16)
+    decode = batch(ForwardMode.DECODE)
+    backend.begin_step(decode)
+    backend.forward(q, kv, kv, 0, decode, sm_scale=0.25)
+    assert len(backend.kept_kv.prefixes) == 1 and len(backend.kept_kv.tails) == 1
+    backend.begin_step(batch(ForwardMode.DECODE))
+    assert len(backend.kept_kv.prefixes) == 1 and len(backend.kept_kv.tails) == 1
+    backend.begin_step(batch(ForwardMode.EXTEND))
+    assert len(backend.kept_kv.prefixes) == 0 and len(backend.kept_kv.tails) == 0
