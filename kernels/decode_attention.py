@@ -235,6 +235,19 @@ class PaddedRows:
     valid: torch.Tensor | None  # [b, L] bool; None when nothing is padding
     lens: torch.Tensor  # [b] int64: each row's context length (its valid slots)
 
+    def grown(self, new_slots: torch.Tensor) -> PaddedRows:  # new_slots: [B] int64 per batch row
+        """The bucket one decode step later: each row's context gains the slot
+        `new_slots[row]` (the padding still at most doubles a row's work)."""
+        b, L = self.slots.shape
+        at = torch.arange(b, device=self.slots.device)
+        slots = torch.cat([self.slots, self.slots[:, :1]], dim=1)  # [b, L+1]
+        slots[at, self.lens] = new_slots[self.rows]
+        valid = None
+        if self.valid is not None:
+            valid = torch.cat([self.valid, self.valid[:, :1].logical_not()], dim=1)  # [b, L+1]
+            valid[at, self.lens] = True
+        return PaddedRows(self.rows, slots, valid, self.lens + 1)
+
 
 def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[PaddedRows]:
     """Requests with context, bucketed by length so that padding at most doubles a

@@ -126,12 +126,12 @@ class TailKV:
     @staticmethod
     def _extend(kept: _Tails, new: PaddedRows, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> _Tails:
         """Write each row's new token K/V at its old length, growing the buffers by a
-        quarter when they are full. Growth is zeros: a masked position's weight is 0, and
+        half when they are full. Growth is zeros: a masked position's weight is 0, and
         0 times uninitialised memory can be NaN."""
         b, L = new.slots.shape
         k, v = kept.k, kept.v
         if k.shape[1] < L:
-            cap = L + max(16, L // 4)
+            cap = L + max(32, L // 2)
             k = torch.cat([k, k.new_zeros(b, cap - k.shape[1], *k.shape[2:])], dim=1)
             v = torch.cat([v, v.new_zeros(b, cap - v.shape[1], *v.shape[2:])], dim=1)
         at = kept.bucket.lens  # [b]: each row's new position

@@ -53,6 +53,40 @@ class SharingPlan:
     groups: tuple[SharedPrefix, ...]
     rest_indptr: torch.Tensor  # [B+1] int64
     rest_indices: torch.Tensor  # [M] int64
+    kv_indptr: torch.Tensor  # [B+1] int64: the batch the plan describes
+    kv_indices: torch.Tensor  # [N] int64
+
+    def after_decode(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> SharingPlan | None:
+        """The plan of the batch (`kv_indptr`, `kv_indices`) if it is this plan's batch one
+        decode step later (the same requests, each context one slot longer), else None.
+        Keeps the groups, and grows the decode buckets already built instead of building
+        them again: O(N) tensor work instead of the full planning."""
+        indptr = kv_indptr.to(torch.int64)
+        indices = kv_indices.to(torch.int64)
+        B = self.kv_indptr.numel() - 1
+        step = torch.arange(B + 1, device=indptr.device)
+        if indptr.numel() != B + 1 or not torch.equal(indptr, self.kv_indptr + step):
+            return None
+        new_pos = indptr[1:] - 1  # [B] each context's new last slot
+        old = torch.ones(indices.numel(), dtype=torch.bool, device=indices.device)
+        old[new_pos] = False
+        if not torch.equal(indices[old], self.kv_indices):
+            return None
+        new_slots = indices[new_pos]  # [B]
+        rest_indptr = self.rest_indptr + step
+        rest_indices = torch.empty(rest_indptr[-1].item(), dtype=torch.int64, device=indices.device)
+        rest_new = rest_indptr[1:] - 1
+        kept = torch.ones(rest_indices.numel(), dtype=torch.bool, device=indices.device)
+        kept[rest_new] = False
+        rest_indices[kept] = self.rest_indices
+        rest_indices[rest_new] = new_slots
+        plan = SharingPlan(self.groups, rest_indptr, rest_indices, indptr, indices)
+        built = vars(self)  # what the cached properties already hold
+        if "rest_padded" in built:
+            vars(plan)["rest_padded"] = [bucket.grown(new_slots) for bucket in built["rest_padded"]]
+        if "decode_groups" in built:  # groups and their slots are unchanged
+            vars(plan)["decode_groups"] = built["decode_groups"]
+        return plan
 
     @cached_property
     def rest_padded(self) -> list[PaddedRows]:
@@ -126,7 +160,7 @@ def plan_shared_prefixes(
     lens = indptr[1:] - indptr[:-1]  # [B]
     has_ctx = lens > 0
     if int(has_ctx.sum()) < 2:
-        return SharingPlan((), indptr, indices)
+        return SharingPlan((), indptr, indices, indptr, indices)
     first = torch.where(has_ctx, indices[indptr[:-1].clamp(max=max(indices.numel() - 1, 0))], -1)  # [B]
     values, inverse, counts = torch.unique(first, return_inverse=True, return_counts=True)
     skip = torch.zeros_like(lens)  # [B] shared tokens per request
@@ -142,13 +176,13 @@ def plan_shared_prefixes(
             groups.append(SharedPrefix(members, rows[0, :shared].clone()))
             skip[members] = shared
     if not groups:
-        return SharingPlan((), indptr, indices)
+        return SharingPlan((), indptr, indices, indptr, indices)
     rest_lens = lens - skip
     rest_indptr = torch.zeros_like(indptr)
     torch.cumsum(rest_lens, 0, out=rest_indptr[1:])
     starts = torch.repeat_interleave(indptr[:-1] + skip - rest_indptr[:-1], rest_lens)  # [M]
     positions = torch.arange(int(rest_indptr[-1]), device=indices.device) + starts
-    return SharingPlan(tuple(groups), rest_indptr, indices[positions])
+    return SharingPlan(tuple(groups), rest_indptr, indices[positions], indptr, indices)
 
 
 def shared_prefix_decode_attention(

@@ -170,3 +170,52 @@ def test_the_engine_decodes_a_shared_prompt_through_the_plan(
         assert_idle_and_intact(engine)
     assert max(grouped) >= 4  # most of the batch decoded over the shared prompt at once
     assert [o["output_ids"] for o in outs] == hf_greedy(tiny_llama, prompts, 12)
+
+
+def test_a_plan_advanced_by_decode_steps_equals_a_fresh_one() -> None:
+    torch.manual_seed(7)
+    contexts, _ = contexts_with_sharing()
+    contexts = [ctx for ctx in contexts if ctx]  # a decode step gives every context a slot
+    c = [4000]
+    k_buf, v_buf = torch.randn(POOL + 100, 2, 16), torch.randn(POOL + 100, 2, 16)
+    plan = plan_shared_prefixes(*build_batch(contexts))
+    assert plan.rest_padded and plan.decode_groups  # built, as a decode step builds them
+    for _ in range(5):
+        for ctx in contexts:
+            ctx.append(fresh(1, c)[0])
+        indptr, indices = build_batch(contexts)
+        advanced = plan.after_decode(indptr, indices)
+        fresh_plan = plan_shared_prefixes(indptr, indices)
+        assert advanced is not None
+        assert [(g.members.tolist(), g.slots.tolist()) for g in advanced.groups] == [
+            (g.members.tolist(), g.slots.tolist()) for g in fresh_plan.groups
+        ]
+        assert torch.equal(advanced.rest_indptr, fresh_plan.rest_indptr)
+        assert torch.equal(advanced.rest_indices, fresh_plan.rest_indices)
+        assert "rest_padded" in vars(advanced)  # grown, not planned again
+        for bucket in advanced.rest_padded:
+            for j, row in enumerate(bucket.rows.tolist()):
+                n = int(bucket.lens[j])
+                lo, hi = advanced.rest_indptr[row], advanced.rest_indptr[row + 1]
+                assert bucket.slots[j, :n].tolist() == advanced.rest_indices[lo:hi].tolist()
+                assert bucket.valid is None or bucket.valid[j].tolist() == [i < n for i in range(bucket.valid.shape[1])]
+        q = torch.randn(len(contexts), 4, 16)
+        got = shared_prefix_decode_attention(q, k_buf, v_buf, advanced, sm_scale=0.25)
+        want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=0.25)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        plan = advanced
+
+
+def test_a_plan_does_not_advance_to_another_batch() -> None:
+    contexts, _ = contexts_with_sharing()
+    contexts = [ctx for ctx in contexts if ctx]
+    c = [4000]
+    plan = plan_shared_prefixes(*build_batch(contexts))
+    grown = [ctx + fresh(1, c) for ctx in contexts]
+    assert plan.after_decode(*build_batch(grown)) is not None
+    assert plan.after_decode(*build_batch(grown[:-1])) is None  # a request left
+    assert plan.after_decode(*build_batch([grown[0] + fresh(1, c), *grown[1:]])) is None  # two new slots
+    assert plan.after_decode(*build_batch(contexts)) is None  # no new slot
+    changed = [list(ctx) for ctx in grown]
+    changed[3][5] = fresh(1, c)[0]  # an earlier slot differs
+    assert plan.after_decode(*build_batch(changed)) is None
