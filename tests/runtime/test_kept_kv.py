@@ -65,14 +65,14 @@ def test_kept_remainders_grow_by_each_decode_step() -> None:
     torch.manual_seed(4)
     c = [100]
     system = fresh(40, c)
-    # one padded remainder bucket (lengths 9..14) and a request alone; 30 steps outgrow
+    # one padded remainder bucket (lengths 9..14) and a request alone; 40 steps outgrow
     # the buffers more than once
     contexts = [system + fresh(n, c) for n in (9, 14, 12)] + [fresh(13, c)]
     D, scale = 16, 16**-0.5
     k_buf, v_buf = torch.randn(POOL, 2, D), torch.randn(POOL, 2, D)
     kept = KeptKV(budget_bytes=1 << 30)
     entries = []
-    for indptr, indices, new in decode_steps(contexts, 30, c):
+    for indptr, indices, new in decode_steps(contexts, 40, c):
         k_buf[new], v_buf[new] = torch.randn(len(new), 2, D), torch.randn(len(new), 2, D)  # the step's store
         q = torch.randn(len(contexts), 4, D)
         plan = plan_shared_prefixes(indptr, indices)
@@ -82,7 +82,7 @@ def test_kept_remainders_grow_by_each_decode_step() -> None:
             want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         entries.append(len(kept.tails))
-    assert entries == [2] * 30  # both layers' buckets kept throughout
+    assert entries == [2] * 40  # both layers' buckets kept throughout
     # the kept remainders were extended, not gathered again: rewriting an old slot
     # (which no decode step does) goes unseen until the store is cleared
     old = contexts[0][-5]
