@@ -7,6 +7,11 @@ every request generates exactly O tokens. Prompts arrive shuffled. The default b
 sizes are each side's fastest on the 2-core CPU (benchmarks/RESULTS.md): sprig runs all
 128 requests at once, transformers 64 at a time.
 
+All sides are loaded and warmed up first; with `--repeats N` their timed runs then
+alternate (sprig, sprig without the cache, transformers, sprig, ...), so that a slow
+phase of a shared machine lands on every side alike, and each side's run of median time
+is reported.
+
 Printed for each run: wall time, output tokens/s, prompt tokens computed, and tokens run
 through the model (prompt tokens computed + decode steps' tokens); then the ratios. The
 least prompt computation possible is G*S + G*P*Q (each shared prefix once). The ratio of
@@ -40,6 +45,7 @@ SIZES = {  # random Llama shapes the benchmark can build (--size)
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
                num_attention_heads=32, num_key_value_heads=8),
 }
+PAD = 0  # the id that left-pads transformers' batches (masked out)
 
 
 @dataclass
@@ -76,59 +82,72 @@ def workload(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     return prompts
 
 
-def run_sprig(name: str, model: str, prompts: list[list[int]], args: argparse.Namespace, **options) -> list[Result]:
-    """`args.repeats` timed runs on one engine, each from a cold cache."""
-    params = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
-    results = []
-    with Engine(
-        model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        disable_cuda_graph=args.disable_cuda_graph, max_running_requests=args.batch, **options
-    ) as engine:
-        # Warm up on the workload's own shapes (on CUDA, Triton compiles a kernel variant
-        # per shape class on first use).
-        engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 2})
-        for _ in range(args.repeats):
-            engine.flush_cache()
-            before = engine.scheduler.stats.prefill_tokens
-            start = time.perf_counter()
-            outs = engine.generate(input_ids=prompts, sampling_params=params)
-            seconds = time.perf_counter() - start
-            computed = engine.scheduler.stats.prefill_tokens - before
-            results.append(Result(name, seconds, sum(len(o["output_ids"]) for o in outs), computed, len(prompts)))
-    return results
+class SprigSide:
+    """A loaded engine, warmed up on the workload's own shapes; `run()` times one pass from
+    a cold cache."""
+
+    def __init__(self, name: str, model: str, prompts: list[list[int]], args: argparse.Namespace, **options) -> None:
+        self.name, self.prompts = name, prompts
+        self.params = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
+        if args.device.startswith("cuda"):  # leave room for the other sides, loaded beside it
+            options.setdefault("mem_fraction_static", 0.3)
+        self.engine = Engine(
+            model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
+            disable_cuda_graph=args.disable_cuda_graph, max_running_requests=args.batch, **options
+        )
+        # On CUDA, Triton compiles a kernel variant per shape class on first use.
+        self.engine.generate(input_ids=prompts, sampling_params={**self.params, "max_new_tokens": 2})
+
+    def run(self) -> Result:
+        self.engine.flush_cache()
+        before = self.engine.scheduler.stats.prefill_tokens
+        start = time.perf_counter()
+        outs = self.engine.generate(input_ids=self.prompts, sampling_params=self.params)
+        seconds = time.perf_counter() - start
+        computed = self.engine.scheduler.stats.prefill_tokens - before
+        return Result(self.name, seconds, sum(len(o["output_ids"]) for o in outs), computed, len(self.prompts))
+
+    def close(self) -> None:
+        self.engine.shutdown()
 
 
-def run_transformers(model_path: str, prompts: list[list[int]], args: argparse.Namespace) -> list[Result]:
-    """`args.repeats` timed runs of batched, padded `generate`."""
-    dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(args.device).eval()
-    model.generation_config.eos_token_id = None
-    pad = 0
-    with torch.inference_mode():  # warm up (CUDA kernels, allocator) on one batch's shape
-        warm = torch.tensor(prompts[: args.hf_batch], device=args.device)
-        model.generate(input_ids=warm, max_new_tokens=2, do_sample=False, pad_token_id=pad)
-    results = []
-    for _ in range(args.repeats):
+class TransformersSide:
+    """The checkpoint in `transformers`, warmed up on one batch's shape; `run()` times
+    batched, left-padded `generate` over every prompt."""
+
+    name = "transformers generate"
+
+    def __init__(self, model_path: str, prompts: list[list[int]], args: argparse.Namespace) -> None:
+        self.prompts, self.args = prompts, args
+        dtype = getattr(torch, args.dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(args.device).eval()
+        self.model.generation_config.eos_token_id = None
+        with torch.inference_mode():
+            warm = torch.tensor(prompts[: args.hf_batch], device=args.device)
+            self.model.generate(input_ids=warm, max_new_tokens=2, do_sample=False, pad_token_id=PAD)
+
+    def run(self) -> Result:
+        args = self.args
         computed = produced = 0
         start = time.perf_counter()
         with torch.inference_mode():
-            for i in range(0, len(prompts), args.hf_batch):
-                chunk = prompts[i : i + args.hf_batch]
+            for i in range(0, len(self.prompts), args.hf_batch):
+                chunk = self.prompts[i : i + args.hf_batch]
                 width = max(len(p) for p in chunk)
-                ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=args.device)
+                ids = torch.tensor([[PAD] * (width - len(p)) + p for p in chunk], device=args.device)
                 mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=args.device)
-                out = model.generate(
+                out = self.model.generate(
                     input_ids=ids, attention_mask=mask, max_new_tokens=args.output_len,
-                    min_new_tokens=args.output_len, do_sample=False, pad_token_id=pad,
+                    min_new_tokens=args.output_len, do_sample=False, pad_token_id=PAD,
                 )
                 computed += ids.numel()
                 produced += (out.shape[1] - width) * len(chunk)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
-        results.append(
-            Result("transformers generate", time.perf_counter() - start, produced, computed, len(prompts))
-        )
-    return results
+        return Result(self.name, time.perf_counter() - start, produced, computed, len(self.prompts))
+
+    def close(self) -> None:
+        del self.model
 
 
 def median_run(runs: list[Result]) -> Result:
@@ -154,7 +173,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="timed runs of each side; the run of median time is reported")
+                        help="timed runs of each side, interleaved; the run of median time is reported")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -170,12 +189,18 @@ def main() -> None:
         f"+ question {args.question_len} tokens, {args.output_len} output tokens; "
         f"{args.size if args.model is None else args.model}, {args.dtype} on {args.device}, threads={torch.get_num_threads()}"
     )
-    runs = [
-        run_sprig("sprig", model, prompts, args),
-        run_sprig("sprig, radix cache off", model, prompts, args, disable_radix_cache=True),
+    sides = [
+        SprigSide("sprig", model, prompts, args),
+        SprigSide("sprig, radix cache off", model, prompts, args, disable_radix_cache=True),
     ]
     if not args.skip_transformers:
-        runs.append(run_transformers(model, prompts, args))
+        sides.append(TransformersSide(model, prompts, args))
+    runs: list[list[Result]] = [[] for _ in sides]
+    for _ in range(args.repeats):  # interleaved: every side sees the machine's same phases
+        for side, side_runs in zip(sides, runs, strict=True):
+            side_runs.append(side.run())
+    for side in sides:
+        side.close()
     results = [median_run(r) for r in runs]
 
     print("\n| run | wall s | output tok/s | prompt tokens computed | vs minimum | tokens through the model |")
