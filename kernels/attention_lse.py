@@ -2,15 +2,19 @@
 torch paths that attend to parts of a context separately (a shared prefix, then each
 request's remainder) merge the parts by it.
 
-On the CPU this is torch's fused flash-attention kernel, which never materialises the
-scores and parallelises over batch, heads and query blocks; elsewhere it is the explicit
-product. Grouped-query attention folds a KV head's query heads into query rows, so both
-paths see one KV head per query head.
+Grouped-query attention folds a KV head's query heads into query rows, so every path sees
+one KV head per query head. On the CPU, torch's fused flash-attention kernel runs when
+there are more than `FLASH_MIN_ROWS` query rows per head: it never materialises the
+scores and parallelises over batch, heads and query blocks. With fewer rows (a decode
+step's few query heads per KV head) its blocked loop costs more than the explicit product,
+which every other case runs.
 """
 
 from __future__ import annotations
 
 import torch
+
+FLASH_MIN_ROWS = 5  # on the CPU, 2 rows x 62 keys: explicit 0.79 ms, flash 0.94 ms (128 x 4 heads)
 
 
 def attention_lse(
@@ -24,7 +28,7 @@ def attention_lse(
     """softmax(q k^T * scale, masked by `valid`) v and the rows' log-sum-exp, computed in
     float32. Every row must have a valid key (a row without one has no finite result)."""
     q, k, v = q.float(), k.float(), v.float()
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and q.shape[2] >= FLASH_MIN_ROWS:
         mask = None
         if valid is not None:
             mask = torch.zeros(valid.shape, dtype=torch.float32, device=q.device)

@@ -238,7 +238,7 @@ class PaddedRows:
     def grown(self, new_slots: torch.Tensor) -> PaddedRows:  # new_slots: [B] int64 per batch row
         """The bucket one decode step later: each row's context gains the slot
         `new_slots[row]` (the padding still at most doubles a row's work)."""
-        b, L = self.slots.shape
+        b = self.slots.shape[0]
         at = torch.arange(b, device=self.slots.device)
         slots = torch.cat([self.slots, self.slots[:, :1]], dim=1)  # [b, L+1]
         slots[at, self.lens] = new_slots[self.rows]

@@ -53,8 +53,8 @@ class PrefixKV:
 @dataclass
 class _Tails:
     bucket: PaddedRows  # the bucket whose K/V the buffers hold
-    k: torch.Tensor  # [b, cap, Hkv, D] float32, cap >= the bucket's L
-    v: torch.Tensor  # [b, cap, Hkv, D] float32
+    k: torch.Tensor  # [b, Hkv, cap, D] float32, cap >= the bucket's L
+    v: torch.Tensor  # [b, Hkv, cap, D] float32
 
 
 class TailKV:
@@ -97,11 +97,11 @@ class TailKV:
                 kept = None
         if kept is None:
             k, v = gather_bucket_kv(k_buffer, v_buffer, bucket)  # [b, Hkv, L, D] views
-            kept = _Tails(bucket, k.float().transpose(1, 2), v.float().transpose(1, 2))
+            kept = _Tails(bucket, k.float().contiguous(), v.float().contiguous())  # head-major
         if self._bytes + kept.k.nbytes + kept.v.nbytes <= self.budget_bytes:
             self._entries[key] = kept
             self._bytes += kept.k.nbytes + kept.v.nbytes
-        return kept.k[:, :L].transpose(1, 2), kept.v[:, :L].transpose(1, 2)
+        return kept.k[:, :, :L], kept.v[:, :, :L]
 
     def _one_step_on(self, index: int, old: PaddedRows, new: PaddedRows) -> bool:
         """Whether `new` is `old` one decode step later; decided once per step and bucket
@@ -130,15 +130,15 @@ class TailKV:
         0 times uninitialised memory can be NaN."""
         b, L = new.slots.shape
         k, v = kept.k, kept.v
-        if k.shape[1] < L:
+        if k.shape[2] < L:
             cap = L + max(32, L // 2)
-            k = torch.cat([k, k.new_zeros(b, cap - k.shape[1], *k.shape[2:])], dim=1)
-            v = torch.cat([v, v.new_zeros(b, cap - v.shape[1], *v.shape[2:])], dim=1)
+            k = torch.cat([k, k.new_zeros(b, k.shape[1], cap - k.shape[2], k.shape[3])], dim=2)
+            v = torch.cat([v, v.new_zeros(b, v.shape[1], cap - v.shape[2], v.shape[3])], dim=2)
         at = kept.bucket.lens  # [b]: each row's new position
         rows = torch.arange(b, device=at.device)
         fresh = new.slots[rows, at]  # [b]
-        k[rows, at] = gather_rows(k_buffer, fresh).float()
-        v[rows, at] = gather_rows(v_buffer, fresh).float()
+        k[rows, :, at] = gather_rows(k_buffer, fresh).float()
+        v[rows, :, at] = gather_rows(v_buffer, fresh).float()
         return _Tails(new, k, v)
 
 
