@@ -89,7 +89,7 @@ class Engine:
             self.tokenizer, reqs, return_text_in_logprobs=return_text_in_logprobs, stream=stream
         )
         self._submit(reqs)
-        updated = self._run(reqs, builder)
+        updated = self._run(reqs, builder, partial=stream)
         if stream:
             return (builder.partial(rid) for rid in updated)
         for _ in updated:
@@ -144,14 +144,15 @@ class Engine:
                 self.scheduler.step()
             raise
 
-    def _run(self, reqs: list[Req], builder: ResponseBuilder) -> Iterator[str]:
+    def _run(self, reqs: list[Req], builder: ResponseBuilder, *, partial: bool) -> Iterator[str]:
         """Step the scheduler until every request of this call is finished, yielding the
-        id of each request whose response just grew (callers snapshot only if streaming)."""
+        id of each request whose response just grew (callers snapshot only if streaming);
+        without `partial`, a response grows once, when its request finishes."""
         start = time.monotonic()
         pending = {r.rid for r in reqs}
         try:
             while pending:
-                for out in self.scheduler.step():
+                for out in self.scheduler.step(partial=partial):
                     if out.rid in pending:
                         builder.add(out, time.monotonic() - start)
                         if out.finish_reason is not None:

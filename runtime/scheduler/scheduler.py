@@ -166,8 +166,9 @@ class Scheduler:
         self.grammars.close()
 
     # ------------------------------------------------------------------ the loop
-    def step(self) -> list[TokenOutput]:
-        """One scheduling step; returns what is new for each request it touched."""
+    def step(self, *, partial: bool = True) -> list[TokenOutput]:
+        """One scheduling step; returns what is new for each request it touched, or with
+        `partial=False` only for those that finished (each then reports everything)."""
         touched: list[Req] = self._aborted
         self._aborted = []
         extends: list[Extend] = []
@@ -190,7 +191,7 @@ class Scheduler:
         self.stats.steps += 1
         if self.config.check_integrity:
             self.kv.check_integrity()
-        return [self._collect(r) for r in touched]
+        return [self._collect(r) for r in touched if partial or r.finished]
 
     def _admissible(self, failed: list[Req]) -> list[Req]:
         """Waiting requests that may be admitted now: their grammar, if any, is compiled.

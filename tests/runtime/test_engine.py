@@ -9,7 +9,8 @@ import pytest
 from engine_helpers import assert_idle_and_intact, make_prompts
 
 from sprig.runtime import Engine
-from sprig.runtime.scheduler import RequestRejected
+from sprig.runtime.sampling.params import SamplingParams
+from sprig.runtime.scheduler import Req, RequestRejected
 
 PROMPT = "the quick fox and the lazy dog"
 
@@ -109,6 +110,19 @@ def test_stream_yields_cumulative_text_ending_in_the_full_output(engine) -> None
     assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"] is not None
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_without_partial_output_a_request_reports_once_everything(engine) -> None:
+    full = engine.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}, return_logprob=True)
+    ids = engine.tokenizer.encode(PROMPT)
+    params = SamplingParams.from_dict({"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+    engine.scheduler.add_request(Req(rid="once", prompt_ids=ids, params=params, return_logprob=True))
+    reports = []
+    while engine.scheduler.has_work:
+        reports += engine.scheduler.step(partial=False)
+    assert [r.rid for r in reports] == ["once"]
+    assert reports[0].new_ids == full["output_ids"] and reports[0].finish_reason is not None
+    assert [lp for lp, _ in reports[0].output_logprobs] == [e[0] for e in full["meta_info"]["output_token_logprobs"]]
 
 
 def test_abandoned_stream_aborts_and_frees(engine) -> None:
