@@ -42,7 +42,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:  # [..., 2I] -> [..., 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:  # [..., 2I] -> [..., I]
     """Torch reference: silu(x[..., :I]) * x[..., I:] (gate first, up second)."""
     inter = x.shape[-1] // 2
-    return F.silu(x[..., :inter]) * x[..., inter:]
+    return F.silu(x[..., :inter]).mul_(x[..., inter:])
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [..., 2I] -> [..., I]

@@ -78,8 +78,9 @@ def rms_norm_ref(
     if residual is not None:
         x = x + residual
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    y = weight * h.to(x.dtype)
+    h = h * h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # a new tensor: x is kept
+    y = h.to(x.dtype)
+    y = y.mul_(weight) if weight.dtype == y.dtype else weight * y  # in place on a temporary
     return y if residual is None else (y, x)
 
 
