@@ -56,6 +56,17 @@ class ReqToTokenPool:
             )
         self.table[rows, cols] = slots.to(torch.int32)
 
+    def read_many(self, rows: list[int], ends: list[int]) -> torch.Tensor:
+        """The slots of tokens `0 .. ends[i]-1` of request `rows[i]`, for every i,
+        concatenated (one gather, whatever the number of rows)."""
+        lens = torch.tensor(ends, dtype=torch.int64)  # [B]
+        if lens.numel() and int(lens.max()) > self.max_context_len:
+            raise ValueError(f"context of {int(lens.max())} tokens exceeds max_context_len={self.max_context_len}")
+        starts = lens.cumsum(0) - lens  # [B] where each row's slots begin in the result
+        base = torch.tensor(rows, dtype=torch.int64) * self.max_context_len - starts  # [B]
+        flat = torch.repeat_interleave(base, lens) + torch.arange(int(lens.sum()))  # [N]
+        return self.table.view(-1)[flat]
+
     def read(self, row: int, end: int, start: int = 0) -> torch.Tensor:
         """The slots of tokens `start .. end-1` of request `row` (a view)."""
         return self.table[row, start:end]

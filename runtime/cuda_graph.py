@@ -61,8 +61,8 @@ def pad_decode_step(step: StepInput, batch_size: int, rows_in_pool: int) -> Padd
     if step.mode is not ForwardMode.DECODE or batch_size < B:
         raise ValueError(f"cannot pad a {step.mode.value} step of {B} requests to {batch_size}")
     pad = batch_size - B
-    kv_lens = torch.tensor([s.numel() for s in step.kv_slots] + [1] * pad, dtype=torch.int64)
-    kv_indices = torch.cat([*step.kv_slots, torch.full((pad,), PAD_SLOT)]).to(torch.int32)
+    kv_lens = torch.tensor(step.kv_lens + [1] * pad, dtype=torch.int64)
+    kv_indices = torch.cat([step.kv_indices.to(torch.int32), torch.full((pad,), PAD_SLOT, dtype=torch.int32)])
     check_slots(kv_indices, rows_in_pool)
     kv_indptr = torch.zeros(batch_size + 1, dtype=torch.int32)
     kv_indptr[1:] = kv_lens.cumsum(0)
@@ -115,7 +115,7 @@ class DecodeGraphs:
         if step.mode is not ForwardMode.DECODE or self.sizes[-1] < B:
             return None
         bs = next(s for s in self.sizes if s >= B)
-        entries = sum(s.numel() for s in step.kv_slots) + bs - B
+        entries = step.kv_indices.numel() + bs - B
         return bs if entries <= self.max_kv_entries else None
 
     def run(self, step: StepInput, bs: int) -> torch.Tensor:  # [B, H]

@@ -133,9 +133,10 @@ class ModelRunner:
         runner's device, rows in request order (within a request, token order).
 
         Writes the new tokens' K/V into their slots (the last q_len of each request's
-        kv_slots); the slots of the cached prefix must already hold that prefix's K/V.
+        context in kv_indices); the slots of the cached prefix must already hold that
+        prefix's K/V.
         """
-        longest = max(s.numel() for s in step.kv_slots)
+        longest = max(step.kv_lens)
         if longest > self.model_config.context_len:
             raise ValueError(
                 f"a context of {longest} tokens exceeds the model's context_len "

@@ -18,41 +18,48 @@ class StepInput:
 
     Invariants (checked on construction): the four per-request lists have length B >= 1;
     `len(input_ids) == sum(q_lens)`; every `q_len >= 1`, and `== 1` in DECODE mode;
-    `len(kv_slots[b]) >= q_lens[b]` (the context ends with the new tokens, whose slots are
-    the last `q_lens[b]`); `0 <= logits_from[b] <= q_lens[b] - 1`.
+    `kv_lens[b] >= q_lens[b]` (the context ends with the new tokens, whose slots are the
+    last `q_lens[b]`); `kv_indices` is a 1-D integer CPU tensor of `sum(kv_lens)` slots,
+    the contexts concatenated; `0 <= logits_from[b] <= q_lens[b] - 1`.
     """
 
     mode: ForwardMode
     input_ids: list[int]  # new tokens of all requests, flattened in request order
     q_lens: list[int]  # new tokens per request (decode: all 1)
-    kv_slots: list[torch.Tensor]  # per request: [kv_len] int CPU slots of the full context
+    kv_lens: list[int]  # per request: tokens in its context, the new ones included
+    kv_indices: torch.Tensor  # [sum(kv_lens)] int CPU: the contexts' slots, concatenated
     logits_from: list[int]  # per request: first new-token index whose next-token logits return
 
     def __post_init__(self) -> None:
         n = len(self.q_lens)
         if n == 0:
             raise ValueError("a step needs at least one request")
-        if len(self.kv_slots) != n or len(self.logits_from) != n:
+        if len(self.kv_lens) != n or len(self.logits_from) != n:
             raise ValueError(
-                f"q_lens, kv_slots, logits_from must have one entry per request; got "
-                f"{n}, {len(self.kv_slots)}, {len(self.logits_from)}"
+                f"q_lens, kv_lens, logits_from must have one entry per request; got "
+                f"{n}, {len(self.kv_lens)}, {len(self.logits_from)}"
             )
         if len(self.input_ids) != sum(self.q_lens):
             raise ValueError(f"{len(self.input_ids)} input_ids but sum(q_lens) = {sum(self.q_lens)}")
-        for b, (q_len, slots, first) in enumerate(zip(self.q_lens, self.kv_slots, self.logits_from, strict=True)):
-            if q_len < 1 or (self.mode is ForwardMode.DECODE and q_len != 1):
+        idx = self.kv_indices
+        if idx.dim() != 1 or idx.device.type != "cpu" or idx.is_floating_point():
+            raise ValueError("kv_indices must be a 1-D integer CPU tensor")
+        if idx.numel() != sum(self.kv_lens):
+            raise ValueError(f"{idx.numel()} kv_indices but sum(kv_lens) = {sum(self.kv_lens)}")
+        decode = self.mode is ForwardMode.DECODE
+        for b, (q_len, kv_len, first) in enumerate(zip(self.q_lens, self.kv_lens, self.logits_from, strict=True)):
+            if q_len < 1 or (decode and q_len != 1):
                 raise ValueError(f"request {b}: q_len {q_len} invalid in {self.mode.value} mode")
-            if slots.dim() != 1 or slots.device.type != "cpu" or slots.is_floating_point():
-                raise ValueError(f"request {b}: kv_slots must be a 1-D integer CPU tensor")
-            if slots.numel() < q_len:
-                raise ValueError(f"request {b}: {slots.numel()} kv slots < q_len {q_len}")
+            if kv_len < q_len:
+                raise ValueError(f"request {b}: {kv_len} kv slots < q_len {q_len}")
             if not 0 <= first <= q_len - 1:
                 raise ValueError(f"request {b}: logits_from {first} not in [0, {q_len - 1}]")
 
 
 def check_slots(kv_indices: torch.Tensor, rows_in_pool: int) -> None:
     """Raise ValueError unless every slot of `kv_indices` (non-empty) is a pool row."""
-    if int(kv_indices.min()) < 0 or int(kv_indices.max()) >= rows_in_pool:
+    low, high = torch.aminmax(kv_indices)
+    if int(low) < 0 or int(high) >= rows_in_pool:
         raise ValueError(f"kv slot out of range [0, {rows_in_pool}) of the KV pool")
 
 
@@ -64,10 +71,10 @@ def build_forward_batch(
     the device in one copy. Raises ValueError if a slot is outside the pool."""
     B = len(step.q_lens)
     q_lens = torch.tensor(step.q_lens, dtype=torch.int64)  # [B]
-    kv_lens = torch.tensor([s.numel() for s in step.kv_slots], dtype=torch.int64)  # [B]
+    kv_lens = torch.tensor(step.kv_lens, dtype=torch.int64)  # [B]
     qo_indptr = F.pad(q_lens.cumsum(0), (1, 0))  # [B+1]
     kv_indptr = F.pad(kv_lens.cumsum(0), (1, 0))  # [B+1]
-    kv_indices = torch.cat(step.kv_slots).to(torch.int64)  # [N]
+    kv_indices = step.kv_indices.to(torch.int64)  # [N]
     check_slots(kv_indices, kv_cache.num_slots + kv_cache.page_size)
     T = int(qo_indptr[-1])
     req = torch.repeat_interleave(torch.arange(B), q_lens)  # [T] request of each new token

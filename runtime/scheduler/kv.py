@@ -126,8 +126,9 @@ class RequestKV:
         req.row, req.last_node = None, None
         req.prefix_len = req.kv_len = req.alloc_len = 0
 
-    def slots_of(self, req: Req, end: int) -> torch.Tensor:
-        return self.table.read(req.row, end)
+    def contexts(self, reqs: list[Req], ends: list[int]) -> torch.Tensor:
+        """The slots of tokens `0 .. ends[i]-1` of each request, concatenated."""
+        return self.table.read_many([r.row for r in reqs], ends)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity(held_by_requests=sum(r.own_slots for r in self.holders))

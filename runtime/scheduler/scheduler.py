@@ -209,11 +209,13 @@ class Scheduler:
 
     def _run_extend(self, extends: list[Extend]) -> list[Req]:
         firsts = [self._logits_from(e) for e in extends]
+        ends = [e.req.kv_len + e.length for e in extends]
         step = StepInput(
             mode=ForwardMode.EXTEND,
             input_ids=[t for e in extends for t in e.req.fill_ids[e.req.kv_len : e.req.kv_len + e.length]],
             q_lens=[e.length for e in extends],
-            kv_slots=[self.kv.slots_of(e.req, e.req.kv_len + e.length) for e in extends],
+            kv_lens=ends,
+            kv_indices=self.kv.contexts([e.req for e in extends], ends),
             logits_from=firsts,
         )
         logits = self.runner.forward(step)
@@ -252,11 +254,13 @@ class Scheduler:
         batch = list(self.running)
         pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
+        ends = [r.kv_len + n for r, n in zip(batch, pending, strict=True)]
         step = StepInput(
             mode=mode,
             input_ids=[t for r in batch for t in r.pending_ids()],
             q_lens=pending,
-            kv_slots=[self.kv.slots_of(r, r.kv_len + n) for r, n in zip(batch, pending, strict=True)],
+            kv_lens=ends,
+            kv_indices=self.kv.contexts(batch, ends),
             logits_from=[n - 1 for n in pending],
         )
         logits = self.runner.forward(step)

@@ -92,3 +92,17 @@ def test_kv_buffers_and_sizing() -> None:
     assert cache.k[1][20].eq(1).all() and cache.v[1][16].eq(2).all() and cache.k[0].eq(0).all()
     with pytest.raises(ValueError, match="num_kv_heads"):
         KVShape(num_layers=1, num_kv_heads=0, head_dim=8, dtype=torch.float32)
+
+
+def test_req_to_token_reads_many_rows_in_one_gather() -> None:
+    pool = ReqToTokenPool(4, 6)
+    rows = [pool.alloc() for _ in range(4)]
+    for r in rows:
+        pool.write(r, 0, torch.arange(6) + 10 * r)
+    ends = [3, 6, 1, 0]
+    got = pool.read_many([rows[2], rows[0], rows[3], rows[1]], ends)
+    want = torch.cat([pool.read(r, n) for r, n in zip([rows[2], rows[0], rows[3], rows[1]], ends, strict=True)])
+    assert got.dtype == torch.int32 and got.tolist() == want.tolist()
+    assert pool.read_many([], []).numel() == 0
+    with pytest.raises(ValueError, match="max_context_len"):
+        pool.read_many([rows[0]], [7])

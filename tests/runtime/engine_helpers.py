@@ -9,6 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sprig.runtime import Engine
+from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.step_input import StepInput
 
 WORDS = ["the", "a", "cat", "dog", "model", "token", "cache", "prefix", "tree", "request", "what", "how", "one", "two", "three", "red", "blue", "quick", "fox"]
 
@@ -47,3 +49,10 @@ def assert_idle_and_intact(engine: Engine) -> None:
     kv = sched.kv
     assert kv.allocator.available() + kv.cache.evictable_size() == kv.allocator.size
     assert kv.cache.protected_size() == 0 and kv.table.available() == kv.table.size
+
+
+def contexts_step(
+    mode: ForwardMode, input_ids: list[int], q_lens: list[int], contexts: list[torch.Tensor], logits_from: list[int]
+) -> StepInput:
+    """A `StepInput` from one slot tensor per request."""
+    return StepInput(mode, input_ids, q_lens, [c.numel() for c in contexts], torch.cat(contexts), logits_from)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import assert_idle_and_intact, make_prompts
+from engine_helpers import assert_idle_and_intact, contexts_step, make_prompts
 
 from sprig.runtime import Engine
 from sprig.runtime.cuda_graph import PAD_SLOT, graph_batch_sizes, pad_decode_step
@@ -17,7 +17,7 @@ from sprig.runtime.step_input import StepInput, build_forward_batch
 
 
 def decode_step(contexts: list[list[int]], tokens: list[int]) -> StepInput:
-    return StepInput(
+    return contexts_step(
         ForwardMode.DECODE, tokens, [1] * len(tokens),
         [torch.tensor(c) for c in contexts], [0] * len(tokens),
     )
@@ -54,7 +54,7 @@ def test_padding_rejects_what_a_graph_cannot_run() -> None:
     step = decode_step([[3, 4], [5]], [1, 2])
     with pytest.raises(ValueError, match="cannot pad"):
         pad_decode_step(step, 1, rows_in_pool=64)
-    extend = StepInput(ForwardMode.EXTEND, [1, 2], [2], [torch.tensor([3, 4])], [1])
+    extend = contexts_step(ForwardMode.EXTEND, [1, 2], [2], [torch.tensor([3, 4])], [1])
     with pytest.raises(ValueError, match="cannot pad"):
         pad_decode_step(extend, 4, rows_in_pool=64)
     with pytest.raises(ValueError, match="out of range"):
@@ -73,7 +73,7 @@ def test_replayed_decode_equals_eager_decode(tiny_llama: Path) -> None:
         ids = [torch.randint(8, 100, (n,), generator=gen).tolist() for n in lens]
         starts = [1 + 48 * b for b in range(B)]  # room for 3 decode slots each
         ctx = [list(range(s, s + n)) for s, n in zip(starts, lens, strict=True)]
-        prefill = StepInput(
+        prefill = contexts_step(
             ForwardMode.EXTEND, [t for p in ids for t in p], lens,
             [torch.tensor(c) for c in ctx], [n - 1 for n in lens],
         )

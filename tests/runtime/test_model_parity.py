@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import contexts_step
 from transformers import AutoModelForCausalLM
 
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
-from sprig.runtime.step_input import StepInput
 from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
 
 LLAMA3_ROPE = {
@@ -81,7 +81,7 @@ def test_prefill_batch_matches_hf(pair) -> None:
     runner, hf = pair
     batch = prompts(runner.model_config.vocab_size)
     slots = ArangeSlots(runner)
-    step = StepInput(
+    step = contexts_step(
         ForwardMode.EXTEND,
         [t for p in batch for t in p],
         [len(p) for p in batch],
@@ -103,7 +103,7 @@ def test_greedy_decode_matches_hf_generate(pair) -> None:
     steps = 8
     slots = ArangeSlots(runner)
     contexts = [slots.take(len(p)) for p in batch]
-    step = StepInput(
+    step = contexts_step(
         ForwardMode.EXTEND,
         [t for p in batch for t in p],
         [len(p) for p in batch],
@@ -118,7 +118,7 @@ def test_greedy_decode_matches_hf_generate(pair) -> None:
         if i == steps - 1:
             break
         contexts = [torch.cat([c, slots.take(1)]) for c in contexts]
-        step = StepInput(ForwardMode.DECODE, next_ids, [1] * len(batch), contexts, [0] * len(batch))
+        step = contexts_step(ForwardMode.DECODE, next_ids, [1] * len(batch), contexts, [0] * len(batch))
     for ids, got in zip(batch, outputs, strict=True):
         with torch.no_grad():
             ref = hf.generate(
@@ -137,13 +137,13 @@ def test_chunked_prefill_matches_single_extend(pair) -> None:
     long, other = prompts(runner.model_config.vocab_size, lens=(13, 6), seed=2)
     cut = 5
     slots = ArangeSlots(runner)
-    whole = runner.forward(StepInput(ForwardMode.EXTEND, long, [13], [slots.take(13)], [0]))
+    whole = runner.forward(contexts_step(ForwardMode.EXTEND, long, [13], [slots.take(13)], [0]))
 
     ctx, ctx_other = slots.take(cut), slots.take(6)
-    first = runner.forward(StepInput(ForwardMode.EXTEND, long[:cut], [cut], [ctx], [0]))
+    first = runner.forward(contexts_step(ForwardMode.EXTEND, long[:cut], [cut], [ctx], [0]))
     ctx = torch.cat([ctx, slots.take(13 - cut)])
     rest = runner.forward(
-        StepInput(ForwardMode.EXTEND, long[cut:] + other, [13 - cut, 6], [ctx, ctx_other], [0, 0])
+        contexts_step(ForwardMode.EXTEND, long[cut:] + other, [13 - cut, 6], [ctx, ctx_other], [0, 0])
     )
     chunked = torch.cat([first, rest[: 13 - cut]])
     torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=0)
@@ -169,7 +169,7 @@ def test_bfloat16_runs_close_to_hf(source: str, bf16_checkpoint: Path, tiny_llam
     assert all(p.dtype == torch.bfloat16 for p in runner.model.parameters())
     ids = prompts(runner.model_config.vocab_size, lens=(9,), seed=3)[0]
     logits = runner.forward(
-        StepInput(ForwardMode.EXTEND, ids, [9], [ArangeSlots(runner).take(9)], [0])
+        contexts_step(ForwardMode.EXTEND, ids, [9], [ArangeSlots(runner).take(9)], [0])
     )
     assert logits.dtype == torch.float32
     ref = hf_logits(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), ids)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import contexts_step
 from safetensors.torch import load_file, save_file
 
 from sprig.runtime.attention import backend_class
@@ -26,7 +27,7 @@ def runner(tiny_llama: Path) -> ModelRunner:
 
 
 def extend(ids: list[list[int]], slots: list[torch.Tensor], logits_from: list[int]) -> StepInput:
-    return StepInput(
+    return contexts_step(
         ForwardMode.EXTEND, [t for p in ids for t in p], [len(p) for p in ids], slots, logits_from
     )
 
@@ -95,15 +96,17 @@ def test_slot_placement_and_page_size_do_not_change_logits(tiny_llama: Path, run
         ({"logits_from": [0, 0, 0]}, "one entry per request"),
         ({"input_ids": [1, 2]}, "sum"),
         ({"q_lens": [0, 3]}, "q_len 0"),
-        ({"kv_slots": [torch.arange(1, 2), torch.arange(3, 6)]}, "kv slots < q_len"),
-        ({"kv_slots": [torch.arange(1, 3).float(), torch.arange(3, 6)]}, "integer CPU"),
+        ({"kv_lens": [1, 4]}, "kv slots < q_len"),
+        ({"kv_indices": torch.arange(1, 6).float()}, "integer CPU"),
+        ({"kv_indices": torch.arange(1, 6)[None]}, "1-D"),
+        ({"kv_indices": torch.arange(1, 5)}, "sum"),
         ({"logits_from": [2, 0]}, "logits_from 2"),
     ],
 )
 def test_step_input_rejects(kwargs: dict, message: str) -> None:
     fields = {
         "mode": ForwardMode.EXTEND, "input_ids": [1, 2, 3], "q_lens": [2, 1],
-        "kv_slots": [torch.arange(1, 3), torch.arange(3, 6)], "logits_from": [1, 0],
+        "kv_lens": [2, 3], "kv_indices": torch.arange(1, 6), "logits_from": [1, 0],
     }
     with pytest.raises(ValueError, match=message):
         StepInput(**{**fields, **kwargs})
@@ -111,7 +114,7 @@ def test_step_input_rejects(kwargs: dict, message: str) -> None:
 
 def test_decode_step_needs_one_token_each() -> None:
     with pytest.raises(ValueError, match="decode"):
-        StepInput(ForwardMode.DECODE, [1, 2], [2], [torch.arange(1, 3)], [1])
+        contexts_step(ForwardMode.DECODE, [1, 2], [2], [torch.arange(1, 3)], [1])
 
 
 def test_forward_rejects_bad_slots_and_overlong_context(runner: ModelRunner) -> None:
@@ -119,7 +122,7 @@ def test_forward_rejects_bad_slots_and_overlong_context(runner: ModelRunner) -> 
         runner.forward(extend([[5, 6]], [torch.tensor([1, 257])], [0]))
     too_long = torch.ones(runner.model_config.context_len + 1, dtype=torch.int32)
     with pytest.raises(ValueError, match="context_len"):
-        runner.forward(StepInput(ForwardMode.DECODE, [5], [1], [too_long], [0]))
+        runner.forward(contexts_step(ForwardMode.DECODE, [5], [1], [too_long], [0]))
 
 
 def test_attention_registry_is_lazy_and_reports_names() -> None:

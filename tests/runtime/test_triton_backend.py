@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import contexts_step
 from transformers import AutoModelForCausalLM
 
 from sprig.radix.kv_cache import KVCache, KVShape
@@ -18,7 +19,7 @@ from sprig.runtime.attention.triton_backend import TritonAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
-from sprig.runtime.step_input import StepInput, build_forward_batch
+from sprig.runtime.step_input import build_forward_batch
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -78,7 +79,7 @@ def test_runner_matches_hf(name: str, checkpoints: dict[str, Path]) -> None:
     slots = ScatteredSlots(runner.kv_cache)
     contexts = [slots.take(n) for n in PROMPT_LENS]
 
-    logits = runner.forward(StepInput(
+    logits = runner.forward(contexts_step(
         ForwardMode.EXTEND, [t for p in prompts for t in p], list(PROMPT_LENS), contexts,
         [0] * len(prompts),
     )).cpu()  # [sum(PROMPT_LENS), V]
@@ -91,7 +92,7 @@ def test_runner_matches_hf(name: str, checkpoints: dict[str, Path]) -> None:
     outputs = [[t] for t in next_ids]
     for _ in range(DECODE_TOKENS - 1):
         contexts = [torch.cat([c, slots.take(1)]) for c in contexts]
-        step = StepInput(ForwardMode.DECODE, next_ids, [1] * len(prompts), contexts, [0] * len(prompts))
+        step = contexts_step(ForwardMode.DECODE, next_ids, [1] * len(prompts), contexts, [0] * len(prompts))
         next_ids = runner.forward(step).argmax(-1).tolist()
         for out, tok in zip(outputs, next_ids, strict=True):
             out.append(tok)
@@ -136,7 +137,7 @@ def test_matches_torch_backend(name: str, case: str, checkpoints: dict[str, Path
     pool_tri, pool_ref = _pools(config)
     slots = ScatteredSlots(pool_tri, seed=2)
     contexts = [slots.take(p + n) for p, n in zip(prefix_lens, q_lens, strict=True)]
-    step = StepInput(mode, [0] * sum(q_lens), q_lens, contexts, [0] * len(q_lens))
+    step = contexts_step(mode, [0] * sum(q_lens), q_lens, contexts, [0] * len(q_lens))
     batch, _ = build_forward_batch(step, pool_tri, torch.device(DEVICE))
     batch_ref = dataclasses.replace(batch, kv_cache=pool_ref)  # same metadata tensors
     triton_backend = TritonAttentionBackend(config, pool_tri)
@@ -162,7 +163,7 @@ def test_forward_requires_begin_step(checkpoints: dict[str, Path], backend_class
     config = ModelConfig.from_pretrained(checkpoints["llama-gqa"])
     pool, _ = _pools(config)
     backend = backend_class(config, pool)
-    step = StepInput(ForwardMode.DECODE, [0], [1], [torch.tensor([1, 2])], [0])
+    step = contexts_step(ForwardMode.DECODE, [0], [1], [torch.tensor([1, 2])], [0])
     batch, _ = build_forward_batch(step, pool, torch.device(DEVICE))
     q = torch.zeros(1, config.num_heads, config.head_dim, device=DEVICE)
     kv = torch.zeros(1, config.num_kv_heads, config.head_dim, device=DEVICE)
