@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sprig.kernels.decode_attention import PaddedRows, gather_bucket_kv, gather_rows
+from sprig.kernels.decode_attention import PaddedRows, gather_rows
 from sprig.runtime.attention.shared_prefix import PaddedGroups, gather_prefix_kv
 
 
@@ -58,10 +58,11 @@ class _Tails:
 
 
 class TailKV:
-    """The decode buckets' gathered remainder K/V (`gather_bucket_kv`, in float32), kept up
-    to `budget_bytes`: when a step's bucket has the same rows as the kept one, each with
-    the same slots plus one new slot (every request decoded one token), the kept K/V gain
-    the new tokens' K/V instead of the whole bucket being gathered again.
+    """The decode buckets' remainder K/V (what `gather_bucket_kv` gathers, head-major and
+    in float32), kept up to `budget_bytes`: when a step's bucket has the same rows as the
+    kept one, each with the same slots plus one new slot (every request decoded one
+    token), the kept K/V gain the new tokens' K/V instead of the whole bucket being
+    gathered again.
 
     Rows keep their padded positions, so a row's new slot lands at its old length; the
     bucket's `valid` mask hides what lies beyond each row's length.
@@ -96,8 +97,9 @@ class TailKV:
             else:
                 kept = None
         if kept is None:
-            k, v = gather_bucket_kv(k_buffer, v_buffer, bucket)  # [b, Hkv, L, D] views
-            kept = _Tails(bucket, k.float().contiguous(), v.float().contiguous())  # head-major
+            rows = _head_major_rows(bucket.slots, k_buffer.shape[1])
+            shape = bucket.slots.shape
+            kept = _Tails(bucket, _gather(k_buffer, rows, shape), _gather(v_buffer, rows, shape))
         if self._bytes + kept.k.nbytes + kept.v.nbytes <= self.budget_bytes:
             self._entries[key] = kept
             self._bytes += kept.k.nbytes + kept.v.nbytes
@@ -140,6 +142,20 @@ class TailKV:
         k[rows, :, at] = gather_rows(k_buffer, fresh).float()
         v[rows, :, at] = gather_rows(v_buffer, fresh).float()
         return _Tails(new, k, v)
+
+
+def _head_major_rows(slots: torch.Tensor, kv_heads: int) -> torch.Tensor:  # [b*Hkv*L] int64
+    """Rows of a pool buffer viewed `[S*Hkv, D]` that hold, in `[b, Hkv, L]` order, the
+    K or V heads of `slots` `[b, L]`."""
+    heads = torch.arange(kv_heads, device=slots.device)
+    return (slots[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
+
+
+def _gather(buffer: torch.Tensor, rows: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """`[b, Hkv, L, D]` float32 copy of a pool buffer `[S, Hkv, D]` at `_head_major_rows`."""
+    S, Hkv, D = buffer.shape
+    b, L = shape
+    return buffer.view(S * Hkv, D).index_select(0, rows).view(b, Hkv, L, D).float()
 
 
 class KeptKV:
