@@ -53,16 +53,16 @@ class PrefixKV:
 @dataclass
 class _Tails:
     bucket: PaddedRows  # the bucket whose K/V the buffers hold
-    k: torch.Tensor  # [b, Hkv, cap, D] float32, cap >= the bucket's L
+    kt: torch.Tensor  # [b, Hkv, D, cap] float32, cap >= the bucket's L: K transposed
     v: torch.Tensor  # [b, Hkv, cap, D] float32
 
 
 class TailKV:
-    """The decode buckets' remainder K/V (what `gather_bucket_kv` gathers, head-major and
-    in float32), kept up to `budget_bytes`: when a step's bucket has the same rows as the
-    kept one, each with the same slots plus one new slot (every request decoded one
-    token), the kept K/V gain the new tokens' K/V instead of the whole bucket being
-    gathered again.
+    """The decode buckets' remainder K/V (what `gather_bucket_kv` gathers, in float32;
+    V head-major, K transposed so that the score product reads it in order), kept up to
+    `budget_bytes`: when a step's bucket has the same rows as the kept one, each with the
+    same slots plus one new slot (every request decoded one token), the kept K/V gain the
+    new tokens' K/V instead of the whole bucket being gathered again.
 
     Rows keep their padded positions, so a row's new slot lands at its old length; the
     bucket's `valid` mask hides what lies beyond each row's length.
@@ -91,7 +91,7 @@ class TailKV:
         L = bucket.slots.shape[1]
         kept = self._entries.pop(key, None)
         if kept is not None:
-            self._bytes -= kept.k.nbytes + kept.v.nbytes
+            self._bytes -= kept.kt.nbytes + kept.v.nbytes
             if self._one_step_on(key[1], kept.bucket, bucket):
                 kept = self._extend(kept, bucket, k_buffer, v_buffer)
             else:
@@ -99,11 +99,12 @@ class TailKV:
         if kept is None:
             rows = _head_major_rows(bucket.slots, k_buffer.shape[1])
             shape = bucket.slots.shape
-            kept = _Tails(bucket, _gather(k_buffer, rows, shape), _gather(v_buffer, rows, shape))
-        if self._bytes + kept.k.nbytes + kept.v.nbytes <= self.budget_bytes:
+            kt = _gather(k_buffer, rows, shape).transpose(-1, -2).contiguous()
+            kept = _Tails(bucket, kt, _gather(v_buffer, rows, shape))
+        if self._bytes + kept.kt.nbytes + kept.v.nbytes <= self.budget_bytes:
             self._entries[key] = kept
-            self._bytes += kept.k.nbytes + kept.v.nbytes
-        return kept.k[:, :, :L], kept.v[:, :, :L]
+            self._bytes += kept.kt.nbytes + kept.v.nbytes
+        return kept.kt[..., :L].transpose(-1, -2), kept.v[:, :, :L]
 
     def _one_step_on(self, index: int, old: PaddedRows, new: PaddedRows) -> bool:
         """Whether `new` is `old` one decode step later; decided once per step and bucket
@@ -131,17 +132,17 @@ class TailKV:
         half when they are full. Growth is zeros: a masked position's weight is 0, and
         0 times uninitialised memory can be NaN."""
         b, L = new.slots.shape
-        k, v = kept.k, kept.v
-        if k.shape[2] < L:
+        kt, v = kept.kt, kept.v
+        if v.shape[2] < L:
             cap = L + max(32, L // 2)
-            k = torch.cat([k, k.new_zeros(b, k.shape[1], cap - k.shape[2], k.shape[3])], dim=2)
+            kt = torch.cat([kt, kt.new_zeros(*kt.shape[:3], cap - kt.shape[3])], dim=3)
             v = torch.cat([v, v.new_zeros(b, v.shape[1], cap - v.shape[2], v.shape[3])], dim=2)
         at = kept.bucket.lens  # [b]: each row's new position
         rows = torch.arange(b, device=at.device)
         fresh = new.slots[rows, at]  # [b]
-        k[rows, :, at] = gather_rows(k_buffer, fresh).float()
+        kt[rows, :, :, at] = gather_rows(k_buffer, fresh).float()
         v[rows, :, at] = gather_rows(v_buffer, fresh).float()
-        return _Tails(new, k, v)
+        return _Tails(new, kt, v)
 
 
 def _head_major_rows(slots: torch.Tensor, kv_heads: int) -> torch.Tensor:  # [b*Hkv*L] int64
