@@ -4,7 +4,7 @@ request's remainder) merge the parts by it.
 
 Grouped-query attention folds a KV head's query heads into query rows, so every path sees
 one KV head per query head. On the CPU, torch's fused flash-attention kernel runs when
-there are more than `FLASH_MIN_ROWS` query rows per head: it never materialises the
+there are at least `FLASH_MIN_ROWS` query rows per head: it never materialises the
 scores and parallelises over batch, heads and query blocks. With fewer rows (a decode
 step's few query heads per KV head) its blocked loop costs more than the explicit product,
 which every other case runs.

@@ -231,7 +231,7 @@ class PaddedRows:
     """Requests of similar context length, their slots padded to the longest."""
 
     rows: torch.Tensor  # [b] int64: batch rows
-    slots: torch.Tensor  # [b, L] int64 (padding points at slot 0)
+    slots: torch.Tensor  # [b, L] int64 (padding repeats a slot of the batch)
     valid: torch.Tensor | None  # [b, L] bool; None when nothing is padding
     lens: torch.Tensor  # [b] int64: each row's context length (its valid slots)
 
