@@ -266,17 +266,20 @@ def _merge_prefix(
     kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
     bucket: PaddedGroups,
     out: torch.Tensor,  # [T, Hq, D] float32: the rows' attention to the rest, updated
-    lse: torch.Tensor,  # [T, Hq] float32: its log-sum-exp, updated
+    lse: torch.Tensor,  # [T, Hq] float32: its log-sum-exp (left as it is)
     sm_scale: float,
 ) -> None:
-    o_p, lse_p = _prefix_attention(q, kv, bucket, sm_scale)
-    o_p, lse_p = o_p.index_select(0, bucket.keep), lse_p.index_select(0, bucket.keep)
+    """Attend the bucket's rows to their shared prefix and merge that into `out`: the two
+    parts weigh by their shares of the total softmax mass, the prefix's being
+    sigmoid(lse_prefix - lse_rest). A row belongs to one group, so it merges once and
+    its total log-sum-exp is never needed."""
+    o_p, lse_p = _prefix_attention(q, kv, bucket, sm_scale)  # [g*n, Hq, D], [g*n, Hq]
+    if bucket.keep.numel() < o_p.shape[0]:  # padding rows
+        o_p, lse_p = o_p.index_select(0, bucket.keep), lse_p.index_select(0, bucket.keep)
     rows = bucket.kept_rows
-    o_r, lse_r = out.index_select(0, rows), lse.index_select(0, rows)
-    total = torch.logaddexp(lse_p, lse_r)  # [m, Hq]
-    merged = o_p * (lse_p - total).exp_().unsqueeze(-1) + o_r * (lse_r - total).exp_().unsqueeze(-1)
-    out.index_copy_(0, rows, merged)
-    lse.index_copy_(0, rows, total)
+    o_r = out.index_select(0, rows)
+    share = torch.sigmoid(lse_p.sub_(lse.index_select(0, rows))).unsqueeze(-1)  # [m, Hq, 1]
+    out.index_copy_(0, rows, o_p.sub_(o_r).mul_(share).add_(o_r))
 
 
 def _tail_attention(
