@@ -251,8 +251,9 @@ class PaddedRows:
 
 def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[PaddedRows]:
     """Requests with context, bucketed by length so that padding at most doubles a
-    bucket's work (longest first; a bucket's shortest is over half its longest). Depends
-    only on the batch's metadata: a step computes it once for all layers."""
+    bucket's work (longest first; a bucket's shortest is over half its longest). A lone
+    bucket keeps the batch's row order. Depends only on the batch's metadata: a step
+    computes it once for all layers."""
     indptr = kv_indptr.to(torch.int64)
     indices = kv_indices.to(device=indptr.device, dtype=torch.int64)
     lens = indptr[1:] - indptr[:-1]  # [B]
@@ -264,13 +265,16 @@ def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[Pad
             runs[-1].append(i)
         else:
             runs.append([i])
+    if len(runs) == 1:
+        runs[0].sort()
     buckets = []
     for run in runs:
+        longest, shortest = max(n[i] for i in run), min(n[i] for i in run)
         rows = torch.tensor(run, device=indptr.device)  # [b]
-        offs = torch.arange(n[run[0]], device=indptr.device)  # [L]
+        offs = torch.arange(longest, device=indptr.device)  # [L]
         valid = offs[None, :] < lens[rows, None]  # [b, L]
         slots = indices[torch.where(valid, indptr[rows, None] + offs[None, :], 0)]  # [b, L]
-        buckets.append(PaddedRows(rows, slots, None if n[run[-1]] == n[run[0]] else valid, lens[rows]))
+        buckets.append(PaddedRows(rows, slots, None if shortest == longest else valid, lens[rows]))
     return buckets
 
 
@@ -288,6 +292,11 @@ def attend_padded(
     """Each bucket in one `attention_lse` call, a KV head's query heads as its query rows
     (the K/V are read once for all of them); rows in no bucket get zeros and -inf."""
     B, Hq, D = q.shape
+    if len(buckets) == 1 and buckets[0].rows.numel() == B:  # every row, in batch order
+        k, v = bucket_kv(0, buckets[0])
+        valid = None if buckets[0].valid is None else buckets[0].valid[:, None, None, :]
+        o, s = attention_lse(q.view(B, k.shape[1], -1, D), k, v, scale=sm_scale, valid=valid)
+        return o.reshape(B, Hq, D), s.reshape(B, Hq)
     every_row = sum(bucket.rows.numel() for bucket in buckets) == B
     out = (torch.empty if every_row else torch.zeros)((B, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.full((B, Hq), float("-inf"), dtype=torch.float32, device=q.device)

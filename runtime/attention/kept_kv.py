@@ -72,7 +72,7 @@ class TailKV:
         self.budget_bytes = budget_bytes
         self._entries: dict[tuple[int, int], _Tails] = {}
         self._bytes = 0
-        self._verdicts: dict[int, tuple[PaddedRows, PaddedRows, bool]] = {}
+        self._verdicts: dict[int, tuple[PaddedRows, PaddedRows, torch.Tensor | None]] = {}
 
     def __len__(self) -> int:
         """Buckets whose K/V are kept."""
@@ -92,10 +92,8 @@ class TailKV:
         kept = self._entries.pop(key, None)
         if kept is not None:
             self._bytes -= kept.kt.nbytes + kept.v.nbytes
-            if self._one_step_on(key[1], kept.bucket, bucket):
-                kept = self._extend(kept, bucket, k_buffer, v_buffer)
-            else:
-                kept = None
+            fresh = self._new_slots(key[1], kept.bucket, bucket)
+            kept = None if fresh is None else self._extend(kept, bucket, fresh, k_buffer, v_buffer)
         if kept is None:
             rows = _head_major_rows(bucket.slots, k_buffer.shape[1])
             shape = bucket.slots.shape
@@ -106,9 +104,10 @@ class TailKV:
             self._bytes += kept.kt.nbytes + kept.v.nbytes
         return kept.kt[..., :L].transpose(-1, -2), kept.v[:, :, :L]
 
-    def _one_step_on(self, index: int, old: PaddedRows, new: PaddedRows) -> bool:
-        """Whether `new` is `old` one decode step later; decided once per step and bucket
-        index (every layer's entry was built from the same `old`)."""
+    def _new_slots(self, index: int, old: PaddedRows, new: PaddedRows) -> torch.Tensor | None:
+        """Each row's new slot `[b]` if `new` is `old` one decode step later, else None;
+        decided once per step and bucket index (every layer's entry was built from the
+        same `old`)."""
         seen = self._verdicts.get(index)
         if seen is not None and seen[0] is old and seen[1] is new:
             return seen[2]
@@ -123,14 +122,19 @@ class TailKV:
                 same = torch.equal(new.slots[:, :L], old.slots)
             else:
                 same = torch.equal(new.slots[:, :L][old.valid], old.slots[old.valid])
-        self._verdicts[index] = (old, new, same)
-        return same
+        fresh = None
+        if same:
+            fresh = new.slots[torch.arange(new.slots.shape[0], device=old.lens.device), old.lens]
+        self._verdicts[index] = (old, new, fresh)
+        return fresh
 
     @staticmethod
-    def _extend(kept: _Tails, new: PaddedRows, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> _Tails:
-        """Write each row's new token K/V at its old length, growing the buffers by a
-        half when they are full. Growth is zeros: a masked position's weight is 0, and
-        0 times uninitialised memory can be NaN."""
+    def _extend(
+        kept: _Tails, new: PaddedRows, fresh: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
+    ) -> _Tails:
+        """Write each row's new token K/V (from its slot in `fresh`) at its old length,
+        growing the buffers by a half when they are full. Growth is zeros: a masked
+        position's weight is 0, and 0 times uninitialised memory can be NaN."""
         b, L = new.slots.shape
         kt, v = kept.kt, kept.v
         if v.shape[2] < L:
@@ -139,7 +143,6 @@ class TailKV:
             v = torch.cat([v, v.new_zeros(b, v.shape[1], cap - v.shape[2], v.shape[3])], dim=2)
         at = kept.bucket.lens  # [b]: each row's new position
         rows = torch.arange(b, device=at.device)
-        fresh = new.slots[rows, at]  # [b]
         kt[rows, :, :, at] = gather_rows(k_buffer, fresh).float()
         v[rows, :, at] = gather_rows(v_buffer, fresh).float()
         return _Tails(new, kt, v)

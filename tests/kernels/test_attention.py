@@ -85,7 +85,7 @@ def _decode_case(lens, hq, hkv, d, dtype, seed=0):
 
 
 @pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (4, 1), (8, 1), (6, 6), (16, 8), (12, 12), (24, 12)])
-@pytest.mark.parametrize("lens", [[5, 0, 1, 23], [21, 19, 0, 22], [3, 40, 17, 9, 30, 1]])  # mixed lengths
+@pytest.mark.parametrize("lens", [[5, 0, 1, 23], [21, 19, 0, 22], [3, 40, 17, 9, 30, 1], [13, 17, 12, 16]])  # mixed lengths; the last: one padded bucket
 def test_decode_ref_matches_naive(hq: int, hkv: int, lens: list[int]) -> None:
     q, k_buf, v_buf, indptr, indices = _decode_case(lens, hq, hkv, 16, torch.float32)
     got = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=0.3)
