@@ -1,7 +1,7 @@
 """Rotary position embeddings, neox / Hugging Face `rotate_half` style.
 
 `rope_cos_sin` builds the HF cos/sin tables ([P, D], frequencies concatenated twice);
-`apply_rotary` rotates q and k by the table rows at `positions`:
+`apply_rotary` rotates heads (q's, k's, or both side by side) by the table rows at `positions`:
     out = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[D/2:], x[:D/2])
 """
 
@@ -114,16 +114,13 @@ def _rotate_triton(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
 
 
 def apply_rotary_triton(
-    q: torch.Tensor,  # [T, Hq, D]
-    k: torch.Tensor,  # [T, Hk, D]
+    x: torch.Tensor,  # [T, H, D]
     positions: torch.Tensor,  # [T] int
     cos: torch.Tensor,  # [P, D]
     sin: torch.Tensor,  # [P, D]
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:  # [T, H, D]
     """Triton launcher: one program per (token, block of heads); math in float32."""
-    positions = positions.contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
-    return _rotate_triton(q, positions, cos, sin), _rotate_triton(k, positions, cos, sin)
+    return _rotate_triton(x, positions.contiguous(), cos.contiguous(), sin.contiguous())
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -132,28 +129,25 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary_ref(
-    q: torch.Tensor,  # [T, Hq, D]
-    k: torch.Tensor,  # [T, Hk, D]
+    x: torch.Tensor,  # [T, H, D]
     positions: torch.Tensor,  # [T] int64
     cos: torch.Tensor,  # [P, D]
     sin: torch.Tensor,  # [P, D]
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:  # [T, H, D]
     """Torch reference; float32 results equal HF `apply_rotary_pos_emb` exactly."""
-    c = cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D]
-    s = sin[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D]
-    q_out = q * c + _rotate_half(q) * s
-    k_out = k * c + _rotate_half(k) * s
-    return q_out, k_out
+    c = cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
+    s = sin[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
+    return x * c + _rotate_half(x) * s
 
 
 def apply_rotary(
-    q: torch.Tensor,  # [T, Hq, D]
-    k: torch.Tensor,  # [T, Hk, D]
+    x: torch.Tensor,  # [T, H, D], last dim contiguous
     positions: torch.Tensor,  # [T] int64
     cos: torch.Tensor,  # [P, D]
     sin: torch.Tensor,  # [P, D]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k by the table rows at `positions`; returns new tensors (inputs untouched)."""
-    if use_triton(q, k, positions, cos, sin):
-        return apply_rotary_triton(q, k, positions, cos, sin)
-    return apply_rotary_ref(q, k, positions, cos, sin)
+) -> torch.Tensor:  # [T, H, D]
+    """Rotate every head of `x` by the table rows at `positions`; returns a new tensor
+    (input untouched). The heads may be q's and k's side by side: one call rotates both."""
+    if use_triton(x, positions, cos, sin):
+        return apply_rotary_triton(x, positions, cos, sin)
+    return apply_rotary_ref(x, positions, cos, sin)

@@ -59,15 +59,15 @@ class SelfAttention(nn.Module):
         backend: AttentionBackend,
         rotary: RotaryEmbedding,
     ) -> torch.Tensor:  # [T, H]
-        T = hidden.shape[0]
+        T, Hq, Hkv, D = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) D]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = k.view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = v.view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q_size, kv_size = Hq * D, Hkv * D
+        v = qkv[:, q_size + kv_size :].view(T, Hkv, D)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(batch.positions, q, k)
+            q = rotary(batch.positions, self.q_norm(qkv[:, :q_size].view(T, Hq, D)))
+            k = rotary(batch.positions, self.k_norm(qkv[:, q_size : q_size + kv_size].view(T, Hkv, D)))
+        else:  # q's and k's heads side by side in the projection: one rotation for both
+            qk = rotary(batch.positions, qkv[:, : q_size + kv_size].view(T, Hq + Hkv, D))
+            q, k = qk[:, :Hq], qk[:, Hq:]  # [T, Hq, D], [T, Hkv, D]
         o = backend.forward(q, k, v, self.layer_id, batch, sm_scale=self.sm_scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, q_size))

@@ -11,7 +11,7 @@ from sprig.kernels.rotary import apply_rotary, rope_cos_sin
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates q and k by their token positions (HF `rotate_half` convention).
+    """Rotates query and key heads by their token positions (HF `rotate_half` convention).
 
     The float32 tables cover positions `0 .. max_positions-1`; they are derived from
     the config, not read from the checkpoint, so `reset_buffers()` recomputes them after
@@ -42,7 +42,6 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,  # [T] int64, each < max_positions
-        q: torch.Tensor,  # [T, Hq, D]
-        k: torch.Tensor,  # [T, Hkv, D]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_rotary(q, k, positions, self.cos, self.sin)
+        x: torch.Tensor,  # [T, H, D]: q's heads, k's, or both side by side
+    ) -> torch.Tensor:  # [T, H, D], a new tensor
+        return apply_rotary(x, positions, self.cos, self.sin)

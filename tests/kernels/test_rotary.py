@@ -56,7 +56,7 @@ def test_tables_and_rotation_match_hf(
     # HF layout [batch, heads, T, D]
     hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                   hf_cos, hf_sin)
-    q_out, k_out = apply_rotary_ref(q, k, positions, cos, sin)
+    q_out, k_out = apply_rotary_ref(torch.cat([q, k], dim=1), positions, cos, sin).split([4, 2], dim=1)
     torch.testing.assert_close(q_out, hq[0].transpose(0, 1), atol=1e-6, rtol=0)
     torch.testing.assert_close(k_out, hk[0].transpose(0, 1), atol=1e-6, rtol=0)
 
@@ -70,9 +70,8 @@ def test_rotation_is_exact_given_the_same_table() -> None:
     full_cos = torch.zeros(64, 64).index_copy_(0, positions, cos[0])
     full_sin = torch.zeros(64, 64).index_copy_(0, positions, sin[0])
     hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    q_out, k_out = apply_rotary_ref(q, k, positions, full_cos, full_sin)
-    assert torch.equal(q_out, hq[0].transpose(0, 1))
-    assert torch.equal(k_out, hk[0].transpose(0, 1))
+    assert torch.equal(apply_rotary_ref(q, positions, full_cos, full_sin), hq[0].transpose(0, 1))
+    assert torch.equal(apply_rotary_ref(k, positions, full_cos, full_sin), hk[0].transpose(0, 1))
 
 
 def test_llama3_scaling_changes_low_frequencies_only() -> None:
@@ -97,15 +96,12 @@ def test_triton_matches_ref(
     T = 7
     cos, sin = rope_cos_sin(head_dim, 300, base=10000.0, scaling=LLAMA3)
     positions = torch.tensor([0, 299, 5, 5, 128, 17, 1])
-    # q and k as views into one fused projection, like the model produces them
+    # q's and k's heads side by side, a view into one fused projection, as the model rotates them
     qkv = torch.randn(T, (hq + 2 * hk) * head_dim, dtype=dtype)
-    q = qkv[:, : hq * head_dim].view(T, hq, head_dim)
-    k = qkv[:, hq * head_dim : (hq + hk) * head_dim].view(T, hk, head_dim)
-    eq, ek = apply_rotary_ref(q, k, positions, cos, sin)
+    qk = qkv[:, : (hq + hk) * head_dim].view(T, hq + hk, head_dim)
+    expected = apply_rotary_ref(qk, positions, cos, sin)
     qkv_d = qkv.to(device)
-    q_d = qkv_d[:, : hq * head_dim].view(T, hq, head_dim)
-    k_d = qkv_d[:, hq * head_dim : (hq + hk) * head_dim].view(T, hk, head_dim)
-    gq, gk = apply_rotary(q_d, k_d, positions.to(device), cos.to(device), sin.to(device))
-    torch.testing.assert_close(gq.cpu(), eq, **tol[dtype])
-    torch.testing.assert_close(gk.cpu(), ek, **tol[dtype])
-    assert torch.equal(qkv_d.cpu(), qkv)  # inputs untouched
+    qk_d = qkv_d[:, : (hq + hk) * head_dim].view(T, hq + hk, head_dim)
+    got = apply_rotary(qk_d, positions.to(device), cos.to(device), sin.to(device))
+    torch.testing.assert_close(got.cpu(), expected, **tol[dtype])
+    assert torch.equal(qkv_d.cpu(), qkv)  # input untouched
