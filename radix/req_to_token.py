@@ -59,13 +59,19 @@ class ReqToTokenPool:
     def read_many(self, rows: list[int], ends: list[int]) -> torch.Tensor:
         """The slots of tokens `0 .. ends[i]-1` of request `rows[i]`, for every i,
         concatenated (one gather, whatever the number of rows)."""
-        lens = torch.tensor(ends, dtype=torch.int64)  # [B]
-        if lens.numel() and int(lens.max()) > self.max_context_len:
-            raise ValueError(f"context of {int(lens.max())} tokens exceeds max_context_len={self.max_context_len}")
-        starts = lens.cumsum(0) - lens  # [B] where each row's slots begin in the result
-        base = torch.tensor(rows, dtype=torch.int64) * self.max_context_len - starts  # [B]
-        flat = torch.repeat_interleave(base, lens) + torch.arange(int(lens.sum()))  # [N]
-        return self.table.view(-1)[flat]
+        if any(end > self.max_context_len for end in ends):
+            raise ValueError(f"context of {max(ends)} tokens exceeds max_context_len={self.max_context_len}")
+        used = [(row, end) for row, end in zip(rows, ends, strict=True) if end > 0]
+        if not used:
+            return self.table.new_empty(0)
+        lens = torch.tensor([end for _, end in used])  # [B']
+        first = torch.tensor([row for row, _ in used]) * self.max_context_len  # [B'] each row's start
+        # The table positions step by one within a row and jump at each row's start: a
+        # running sum of those steps (cheaper than repeat_interleave on the CPU).
+        steps = torch.ones(int(lens.sum()), dtype=torch.int64)  # [N]
+        steps[0] = first[0]
+        steps[(lens.cumsum(0) - lens)[1:]] = first[1:] - (first[:-1] + lens[:-1] - 1)
+        return self.table.view(-1).index_select(0, steps.cumsum(0))
 
     def read(self, row: int, end: int, start: int = 0) -> torch.Tensor:
         """The slots of tokens `start .. end-1` of request `row` (a view)."""
