@@ -137,7 +137,7 @@ def apply_rotary_ref(
     """Torch reference; float32 results equal HF `apply_rotary_pos_emb` exactly."""
     c = cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
     s = sin[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
-    return x * c + _rotate_half(x) * s
+    return (x * c).add_(_rotate_half(x).mul_(s))  # x * c + rotate_half(x) * s, two temporaries
 
 
 def apply_rotary(
