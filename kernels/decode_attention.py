@@ -292,21 +292,23 @@ def attend_padded(
     """Each bucket in one `attention_lse` call, a KV head's query heads as its query rows
     (the K/V are read once for all of them); rows in no bucket get zeros and -inf."""
     B, Hq, D = q.shape
+
+    def attend(i: int, bucket: PaddedRows, rows_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = bucket_kv(i, bucket)
+        b, Hkv = k.shape[:2]
+        valid = None if bucket.valid is None else bucket.valid[:, None, None, :]
+        o, s = attention_lse(rows_q.view(b, Hkv, Hq // Hkv, D), k, v, scale=sm_scale, valid=valid)
+        return o.reshape(b, Hq, D), s.reshape(b, Hq)
+
     if len(buckets) == 1 and buckets[0].rows.numel() == B:  # every row, in batch order
-        k, v = bucket_kv(0, buckets[0])
-        valid = None if buckets[0].valid is None else buckets[0].valid[:, None, None, :]
-        o, s = attention_lse(q.view(B, k.shape[1], -1, D), k, v, scale=sm_scale, valid=valid)
-        return o.reshape(B, Hq, D), s.reshape(B, Hq)
+        return attend(0, buckets[0], q)
     every_row = sum(bucket.rows.numel() for bucket in buckets) == B
     out = (torch.empty if every_row else torch.zeros)((B, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.full((B, Hq), float("-inf"), dtype=torch.float32, device=q.device)
     for i, bucket in enumerate(buckets):
-        k, v = bucket_kv(i, bucket)
-        b, Hkv = k.shape[:2]
-        valid = None if bucket.valid is None else bucket.valid[:, None, None, :]
-        o, s = attention_lse(q[bucket.rows].view(b, Hkv, Hq // Hkv, D), k, v, scale=sm_scale, valid=valid)
-        out.index_copy_(0, bucket.rows, o.reshape(b, Hq, D))
-        lse.index_copy_(0, bucket.rows, s.reshape(b, Hq))
+        o, s = attend(i, bucket, q[bucket.rows])
+        out.index_copy_(0, bucket.rows, o)
+        lse.index_copy_(0, bucket.rows, s)
     return out, lse
 
 
