@@ -29,6 +29,7 @@ class StepInput:
     kv_lens: list[int]  # per request: tokens in its context, the new ones included
     kv_indices: torch.Tensor  # [sum(kv_lens)] int CPU: the contexts' slots, concatenated
     logits_from: list[int]  # per request: first new-token index whose next-token logits return
+    continues: bool = False  # DECODE: the previous step's batch, each context one slot longer
 
     def __post_init__(self) -> None:
         n = len(self.q_lens)
@@ -47,6 +48,8 @@ class StepInput:
         if idx.numel() != sum(self.kv_lens):
             raise ValueError(f"{idx.numel()} kv_indices but sum(kv_lens) = {sum(self.kv_lens)}")
         decode = self.mode is ForwardMode.DECODE
+        if self.continues and not decode:
+            raise ValueError("only a decode step can continue the previous step's batch")
         for b, (q_len, kv_len, first) in enumerate(zip(self.q_lens, self.kv_lens, self.logits_from, strict=True)):
             if q_len < 1 or (decode and q_len != 1):
                 raise ValueError(f"request {b}: q_len {q_len} invalid in {self.mode.value} mode")
@@ -98,5 +101,6 @@ def build_forward_batch(
         kv_cache=kv_cache,
         max_q_len=max(step.q_lens),
         max_kv_len=int(kv_lens.max()),
+        continues=step.continues,
     )
     return batch, rows_d

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from sprig.kernels.attention_lse import attention_lse
 from sprig.kernels.decode_attention import (
@@ -45,48 +46,50 @@ class SharedPrefix:
 class SharingPlan:
     """A step's contexts split into shared prefixes and per-request remainders.
 
-    Invariant: for each request b, its context is (its group's `slots`, if any) followed by
-    `rest_indices[rest_indptr[b]:rest_indptr[b+1]]`, and a grouped request's remainder is
-    never empty.
+    Invariant: request b's context (`kv_indices[kv_indptr[b]:kv_indptr[b+1]]`) begins with
+    its group's `slots`, `shared_lens[b]` of them (0 for a request in no group), and the
+    rest, `rest_indices[rest_indptr[b]:rest_indptr[b+1]]`, is never empty for a grouped
+    request.
     """
 
     groups: tuple[SharedPrefix, ...]
-    rest_indptr: torch.Tensor  # [B+1] int64
-    rest_indices: torch.Tensor  # [M] int64
     kv_indptr: torch.Tensor  # [B+1] int64: the batch the plan describes
-    kv_indices: torch.Tensor  # [N] int64
+    kv_indices: torch.Tensor  # [N] int
+    shared_lens: torch.Tensor  # [B] int64
 
-    def after_decode(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> SharingPlan | None:
-        """The plan of the batch (`kv_indptr`, `kv_indices`) if it is this plan's batch one
-        decode step later (the same requests, each context one slot longer), else None.
-        Keeps the groups, and grows the decode buckets already built instead of building
-        them again: O(N) tensor work instead of the full planning."""
+    def after_decode(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, new_slots: torch.Tensor) -> SharingPlan | None:
+        """The plan of the next decode step, whose batch (`kv_indptr`, `kv_indices`) the
+        caller guarantees is this plan's batch with one slot, `new_slots[b]`, appended to
+        each context b (`ForwardBatch.continues`); None if its lengths say otherwise.
+        Keeps the groups and grows the decode buckets already built: O(B) work, where
+        planning reads every slot of the batch."""
         indptr = kv_indptr.to(torch.int64)
-        indices = kv_indices.to(torch.int64)
-        B = self.kv_indptr.numel() - 1
-        step = torch.arange(B + 1, device=indptr.device)
-        if indptr.numel() != B + 1 or not torch.equal(indptr, self.kv_indptr + step):
+        B = self.shared_lens.numel()
+        if indptr.numel() != B + 1 or not torch.equal(indptr, self.kv_indptr + torch.arange(B + 1, device=indptr.device)):
             return None
-        new_pos = indptr[1:] - 1  # [B] each context's new last slot
-        old = torch.ones(indices.numel(), dtype=torch.bool, device=indices.device)
-        old[new_pos] = False
-        if not torch.equal(indices[old], self.kv_indices):
-            return None
-        new_slots = indices[new_pos]  # [B]
-        rest_indptr = self.rest_indptr + step
-        rest_indices = torch.empty(rest_indptr[-1].item(), dtype=torch.int64, device=indices.device)
-        rest_new = rest_indptr[1:] - 1
-        kept = torch.ones(rest_indices.numel(), dtype=torch.bool, device=indices.device)
-        kept[rest_new] = False
-        rest_indices[kept] = self.rest_indices
-        rest_indices[rest_new] = new_slots
-        plan = SharingPlan(self.groups, rest_indptr, rest_indices, indptr, indices)
+        plan = SharingPlan(self.groups, indptr, kv_indices, self.shared_lens)
         built = vars(self)  # what the cached properties already hold
         if "rest_padded" in built:
-            vars(plan)["rest_padded"] = [bucket.grown(new_slots) for bucket in built["rest_padded"]]
+            grown_slots = new_slots.to(torch.int64)
+            vars(plan)["rest_padded"] = [bucket.grown(grown_slots) for bucket in built["rest_padded"]]
         if "decode_groups" in built:  # groups and their slots are unchanged
             vars(plan)["decode_groups"] = built["decode_groups"]
         return plan
+
+    @cached_property
+    def rest_indptr(self) -> torch.Tensor:  # [B+1] int64
+        rest_lens = self.kv_indptr[1:] - self.kv_indptr[:-1] - self.shared_lens
+        return F.pad(rest_lens.cumsum(0), (1, 0))
+
+    @cached_property
+    def rest_indices(self) -> torch.Tensor:  # [M] int64
+        if not self.groups:
+            return self.kv_indices.to(torch.int64)
+        rest_indptr = self.rest_indptr
+        rest_lens = rest_indptr[1:] - rest_indptr[:-1]
+        starts = torch.repeat_interleave(self.kv_indptr[:-1] + self.shared_lens - rest_indptr[:-1], rest_lens)
+        positions = torch.arange(int(rest_indptr[-1]), device=starts.device) + starts
+        return self.kv_indices.to(torch.int64)[positions]
 
     @cached_property
     def rest_padded(self) -> list[PaddedRows]:
@@ -159,11 +162,11 @@ def plan_shared_prefixes(
     indices = kv_indices.to(torch.int64)
     lens = indptr[1:] - indptr[:-1]  # [B]
     has_ctx = lens > 0
+    skip = torch.zeros_like(lens)  # [B] shared tokens per request
     if int(has_ctx.sum()) < 2:
-        return SharingPlan((), indptr, indices, indptr, indices)
+        return SharingPlan((), indptr, indices, skip)
     first = torch.where(has_ctx, indices[indptr[:-1].clamp(max=max(indices.numel() - 1, 0))], -1)  # [B]
     values, inverse, counts = torch.unique(first, return_inverse=True, return_counts=True)
-    skip = torch.zeros_like(lens)  # [B] shared tokens per request
     groups = []
     for u in torch.nonzero((counts >= 2) & (values >= 0)).flatten().tolist():
         members = torch.nonzero(inverse == u).flatten()  # [n]
@@ -175,14 +178,7 @@ def plan_shared_prefixes(
         if shared >= min_shared:
             groups.append(SharedPrefix(members, rows[0, :shared].clone()))
             skip[members] = shared
-    if not groups:
-        return SharingPlan((), indptr, indices, indptr, indices)
-    rest_lens = lens - skip
-    rest_indptr = torch.zeros_like(indptr)
-    torch.cumsum(rest_lens, 0, out=rest_indptr[1:])
-    starts = torch.repeat_interleave(indptr[:-1] + skip - rest_indptr[:-1], rest_lens)  # [M]
-    positions = torch.arange(int(rest_indptr[-1]), device=indices.device) + starts
-    return SharingPlan(tuple(groups), rest_indptr, indices[positions], indptr, indices)
+    return SharingPlan(tuple(groups), indptr, indices, skip)
 
 
 def shared_prefix_decode_attention(

@@ -40,14 +40,14 @@ class TorchAttentionBackend:
         self.kept_kv = KeptKV(KEPT_KV_BUDGET_BYTES)
 
     def begin_step(self, batch: ForwardBatch) -> None:
-        """Find the prefixes the batch's requests share (a decode step that follows
+        """Find the prefixes the batch's requests share (a decode step that continues
         the previous step's batch advances its plan); forget kept K/V unless this is a
         decode step."""
         plan = None
         if batch.mode is not ForwardMode.DECODE:
             self.kept_kv.clear()
-        elif self._plan is not None:
-            plan = self._plan[1].after_decode(batch.kv_indptr, batch.kv_indices)
+        elif batch.continues and self._plan is not None:
+            plan = self._plan[1].after_decode(batch.kv_indptr, batch.kv_indices, batch.out_cache_loc)
         if plan is None:
             plan = plan_shared_prefixes(batch.kv_indptr, batch.kv_indices)
         self._plan = (batch, plan)

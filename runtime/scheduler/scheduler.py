@@ -81,6 +81,7 @@ class Scheduler:
         self._stop_checkers: dict[str, RequestDetokenizer] = {}
         self._aborted: list[Req] = []
         self._last_was_prefill = False
+        self._decoded: list[Req] = []  # the previous forward step's batch, if it was a decode step
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
@@ -208,6 +209,7 @@ class Scheduler:
         return ready
 
     def _run_extend(self, extends: list[Extend]) -> list[Req]:
+        self._decoded = []
         firsts = [self._logits_from(e) for e in extends]
         ends = [e.req.kv_len + e.length for e in extends]
         step = StepInput(
@@ -255,6 +257,11 @@ class Scheduler:
         pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
         ends = [r.kv_len + n for r, n in zip(batch, pending, strict=True)]
+        # Between two decode steps over the same requests, a context only gains the new
+        # token's slot: table rows are rewritten by extend steps alone.
+        continues = mode is ForwardMode.DECODE and len(batch) == len(self._decoded) and all(
+            a is b for a, b in zip(batch, self._decoded, strict=True)
+        )
         step = StepInput(
             mode=mode,
             input_ids=[t for r in batch for t in r.pending_ids()],
@@ -262,8 +269,12 @@ class Scheduler:
             kv_lens=ends,
             kv_indices=self.kv.contexts(batch, ends),
             logits_from=[n - 1 for n in pending],
+            continues=continues,
         )
+        self._decoded = []
         logits = self.runner.forward(step)
+        if mode is ForwardMode.DECODE:
+            self._decoded = batch
         for r, n in zip(batch, pending, strict=True):
             r.kv_len += n
         self._sample(batch, logits)

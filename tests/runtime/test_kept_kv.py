@@ -4,12 +4,15 @@ forgets them on any step but decode."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
+from engine_helpers import assert_idle_and_intact, make_prompts
 from test_shared_prefix import POOL, build_batch, contexts_with_sharing, fresh
 
 from sprig.kernels.decode_attention import decode_attention_ref
+from sprig.runtime import Engine
 from sprig.runtime.attention.kept_kv import KeptKV, PrefixKV, TailKV
 from sprig.runtime.attention.shared_prefix import (
     plan_shared_prefixes,
@@ -17,6 +20,7 @@ from sprig.runtime.attention.shared_prefix import (
 )
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.step_input import StepInput
 
 
 def test_kept_prefix_kv_serves_decode_steps_until_cleared() -> None:
@@ -162,3 +166,36 @@ def test_the_backend_forgets_kept_kv_on_any_step_but_decode(tiny_llama: Path) ->
     assert len(backend.kept_kv.prefixes) == 1 and len(backend.kept_kv.tails) == 1
     backend.begin_step(batch(ForwardMode.EXTEND))
     assert len(backend.kept_kv.prefixes) == 0 and len(backend.kept_kv.tails) == 0
+
+
+def test_the_scheduler_declares_a_continuing_decode_step_only_when_it_is_one(tiny_llama: Path) -> None:
+    """Requests finishing at different times and retracted for room: a step marked
+    `continues` is the previous decode step's batch with one slot more per context."""
+    options = {"max_total_tokens": 160, "new_token_ratio": 0.0, "min_new_token_ratio": 0.0}
+    with Engine(tiny_llama, dtype="float32", check_integrity=True, **options) as engine:
+        steps: list[StepInput] = []
+        forward = engine.scheduler.runner.forward
+
+        def recording(step: StepInput) -> torch.Tensor:
+            steps.append(step)
+            return forward(step)
+
+        engine.scheduler.runner.forward = recording
+        system = make_prompts(1, seed=3)[0] * 2
+        prompts = [system + " " + p for p in make_prompts(12, seed=4)]
+        params = [{"max_new_tokens": 6 + 3 * (i % 5), "temperature": 0, "ignore_eos": True} for i in range(12)]
+        engine.generate(prompts, params)
+        assert engine.scheduler.stats.retractions > 0
+        assert_idle_and_intact(engine)
+    continuing = 0
+    for before, step in itertools.pairwise(steps):
+        if not step.continues:
+            continue
+        continuing += 1
+        assert before.mode is ForwardMode.DECODE and step.mode is ForwardMode.DECODE
+        assert step.kv_lens == [n + 1 for n in before.kv_lens]
+        ends = torch.tensor(step.kv_lens).cumsum(0)
+        old = [i for i in range(int(ends[-1])) if i + 1 not in set(ends.tolist())]
+        assert torch.equal(step.kv_indices[old], before.kv_indices)
+    decodes = sum(s.mode is ForwardMode.DECODE for s in steps)
+    assert 0 < continuing < decodes  # most decode steps continue; a change of batch never does

@@ -101,6 +101,7 @@ def test_slot_placement_and_page_size_do_not_change_logits(tiny_llama: Path, run
         ({"kv_indices": torch.arange(1, 6)[None]}, "1-D"),
         ({"kv_indices": torch.arange(1, 5)}, "sum"),
         ({"logits_from": [2, 0]}, "logits_from 2"),
+        ({"continues": True}, "only a decode step"),
     ],
 )
 def test_step_input_rejects(kwargs: dict, message: str) -> None:

@@ -181,10 +181,11 @@ def test_a_plan_advanced_by_decode_steps_equals_a_fresh_one() -> None:
     plan = plan_shared_prefixes(*build_batch(contexts))
     assert plan.rest_padded and plan.decode_groups  # built, as a decode step builds them
     for _ in range(5):
-        for ctx in contexts:
-            ctx.append(fresh(1, c)[0])
+        new = fresh(len(contexts), c)
+        for ctx, slot in zip(contexts, new, strict=True):
+            ctx.append(slot)
         indptr, indices = build_batch(contexts)
-        advanced = plan.after_decode(indptr, indices)
+        advanced = plan.after_decode(indptr, indices, torch.tensor(new))
         fresh_plan = plan_shared_prefixes(indptr, indices)
         assert advanced is not None
         assert [(g.members.tolist(), g.slots.tolist()) for g in advanced.groups] == [
@@ -206,16 +207,17 @@ def test_a_plan_advanced_by_decode_steps_equals_a_fresh_one() -> None:
         plan = advanced
 
 
-def test_a_plan_does_not_advance_to_another_batch() -> None:
+def test_a_plan_does_not_advance_to_a_batch_of_other_lengths() -> None:
     contexts, _ = contexts_with_sharing()
     contexts = [ctx for ctx in contexts if ctx]
     c = [4000]
     plan = plan_shared_prefixes(*build_batch(contexts))
+
+    def advance(batch: list[list[int]]) -> shared_prefix.SharingPlan | None:
+        return plan.after_decode(*build_batch(batch), torch.tensor([ctx[-1] for ctx in batch]))
+
     grown = [ctx + fresh(1, c) for ctx in contexts]
-    assert plan.after_decode(*build_batch(grown)) is not None
-    assert plan.after_decode(*build_batch(grown[:-1])) is None  # a request left
-    assert plan.after_decode(*build_batch([grown[0] + fresh(1, c), *grown[1:]])) is None  # two new slots
-    assert plan.after_decode(*build_batch(contexts)) is None  # no new slot
-    changed = [list(ctx) for ctx in grown]
-    changed[3][5] = fresh(1, c)[0]  # an earlier slot differs
-    assert plan.after_decode(*build_batch(changed)) is None
+    assert advance(grown) is not None
+    assert advance(grown[:-1]) is None  # a request left
+    assert advance([grown[0] + fresh(1, c), *grown[1:]]) is None  # two new slots
+    assert advance(contexts) is None  # no new slot
