@@ -123,9 +123,20 @@ def apply_rotary_triton(
     return _rotate_triton(x, positions.contiguous(), cos.contiguous(), sin.contiguous())
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotary_rows(
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [P, D]
+    sin: torch.Tensor,  # [P, D]
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [T, 1, D] each
+    """The table rows `apply_rotary_ref` multiplies by: cos at `positions`, and sin with
+    its first half negated (rotate_half(x) * sin == roll(x, D/2) * that), in `dtype`.
+    Every layer of a step rotates by the same rows: they can be gathered once."""
+    half = cos.shape[-1] // 2
+    c = cos[positions].to(dtype).unsqueeze(1)
+    s = sin[positions].to(dtype).unsqueeze(1)
+    s[..., :half].neg_()
+    return c, s
 
 
 def apply_rotary_ref(
@@ -133,11 +144,13 @@ def apply_rotary_ref(
     positions: torch.Tensor,  # [T] int64
     cos: torch.Tensor,  # [P, D]
     sin: torch.Tensor,  # [P, D]
+    *,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,  # `rotary_rows` of the arguments
 ) -> torch.Tensor:  # [T, H, D]
-    """Torch reference; float32 results equal HF `apply_rotary_pos_emb` exactly."""
-    c = cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
-    s = sin[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
-    return (x * c).add_(_rotate_half(x).mul_(s))  # x * c + rotate_half(x) * s, two temporaries
+    """Torch reference; float32 results equal HF `apply_rotary_pos_emb` exactly
+    (-(a * b) and a * -b are the same float)."""
+    c, s = rows if rows is not None else rotary_rows(positions, cos, sin, x.dtype)
+    return (x * c).add_(x.roll(x.shape[-1] // 2, -1).mul_(s))  # two temporaries
 
 
 def apply_rotary(

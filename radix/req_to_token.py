@@ -64,8 +64,8 @@ class ReqToTokenPool:
         used = [(row, end) for row, end in zip(rows, ends, strict=True) if end > 0]
         if not used:
             return self.table.new_empty(0)
-        lens = torch.tensor([end for _, end in used])  # [B']
-        first = torch.tensor([row for row, _ in used]) * self.max_context_len  # [B'] each row's start
+        lens = torch.tensor([end for _, end in used], dtype=torch.int64)  # [B']
+        first = torch.tensor([row for row, _ in used], dtype=torch.int64) * self.max_context_len  # [B'] each row's start
         # The table positions step by one within a row and jump at each row's start: a
         # running sum of those steps (cheaper than repeat_interleave on the CPU).
         steps = torch.ones(int(lens.sum()), dtype=torch.int64)  # [N]

@@ -70,26 +70,29 @@ def build_forward_batch(
     step: StepInput, kv_cache: KVCache, device: torch.device
 ) -> tuple[ForwardBatch, torch.Tensor]:
     """The `ForwardBatch` for `step` on `device`, and the rows `[R]` of its new tokens whose
-    logits are wanted (request order). All index math runs on the CPU; the result crosses to
-    the device in one copy. Raises ValueError if a slot is outside the pool."""
+    logits are wanted (request order). All index math runs on the CPU; for another device
+    the result crosses in one copy. Raises ValueError if a slot is outside the pool."""
     B = len(step.q_lens)
     q_lens = torch.tensor(step.q_lens, dtype=torch.int64)  # [B]
     kv_lens = torch.tensor(step.kv_lens, dtype=torch.int64)  # [B]
     qo_indptr = F.pad(q_lens.cumsum(0), (1, 0))  # [B+1]
     kv_indptr = F.pad(kv_lens.cumsum(0), (1, 0))  # [B+1]
-    kv_indices = step.kv_indices.to(torch.int64)  # [N]
+    kv_indices = step.kv_indices.to(torch.int32)  # [N]; no copy when read from the token table
     check_slots(kv_indices, kv_cache.num_slots + kv_cache.page_size)
     T = int(qo_indptr[-1])
-    req = torch.repeat_interleave(torch.arange(B), q_lens)  # [T] request of each new token
+    req = torch.repeat_interleave(torch.arange(B), q_lens, output_size=T)  # [T] request of each new token
     local = torch.arange(T) - qo_indptr[req]  # [T] index among its request's new tokens
     positions = local + (kv_lens - q_lens)[req]  # [T]
-    out_cache_loc = kv_indices[kv_indptr[req] + positions]  # [T]
-    logit_rows = torch.nonzero(local >= torch.tensor(step.logits_from)[req]).flatten()  # [R]
+    out_cache_loc = kv_indices[kv_indptr[req] + positions].to(torch.int64)  # [T]
+    logits_from = torch.tensor(step.logits_from, dtype=torch.int64)
+    logit_rows = torch.nonzero(local >= logits_from[req]).flatten()  # [R]
     input_ids = torch.tensor(step.input_ids, dtype=torch.int64)  # [T]
 
     parts = [input_ids, positions, qo_indptr, kv_indptr, kv_indices, out_cache_loc, logit_rows]
-    on_device = torch.cat(parts).to(device).split([p.numel() for p in parts])
-    ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d = on_device
+    if device.type != "cpu":
+        parts[4] = kv_indices.to(torch.int64)
+        parts = list(torch.cat(parts).to(device).split([p.numel() for p in parts]))
+    ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d = parts
     batch = ForwardBatch(
         mode=step.mode,
         input_ids=ids_d,

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from sprig.kernels.rotary import apply_rotary, rope_cos_sin
+from sprig.kernels._dispatch import use_triton
+from sprig.kernels.rotary import apply_rotary_ref, apply_rotary_triton, rope_cos_sin, rotary_rows
 
 
 class RotaryEmbedding(nn.Module):
@@ -15,7 +16,8 @@ class RotaryEmbedding(nn.Module):
 
     The float32 tables cover positions `0 .. max_positions-1`; they are derived from
     the config, not read from the checkpoint, so `reset_buffers()` recomputes them after
-    the module is materialised on its device.
+    the module is materialised on its device. On the torch path the table rows of the
+    last `positions` tensor are kept: the layers of a step gather them once.
     """
 
     def __init__(
@@ -30,8 +32,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", torch.empty(max_positions, head_dim), persistent=False)
         self.reset_buffers()
 
+    _rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, their rows
+
     def reset_buffers(self) -> None:
         """(Re)compute the tables in float32 on the buffers' current device."""
+        self._rows = None
         if self.cos.is_meta:
             return
         self.cos, self.sin = rope_cos_sin(  # [P, D] each
@@ -44,4 +49,9 @@ class RotaryEmbedding(nn.Module):
         positions: torch.Tensor,  # [T] int64, each < max_positions
         x: torch.Tensor,  # [T, H, D]: q's heads, k's, or both side by side
     ) -> torch.Tensor:  # [T, H, D], a new tensor
-        return apply_rotary(x, positions, self.cos, self.sin)
+        if use_triton(x, positions, self.cos, self.sin):
+            return apply_rotary_triton(x, positions, self.cos, self.sin)
+        kept = self._rows
+        if kept is None or kept[0] is not positions or kept[1].dtype != x.dtype:
+            kept = self._rows = (positions, *rotary_rows(positions, self.cos, self.sin, x.dtype))
+        return apply_rotary_ref(x, positions, self.cos, self.sin, rows=kept[1:])

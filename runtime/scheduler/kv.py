@@ -83,6 +83,8 @@ class RequestKV:
         total = sum(n for n in needs if n > 0)
         if total == 0:
             return True
+        if not self.can_fit(total):
+            return False
         slots = self._take(total)
         if slots is None:
             return False
@@ -92,7 +94,7 @@ class RequestKV:
         for r, n in grown:
             rows += [r.row] * n
             cols += range(r.alloc_len, r.alloc_len + n)
-        self.table.write_at(torch.tensor(rows), torch.tensor(cols), slots)
+        self.table.write_at(torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64), slots)
         for r, n in grown:
             r.alloc_len += n
         return True

@@ -284,13 +284,10 @@ class Scheduler:
     def _make_room_for_decode(self) -> None:
         """Reserve slots for every running request's pending tokens; retract requests when
         the pool, after evicting cold cache, cannot supply them."""
-        while True:
-            need = sum(self.kv.pages(r.seq_len) - r.alloc_len for r in self.running)
-            if self.kv.can_fit(need) or len(self.running) <= 1:
-                break
+        while not self.kv.reserve_all(self.running):
+            if len(self.running) <= 1:
+                raise RuntimeError("no KV slots for the running requests even after retraction")
             self._retract(max(self.running, key=self._retract_priority))
-        if not self.kv.reserve_all(self.running):
-            raise RuntimeError("no KV slots for the running requests even after retraction")
 
     @staticmethod
     def _retract_priority(req: Req) -> float:

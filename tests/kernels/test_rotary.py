@@ -10,6 +10,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from sprig.kernels import apply_rotary, apply_rotary_ref, rope_cos_sin
+from sprig.runtime.layers.rotary import RotaryEmbedding
 
 LLAMA3 = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -105,3 +106,17 @@ def test_triton_matches_ref(
     got = apply_rotary(qk_d, positions.to(device), cos.to(device), sin.to(device))
     torch.testing.assert_close(got.cpu(), expected, **tol[dtype])
     assert torch.equal(qkv_d.cpu(), qkv)  # input untouched
+
+
+def test_the_module_gathers_a_steps_rows_once_and_never_serves_stale_ones() -> None:
+    torch.manual_seed(3)
+    rotary = RotaryEmbedding(32, 200, base=10000.0, scaling=LLAMA3)
+    x = torch.randn(5, 6, 32)
+    for positions in (torch.tensor([0, 7, 7, 150, 3]), torch.tensor([1, 2, 3, 4, 199])):
+        want = apply_rotary_ref(x, positions, rotary.cos, rotary.sin)
+        assert torch.equal(rotary(positions, x), want)
+        rows = rotary._rows
+        assert torch.equal(rotary(positions, x[:, :2]), want[:, :2])  # another layer, same step
+        assert rotary._rows is rows
+    assert torch.equal(rotary(positions.clone(), x), want)  # equal positions, another step
+    assert rotary._rows is not rows
