@@ -15,6 +15,8 @@ import torch
 from sprig.kernels.decode_attention import PaddedRows, gather_rows
 from sprig.runtime.attention.shared_prefix import PaddedGroups, gather_prefix_kv
 
+ROOM = 64  # decode steps a remainder buffer has room for, at least, when (re)allocated
+
 
 class PrefixKV:
     """The decode groups' gathered prefix K/V (`gather_prefix_kv`), kept while their slots
@@ -97,8 +99,8 @@ class TailKV:
         if kept is None:
             rows = _head_major_rows(bucket.slots, k_buffer.shape[1])
             shape = bucket.slots.shape
-            kt = _gather(k_buffer, rows, shape).transpose(-1, -2).contiguous()
-            kept = _Tails(bucket, kt, _gather(v_buffer, rows, shape))
+            k, v = _gather(k_buffer, rows, shape), _gather(v_buffer, rows, shape)  # [b, Hkv, L, D]
+            kept = _Tails(bucket, _with_room(k.transpose(-1, -2), 3), _with_room(v, 2))
         if self._bytes + kept.kt.nbytes + kept.v.nbytes <= self.budget_bytes:
             self._entries[key] = kept
             self._bytes += kept.kt.nbytes + kept.v.nbytes
@@ -133,19 +135,29 @@ class TailKV:
         kept: _Tails, new: PaddedRows, fresh: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
     ) -> _Tails:
         """Write each row's new token K/V (from its slot in `fresh`) at its old length,
-        growing the buffers by a half when they are full. Growth is zeros: a masked
+        growing the buffers when they are full (`_with_room`). The room is zeros: a masked
         position's weight is 0, and 0 times uninitialised memory can be NaN."""
         b, L = new.slots.shape
         kt, v = kept.kt, kept.v
         if v.shape[2] < L:
-            cap = L + max(32, L // 2)
-            kt = torch.cat([kt, kt.new_zeros(*kt.shape[:3], cap - kt.shape[3])], dim=3)
-            v = torch.cat([v, v.new_zeros(b, v.shape[1], cap - v.shape[2], v.shape[3])], dim=2)
+            kt, v = _with_room(kt, 3), _with_room(v, 2)
         at = kept.bucket.lens  # [b]: each row's new position
         rows = torch.arange(b, device=at.device)
         kt[rows, :, :, at] = gather_rows(k_buffer, fresh).float()
         v[rows, :, at] = gather_rows(v_buffer, fresh).float()
         return _Tails(new, kt, v)
+
+
+def _with_room(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """A contiguous copy of `x` whose dim `dim` (length L) gains room for
+    `max(ROOM, L // 2)` decode steps, zeros: buffers are reallocated seldom (a
+    reallocation costs about a step's reads of the buffer)."""
+    L = x.shape[dim]
+    shape = list(x.shape)
+    shape[dim] = L + max(ROOM, L // 2)
+    out = x.new_zeros(shape)
+    out.narrow(dim, 0, L).copy_(x)
+    return out
 
 
 def _head_major_rows(slots: torch.Tensor, kv_heads: int) -> torch.Tensor:  # [b*Hkv*L] int64

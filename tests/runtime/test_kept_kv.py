@@ -13,7 +13,7 @@ from test_shared_prefix import POOL, build_batch, contexts_with_sharing, fresh
 
 from sprig.kernels.decode_attention import decode_attention_ref
 from sprig.runtime import Engine
-from sprig.runtime.attention.kept_kv import KeptKV, PrefixKV, TailKV
+from sprig.runtime.attention.kept_kv import ROOM, KeptKV, PrefixKV, TailKV
 from sprig.runtime.attention.shared_prefix import (
     plan_shared_prefixes,
     shared_prefix_decode_attention,
@@ -69,14 +69,15 @@ def test_kept_remainders_grow_by_each_decode_step() -> None:
     torch.manual_seed(4)
     c = [100]
     system = fresh(40, c)
-    # one padded remainder bucket (lengths 9..14) and a request alone; 40 steps outgrow
+    # one padded remainder bucket (lengths 9..14) and a request alone; the steps outgrow
     # the buffers more than once
     contexts = [system + fresh(n, c) for n in (9, 14, 12)] + [fresh(13, c)]
     D, scale = 16, 16**-0.5
     k_buf, v_buf = torch.randn(POOL, 2, D), torch.randn(POOL, 2, D)
     kept = KeptKV(budget_bytes=1 << 30)
     entries = []
-    for indptr, indices, new in decode_steps(contexts, 40, c):
+    steps = 2 * ROOM + 20
+    for indptr, indices, new in decode_steps(contexts, steps, c):
         k_buf[new], v_buf[new] = torch.randn(len(new), 2, D), torch.randn(len(new), 2, D)  # the step's store
         q = torch.randn(len(contexts), 4, D)
         plan = plan_shared_prefixes(indptr, indices)
@@ -86,7 +87,7 @@ def test_kept_remainders_grow_by_each_decode_step() -> None:
             want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         entries.append(len(kept.tails))
-    assert entries == [2] * 40  # both layers' buckets kept throughout
+    assert entries == [2] * steps  # both layers' buckets kept throughout
     # the kept remainders were extended, not gathered again: rewriting an old slot
     # (which no decode step does) goes unseen until the store is cleared
     old = contexts[0][-5]
