@@ -30,3 +30,21 @@ def test_equals_float64_softmax_and_logsumexp(rows: int, masked: bool, dtype: to
         scores = scores.masked_fill(~valid, float("-inf"))
     torch.testing.assert_close(lse.double(), scores.logsumexp(-1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.double(), scores.softmax(-1) @ v.double(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [2, FLASH_MIN_ROWS])
+def test_scores_far_below_the_peak_and_masked_keys_weigh_nothing_visible(rows: int) -> None:
+    """Scores hundreds below their row's peak (a sharp head) and masked keys whose V is
+    large: the explicit path clamps exp's argument, the result still equals float64."""
+    g = torch.Generator().manual_seed(7)
+    N, H, L, D = 2, 3, 40, 8
+    q = torch.randn(N, H, rows, D, generator=g) * 30
+    k = torch.randn(N, H, L, D, generator=g) * 30
+    v = torch.randn(N, H, L, D, generator=g)
+    valid = (torch.arange(L)[None, :] < torch.tensor([40, 23])[:, None])[:, None, None, :]
+    v = v.masked_fill(~valid[:, :, 0, :, None], 1e4)  # what padding must never leak
+    out, lse = attention_lse(q, k, v, scale=1.0, valid=valid)
+    scores = (q.double() @ k.double().transpose(-1, -2)).masked_fill(~valid, float("-inf"))
+    assert (scores.amax(-1, keepdim=True) - scores).nan_to_num(posinf=0).amax() > 500  # far below
+    torch.testing.assert_close(lse.double(), scores.logsumexp(-1), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(out.double(), scores.softmax(-1) @ v.double(), atol=1e-5, rtol=1e-5)
