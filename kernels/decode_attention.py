@@ -234,19 +234,33 @@ class PaddedRows:
     slots: torch.Tensor  # [b, L] int64 (padding repeats a slot of the batch)
     valid: torch.Tensor | None  # [b, L] bool; None when nothing is padding
     lens: torch.Tensor  # [b] int64: each row's context length (its valid slots)
+    # (the bucket a decode step earlier, the positions of its rows this one keeps) when
+    # requests left between the steps
+    kept_from: tuple[PaddedRows, torch.Tensor] | None = None
 
-    def grown(self, new_slots: torch.Tensor) -> PaddedRows:  # new_slots: [B] int64 per batch row
+    def grown(self, new_slots: torch.Tensor, moved: torch.Tensor | None = None) -> PaddedRows | None:
         """The bucket one decode step later: each row's context gains the slot
-        `new_slots[row]` (the padding still at most doubles a row's work)."""
-        b = self.slots.shape[0]
-        at = torch.arange(b, device=self.slots.device)
-        slots = torch.cat([self.slots, self.slots[:, :1]], dim=1)  # [b, L+1]
-        slots[at, self.lens] = new_slots[self.rows]
+        `new_slots[row]` (rows of the new batch; the padding still at most doubles a row's
+        work). With `moved` (old batch row -> new row, -1 for a request that left) the
+        rows that left are dropped; None if none is left."""
+        if moved is None:
+            kept, keep = self, None
+        else:
+            rows = moved[self.rows]
+            keep = torch.nonzero(rows >= 0).flatten()  # [b'] positions kept
+            if keep.numel() == 0:
+                return None
+            valid = None if self.valid is None else self.valid[keep]
+            kept = PaddedRows(rows[keep], self.slots[keep], valid, self.lens[keep])
+        b = kept.slots.shape[0]
+        at = torch.arange(b, device=kept.slots.device)
+        slots = torch.cat([kept.slots, kept.slots[:, :1]], dim=1)  # [b, L+1]
+        slots[at, kept.lens] = new_slots[kept.rows]
         valid = None
-        if self.valid is not None:
-            valid = torch.cat([self.valid, self.valid[:, :1].logical_not()], dim=1)  # [b, L+1]
-            valid[at, self.lens] = True
-        return PaddedRows(self.rows, slots, valid, self.lens + 1)
+        if kept.valid is not None:
+            valid = torch.cat([kept.valid, kept.valid[:, :1].logical_not()], dim=1)  # [b, L+1]
+            valid[at, kept.lens] = True
+        return PaddedRows(kept.rows, slots, valid, kept.lens + 1, None if keep is None else (self, keep))
 
 
 def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[PaddedRows]:

@@ -3,6 +3,7 @@ only), and how the runner turns it into a device-side `ForwardBatch`."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,8 @@ class StepInput:
     `len(input_ids) == sum(q_lens)`; every `q_len >= 1`, and `== 1` in DECODE mode;
     `kv_lens[b] >= q_lens[b]` (the context ends with the new tokens, whose slots are the
     last `q_lens[b]`); `kv_indices` is a 1-D integer CPU tensor of `sum(kv_lens)` slots,
-    the contexts concatenated; `0 <= logits_from[b] <= q_lens[b] - 1`.
+    the contexts concatenated; `0 <= logits_from[b] <= q_lens[b] - 1`; `prev_rows` only in
+    DECODE mode, one increasing row per request.
     """
 
     mode: ForwardMode
@@ -29,7 +31,9 @@ class StepInput:
     kv_lens: list[int]  # per request: tokens in its context, the new ones included
     kv_indices: torch.Tensor  # [sum(kv_lens)] int CPU: the contexts' slots, concatenated
     logits_from: list[int]  # per request: first new-token index whose next-token logits return
-    continues: bool = False  # DECODE: the previous step's batch, each context one slot longer
+    # DECODE: each request's row in the previous step, a decode step whose contexts this
+    # step's extend by one slot each (requests only leave between decode steps); None: unknown
+    prev_rows: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.q_lens)
@@ -48,8 +52,12 @@ class StepInput:
         if idx.numel() != sum(self.kv_lens):
             raise ValueError(f"{idx.numel()} kv_indices but sum(kv_lens) = {sum(self.kv_lens)}")
         decode = self.mode is ForwardMode.DECODE
-        if self.continues and not decode:
-            raise ValueError("only a decode step can continue the previous step's batch")
+        if self.prev_rows is not None:
+            rows = self.prev_rows
+            if not decode:
+                raise ValueError("only a decode step can continue the previous step's batch")
+            if len(rows) != n or rows[0] < 0 or any(b <= a for a, b in itertools.pairwise(rows)):
+                raise ValueError("prev_rows must hold one increasing row >= 0 per request")
         for b, (q_len, kv_len, first) in enumerate(zip(self.q_lens, self.kv_lens, self.logits_from, strict=True)):
             if q_len < 1 or (decode and q_len != 1):
                 raise ValueError(f"request {b}: q_len {q_len} invalid in {self.mode.value} mode")
@@ -88,11 +96,13 @@ def build_forward_batch(
     logit_rows = torch.nonzero(local >= logits_from[req]).flatten()  # [R]
     input_ids = torch.tensor(step.input_ids, dtype=torch.int64)  # [T]
 
-    parts = [input_ids, positions, qo_indptr, kv_indptr, kv_indices, out_cache_loc, logit_rows]
+    prev_rows = torch.tensor(step.prev_rows or [], dtype=torch.int64)  # [B], or [0] when None
+
+    parts = [input_ids, positions, qo_indptr, kv_indptr, kv_indices, out_cache_loc, logit_rows, prev_rows]
     if device.type != "cpu":
         parts[4] = kv_indices.to(torch.int64)
         parts = list(torch.cat(parts).to(device).split([p.numel() for p in parts]))
-    ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d = parts
+    ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d, prev_d = parts
     batch = ForwardBatch(
         mode=step.mode,
         input_ids=ids_d,
@@ -104,6 +114,6 @@ def build_forward_batch(
         kv_cache=kv_cache,
         max_q_len=max(step.q_lens),
         max_kv_len=int(kv_lens.max()),
-        continues=step.continues,
+        prev_rows=None if step.prev_rows is None else prev_d,
     )
     return batch, rows_d

@@ -59,12 +59,20 @@ class _Tails:
     v: torch.Tensor  # [b, Hkv, cap, D] float32
 
 
+@dataclass(frozen=True)
+class _Step:
+    fresh: torch.Tensor  # [b] each row's new slot
+    keep: torch.Tensor | None  # [b] positions of the kept bucket's rows that stay; None: all
+
+
 class TailKV:
     """The decode buckets' remainder K/V (what `gather_bucket_kv` gathers, in float32;
     V head-major, K transposed so that the score product reads it in order), kept up to
     `budget_bytes`: when a step's bucket has the same rows as the kept one, each with the
     same slots plus one new slot (every request decoded one token), the kept K/V gain the
-    new tokens' K/V instead of the whole bucket being gathered again.
+    new tokens' K/V instead of the whole bucket being gathered again. A bucket grown from
+    the kept one after requests left (`PaddedRows.kept_from`) keeps the remaining rows'
+    K/V the same way.
 
     Rows keep their padded positions, so a row's new slot lands at its old length; the
     bucket's `valid` mask hides what lies beyond each row's length.
@@ -74,7 +82,7 @@ class TailKV:
         self.budget_bytes = budget_bytes
         self._entries: dict[tuple[int, int], _Tails] = {}
         self._bytes = 0
-        self._verdicts: dict[int, tuple[PaddedRows, PaddedRows, torch.Tensor | None]] = {}
+        self._verdicts: dict[int, tuple[PaddedRows, PaddedRows, _Step | None]] = {}
 
     def __len__(self) -> int:
         """Buckets whose K/V are kept."""
@@ -94,8 +102,8 @@ class TailKV:
         kept = self._entries.pop(key, None)
         if kept is not None:
             self._bytes -= kept.kt.nbytes + kept.v.nbytes
-            fresh = self._new_slots(key[1], kept.bucket, bucket)
-            kept = None if fresh is None else self._extend(kept, bucket, fresh, k_buffer, v_buffer)
+            step = self._step(key[1], kept.bucket, bucket)
+            kept = None if step is None else self._extend(kept, bucket, step, k_buffer, v_buffer)
         if kept is None:
             rows = _head_major_rows(bucket.slots, k_buffer.shape[1])
             shape = bucket.slots.shape
@@ -106,45 +114,45 @@ class TailKV:
             self._bytes += kept.kt.nbytes + kept.v.nbytes
         return kept.kt[..., :L].transpose(-1, -2), kept.v[:, :, :L]
 
-    def _new_slots(self, index: int, old: PaddedRows, new: PaddedRows) -> torch.Tensor | None:
-        """Each row's new slot `[b]` if `new` is `old` one decode step later, else None;
-        decided once per step and bucket index (every layer's entry was built from the
-        same `old`)."""
+    def _step(self, index: int, old: PaddedRows, new: PaddedRows) -> _Step | None:
+        """How `new` is `old` one decode step later, else None; decided once per step and
+        bucket index (every layer's entry was built from the same `old`)."""
         seen = self._verdicts.get(index)
         if seen is not None and seen[0] is old and seen[1] is new:
             return seen[2]
-        L = old.slots.shape[1]
-        same = (
-            old.rows.shape == new.rows.shape
-            and torch.equal(old.rows, new.rows)
-            and torch.equal(new.lens, old.lens + 1)
-        )
-        if same:
+        step = None
+        at = torch.arange(new.slots.shape[0], device=old.lens.device)
+        if new.kept_from is not None and new.kept_from[0] is old:  # grown from it
+            keep = new.kept_from[1]
+            step = _Step(new.slots[at, old.lens[keep]], keep)
+        elif old.rows.shape == new.rows.shape and torch.equal(old.rows, new.rows) and torch.equal(new.lens, old.lens + 1):
+            L = old.slots.shape[1]
             if old.valid is None:
                 same = torch.equal(new.slots[:, :L], old.slots)
             else:
                 same = torch.equal(new.slots[:, :L][old.valid], old.slots[old.valid])
-        fresh = None
-        if same:
-            fresh = new.slots[torch.arange(new.slots.shape[0], device=old.lens.device), old.lens]
-        self._verdicts[index] = (old, new, fresh)
-        return fresh
+            if same:
+                step = _Step(new.slots[at, old.lens], None)
+        self._verdicts[index] = (old, new, step)
+        return step
 
     @staticmethod
     def _extend(
-        kept: _Tails, new: PaddedRows, fresh: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
+        kept: _Tails, new: PaddedRows, step: _Step, k_buffer: torch.Tensor, v_buffer: torch.Tensor
     ) -> _Tails:
-        """Write each row's new token K/V (from its slot in `fresh`) at its old length,
-        growing the buffers when they are full (`_with_room`). The room is zeros: a masked
-        position's weight is 0, and 0 times uninitialised memory can be NaN."""
+        """Keep the rows that stay, then write each row's new token K/V (from its slot in
+        `step.fresh`) at its old length, growing the buffers when they are full
+        (`_with_room`). The room is zeros: a masked position's weight is about 0, and
+        that times uninitialised memory can be NaN."""
         b, L = new.slots.shape
-        kt, v = kept.kt, kept.v
+        kt, v, at = kept.kt, kept.v, kept.bucket.lens  # at: each row's new position
+        if step.keep is not None:
+            kt, v, at = kt.index_select(0, step.keep), v.index_select(0, step.keep), at[step.keep]
         if v.shape[2] < L:
             kt, v = _with_room(kt, 3), _with_room(v, 2)
-        at = kept.bucket.lens  # [b]: each row's new position
         rows = torch.arange(b, device=at.device)
-        kt[rows, :, :, at] = gather_rows(k_buffer, fresh).float()
-        v[rows, :, at] = gather_rows(v_buffer, fresh).float()
+        kt[rows, :, :, at] = gather_rows(k_buffer, step.fresh).float()
+        v[rows, :, at] = gather_rows(v_buffer, step.fresh).float()
         return _Tails(new, kt, v)
 
 

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SharedPrefix:
-    """Batch rows `members` (>= 2) whose contexts all begin with the slots `slots`."""
+    """Batch rows `members` whose contexts all begin with the slots `slots`: two or more
+    when planned; a decode step after requests left may keep fewer."""
 
     members: torch.Tensor  # [n] int64
     slots: torch.Tensor  # [L] int64
@@ -57,23 +58,43 @@ class SharingPlan:
     kv_indices: torch.Tensor  # [N] int
     shared_lens: torch.Tensor  # [B] int64
 
-    def after_decode(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, new_slots: torch.Tensor) -> SharingPlan | None:
+    def after_decode(
+        self,
+        kv_indptr: torch.Tensor,  # [B+1] int
+        kv_indices: torch.Tensor,  # [N] int
+        new_slots: torch.Tensor,  # [B] int
+        prev_rows: torch.Tensor,  # [B] int64, increasing
+    ) -> SharingPlan | None:
         """The plan of the next decode step, whose batch (`kv_indptr`, `kv_indices`) the
-        caller guarantees is this plan's batch with one slot, `new_slots[b]`, appended to
-        each context b (`ForwardBatch.continues`); None if its lengths say otherwise.
-        Keeps the groups and grows the decode buckets already built: O(B) work, where
-        planning reads every slot of the batch."""
+        caller guarantees holds this plan's requests at rows `prev_rows`, in order, each
+        context followed by one new slot, `new_slots[b]` (`ForwardBatch.prev_rows`); None
+        if its lengths say otherwise. Keeps the groups (less the requests that left) and
+        grows the decode buckets already built: O(B) work, where planning reads every
+        slot of the batch."""
         indptr = kv_indptr.to(torch.int64)
-        B = self.shared_lens.numel()
-        if indptr.numel() != B + 1 or not torch.equal(indptr, self.kv_indptr + torch.arange(B + 1, device=indptr.device)):
+        n_old, n_new = self.shared_lens.numel(), prev_rows.numel()
+        old_lens = self.kv_indptr[1:] - self.kv_indptr[:-1]
+        if indptr.numel() != n_new + 1 or not torch.equal(indptr[1:] - indptr[:-1], old_lens[prev_rows] + 1):
             return None
-        plan = SharingPlan(self.groups, indptr, kv_indices, self.shared_lens)
         built = vars(self)  # what the cached properties already hold
+        new_slots = new_slots.to(torch.int64)
+        if n_new == n_old:  # increasing rows: every request stayed, in its row
+            plan = SharingPlan(self.groups, indptr, kv_indices, self.shared_lens)
+            if "decode_groups" in built:  # groups and their slots are unchanged
+                vars(plan)["decode_groups"] = built["decode_groups"]
+            moved = None
+        else:
+            moved = torch.full((n_old,), -1, dtype=torch.int64, device=indptr.device)
+            moved[prev_rows] = torch.arange(n_new, device=indptr.device)  # old row -> new row or -1
+            groups = []
+            for g in self.groups:
+                members = moved[g.members]
+                if bool((members >= 0).any()):
+                    groups.append(SharedPrefix(members[members >= 0], g.slots))
+            plan = SharingPlan(tuple(groups), indptr, kv_indices, self.shared_lens[prev_rows])
         if "rest_padded" in built:
-            grown_slots = new_slots.to(torch.int64)
-            vars(plan)["rest_padded"] = [bucket.grown(grown_slots) for bucket in built["rest_padded"]]
-        if "decode_groups" in built:  # groups and their slots are unchanged
-            vars(plan)["decode_groups"] = built["decode_groups"]
+            grown = (bucket.grown(new_slots, moved) for bucket in built["rest_padded"])
+            vars(plan)["rest_padded"] = [bucket for bucket in grown if bucket is not None]
         return plan
 
     @cached_property

@@ -46,8 +46,10 @@ class TorchAttentionBackend:
         plan = None
         if batch.mode is not ForwardMode.DECODE:
             self.kept_kv.clear()
-        elif batch.continues and self._plan is not None:
-            plan = self._plan[1].after_decode(batch.kv_indptr, batch.kv_indices, batch.out_cache_loc)
+        elif batch.prev_rows is not None and self._plan is not None:
+            plan = self._plan[1].after_decode(
+                batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, batch.prev_rows
+            )
         if plan is None:
             plan = plan_shared_prefixes(batch.kv_indptr, batch.kv_indices)
         self._plan = (batch, plan)

@@ -6,6 +6,7 @@ running request; sample; retire finished requests into the radix cache.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -257,11 +258,14 @@ class Scheduler:
         pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
         ends = [r.kv_len + n for r, n in zip(batch, pending, strict=True)]
-        # Between two decode steps over the same requests, a context only gains the new
-        # token's slot: table rows are rewritten by extend steps alone.
-        continues = mode is ForwardMode.DECODE and len(batch) == len(self._decoded) and all(
-            a is b for a, b in zip(batch, self._decoded, strict=True)
-        )
+        # Between two decode steps a running request's context only gains the new token's
+        # slot (table rows are rewritten by extend steps alone); requests only leave.
+        prev_rows = None
+        if mode is ForwardMode.DECODE and self._decoded:
+            before = {id(r): i for i, r in enumerate(self._decoded)}
+            rows = [before.get(id(r), -1) for r in batch]
+            if rows[0] >= 0 and all(a < b for a, b in itertools.pairwise(rows)):
+                prev_rows = rows
         step = StepInput(
             mode=mode,
             input_ids=[t for r in batch for t in r.pending_ids()],
@@ -269,7 +273,7 @@ class Scheduler:
             kv_lens=ends,
             kv_indices=self.kv.contexts(batch, ends),
             logits_from=[n - 1 for n in pending],
-            continues=continues,
+            prev_rows=prev_rows,
         )
         self._decoded = []
         logits = self.runner.forward(step)

@@ -169,9 +169,10 @@ def test_the_backend_forgets_kept_kv_on_any_step_but_decode(tiny_llama: Path) ->
     assert len(backend.kept_kv.prefixes) == 0 and len(backend.kept_kv.tails) == 0
 
 
-def test_the_scheduler_declares_a_continuing_decode_step_only_when_it_is_one(tiny_llama: Path) -> None:
-    """Requests finishing at different times and retracted for room: a step marked
-    `continues` is the previous decode step's batch with one slot more per context."""
+def test_the_scheduler_declares_which_requests_a_decode_step_continues(tiny_llama: Path) -> None:
+    """Requests finishing at different times and retracted for room: a step that names
+    its requests' rows in the previous step (`prev_rows`) follows a decode step, and each
+    of its contexts is that row's context then plus one slot."""
     options = {"max_total_tokens": 160, "new_token_ratio": 0.0, "min_new_token_ratio": 0.0}
     with Engine(tiny_llama, dtype="float32", check_integrity=True, **options) as engine:
         steps: list[StepInput] = []
@@ -188,15 +189,55 @@ def test_the_scheduler_declares_a_continuing_decode_step_only_when_it_is_one(tin
         engine.generate(prompts, params)
         assert engine.scheduler.stats.retractions > 0
         assert_idle_and_intact(engine)
-    continuing = 0
+
+    def contexts(step: StepInput) -> list[list[int]]:
+        ends = [0, *itertools.accumulate(step.kv_lens)]
+        return [step.kv_indices[a:b].tolist() for a, b in itertools.pairwise(ends)]
+
+    kept, shrunk = 0, 0
     for before, step in itertools.pairwise(steps):
-        if not step.continues:
+        if step.prev_rows is None:
             continue
-        continuing += 1
         assert before.mode is ForwardMode.DECODE and step.mode is ForwardMode.DECODE
-        assert step.kv_lens == [n + 1 for n in before.kv_lens]
-        ends = torch.tensor(step.kv_lens).cumsum(0)
-        old = [i for i in range(int(ends[-1])) if i + 1 not in set(ends.tolist())]
-        assert torch.equal(step.kv_indices[old], before.kv_indices)
+        old, new = contexts(before), contexts(step)
+        assert [new[b][:-1] for b in range(len(new))] == [old[r] for r in step.prev_rows]
+        kept += 1
+        shrunk += len(step.prev_rows) < len(before.q_lens)
     decodes = sum(s.mode is ForwardMode.DECODE for s in steps)
-    assert 0 < continuing < decodes  # most decode steps continue; a change of batch never does
+    assert 0 < shrunk < kept < decodes  # requests left; a step after an extend continues nothing
+
+
+def test_kept_remainders_keep_the_rows_that_stay_when_requests_leave() -> None:
+    torch.manual_seed(8)
+    c = [100]
+    system = fresh(40, c)
+    contexts = [system + fresh(n, c) for n in (9, 14, 12, 10, 11)] + [fresh(13, c)]
+    D, scale = 16, 16**-0.5
+    k_buf, v_buf = torch.randn(POOL, 2, D), torch.randn(POOL, 2, D)
+    kept = KeptKV(budget_bytes=1 << 30)
+    plan = plan_shared_prefixes(*build_batch(contexts))
+    for leave in (set(), {1}, set(), {0, 3}, set()):
+        rows = [b for b in range(len(contexts)) if b not in leave]
+        contexts = [contexts[b] for b in rows]
+        new = fresh(len(contexts), c)
+        for ctx, slot in zip(contexts, new, strict=True):
+            ctx.append(slot)
+        k_buf[new], v_buf[new] = torch.randn(len(new), 2, D), torch.randn(len(new), 2, D)  # the step's store
+        indptr, indices = build_batch(contexts)
+        plan = plan.after_decode(indptr, indices, torch.tensor(new), torch.tensor(rows))
+        q = torch.randn(len(contexts), 4, D)
+        got = shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=scale, kept=kept)
+        want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert len(kept.tails) == len(plan.rest_padded)
+    # a step where the first request leaves keeps the others' K/V, not gathering them again:
+    # an old slot rewritten (which no decode step does) goes unseen
+    rows, new = list(range(1, len(contexts))), fresh(len(contexts) - 1, c)
+    contexts = [[*ctx, slot] for ctx, slot in zip(contexts[1:], new, strict=True)]
+    k_buf[contexts[0][-4]] += 1.0
+    indptr, indices = build_batch(contexts)
+    plan = plan.after_decode(indptr, indices, torch.tensor(new), torch.tensor(rows))
+    q = torch.randn(len(contexts), 4, D)
+    stale = shared_prefix_decode_attention(q, k_buf, v_buf, plan, sm_scale=scale, kept=kept)
+    want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=scale)
+    assert not torch.allclose(stale, want, atol=1e-3)

@@ -172,7 +172,36 @@ def test_the_engine_decodes_a_shared_prompt_through_the_plan(
     assert [o["output_ids"] for o in outs] == hf_greedy(tiny_llama, prompts, 12)
 
 
-def test_a_plan_advanced_by_decode_steps_equals_a_fresh_one() -> None:
+def decode_step(contexts: list[list[int]], leave: set[int], c: list[int]) -> tuple[list[int], list[int]]:
+    """Drop the contexts at positions `leave`, give every other one a fresh slot; returns
+    (the rows kept, the new slots)."""
+    rows = [b for b in range(len(contexts)) if b not in leave]
+    contexts[:] = [contexts[b] for b in rows]
+    new = fresh(len(contexts), c)
+    for ctx, slot in zip(contexts, new, strict=True):
+        ctx.append(slot)
+    return rows, new
+
+
+def assert_plan_describes(plan: shared_prefix.SharingPlan, contexts: list[list[int]]) -> None:
+    """Each context is its group's slots, then its remainder, which its bucket row holds."""
+    shared = {int(b): g.slots.tolist() for g in plan.groups for b in g.members}
+    for b, ctx in enumerate(contexts):
+        rest = plan.rest_indices[plan.rest_indptr[b] : plan.rest_indptr[b + 1]].tolist()
+        assert shared.get(b, []) + rest == ctx
+        assert rest or not ctx
+    rows = [int(r) for bucket in plan.rest_padded for r in bucket.rows]
+    assert sorted(rows) == list(range(len(contexts)))
+    for bucket in plan.rest_padded:
+        for j, row in enumerate(bucket.rows.tolist()):
+            n = int(bucket.lens[j])
+            assert bucket.slots[j, :n].tolist() == contexts[row][len(shared.get(row, [])) :]
+            assert bucket.valid is None or bucket.valid[j].tolist() == [i < n for i in range(bucket.valid.shape[1])]
+
+
+def test_a_plan_advanced_by_decode_steps_describes_the_batch() -> None:
+    """Steps where every request stays equal a fresh plan; steps where requests leave
+    (a group left with one member, a group gone) keep the rest grouped as before."""
     torch.manual_seed(7)
     contexts, _ = contexts_with_sharing()
     contexts = [ctx for ctx in contexts if ctx]  # a decode step gives every context a slot
@@ -180,31 +209,24 @@ def test_a_plan_advanced_by_decode_steps_equals_a_fresh_one() -> None:
     k_buf, v_buf = torch.randn(POOL + 100, 2, 16), torch.randn(POOL + 100, 2, 16)
     plan = plan_shared_prefixes(*build_batch(contexts))
     assert plan.rest_padded and plan.decode_groups  # built, as a decode step builds them
-    for _ in range(5):
-        new = fresh(len(contexts), c)
-        for ctx, slot in zip(contexts, new, strict=True):
-            ctx.append(slot)
+    # rows leaving: none; the one alone; a member of B (leaving one); all of C; none
+    for step, leave in enumerate((set(), {1}, {2}, {8, 9, 10}, set())):
+        rows, new = decode_step(contexts, leave, c)
         indptr, indices = build_batch(contexts)
-        advanced = plan.after_decode(indptr, indices, torch.tensor(new))
-        fresh_plan = plan_shared_prefixes(indptr, indices)
-        assert advanced is not None
-        assert [(g.members.tolist(), g.slots.tolist()) for g in advanced.groups] == [
-            (g.members.tolist(), g.slots.tolist()) for g in fresh_plan.groups
-        ]
-        assert torch.equal(advanced.rest_indptr, fresh_plan.rest_indptr)
-        assert torch.equal(advanced.rest_indices, fresh_plan.rest_indices)
-        assert "rest_padded" in vars(advanced)  # grown, not planned again
-        for bucket in advanced.rest_padded:
-            for j, row in enumerate(bucket.rows.tolist()):
-                n = int(bucket.lens[j])
-                lo, hi = advanced.rest_indptr[row], advanced.rest_indptr[row + 1]
-                assert bucket.slots[j, :n].tolist() == advanced.rest_indices[lo:hi].tolist()
-                assert bucket.valid is None or bucket.valid[j].tolist() == [i < n for i in range(bucket.valid.shape[1])]
+        advanced = plan.after_decode(indptr, indices, torch.tensor(new), torch.tensor(rows))
+        assert advanced is not None and "rest_padded" in vars(advanced)  # grown, not planned again
+        assert_plan_describes(advanced, contexts)
+        if step == 0:  # no request has left yet
+            fresh_plan = plan_shared_prefixes(indptr, indices)
+            assert [(g.members.tolist(), g.slots.tolist()) for g in advanced.groups] == [
+                (g.members.tolist(), g.slots.tolist()) for g in fresh_plan.groups
+            ]
         q = torch.randn(len(contexts), 4, 16)
         got = shared_prefix_decode_attention(q, k_buf, v_buf, advanced, sm_scale=0.25)
         want = decode_attention_ref(q, k_buf, v_buf, indptr, indices, sm_scale=0.25)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         plan = advanced
+    assert [g.members.numel() for g in plan.groups] == [5, 1]  # A whole, B with one, C gone
 
 
 def test_a_plan_does_not_advance_to_a_batch_of_other_lengths() -> None:
@@ -213,11 +235,14 @@ def test_a_plan_does_not_advance_to_a_batch_of_other_lengths() -> None:
     c = [4000]
     plan = plan_shared_prefixes(*build_batch(contexts))
 
-    def advance(batch: list[list[int]]) -> shared_prefix.SharingPlan | None:
-        return plan.after_decode(*build_batch(batch), torch.tensor([ctx[-1] for ctx in batch]))
+    def advance(batch: list[list[int]], rows: list[int]) -> shared_prefix.SharingPlan | None:
+        new = torch.tensor([ctx[-1] for ctx in batch])
+        return plan.after_decode(*build_batch(batch), new, torch.tensor(rows))
 
+    every = list(range(len(contexts)))
     grown = [ctx + fresh(1, c) for ctx in contexts]
-    assert advance(grown) is not None
-    assert advance(grown[:-1]) is None  # a request left
-    assert advance([grown[0] + fresh(1, c), *grown[1:]]) is None  # two new slots
-    assert advance(contexts) is None  # no new slot
+    assert advance(grown, every) is not None
+    assert advance(grown[:-1], every[:-1]) is not None  # the last request left
+    assert advance(grown[:-1], every[1:]) is None  # the rows named are not these contexts
+    assert advance([grown[0] + fresh(1, c), *grown[1:]], every) is None  # two new slots
+    assert advance(contexts, every) is None  # no new slot
