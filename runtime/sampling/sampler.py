@@ -20,11 +20,12 @@ from sprig.runtime.sampling.noise import exponential_noise
 
 @dataclass(frozen=True)
 class SampleOutput:
-    """The chosen tokens and their raw logprobs (see `logprobs`). `top_logprobs` has
-    K = max(top_logprobs_num) columns; row b's first `top_logprobs_num[b]` are its answer."""
+    """The chosen tokens and their raw logprobs (see `logprobs`), None when not asked for.
+    `top_logprobs` has K = max(top_logprobs_num) columns; row b's first
+    `top_logprobs_num[b]` are its answer."""
 
     next_ids: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor  # [B] float32, log_softmax(raw logits)[b, next_ids[b]]
+    logprobs: torch.Tensor | None  # [B] float32, log_softmax(raw logits)[b, next_ids[b]]
     top_logprobs: TopLogprobs | None  # [B, K]; None when K == 0
 
 
@@ -33,10 +34,13 @@ def sample(
     batch: SamplingBatch,
     *,
     top_logprobs_num: list[int] | int = 0,
+    logprobs: bool = True,
     generator: torch.Generator | None = None,
 ) -> SampleOutput:
     """Pick one token per row. Seeded rows are reproducible whatever the batch around
-    them; unseeded rows draw from `generator` (the runner's, on the logits' device)."""
+    them; unseeded rows draw from `generator` (the runner's, on the logits' device).
+    The chosen tokens' logprobs cost a log-softmax over the vocabulary: `logprobs=False`
+    skips them unless top logprobs are asked for."""
     if logits.shape != (batch.batch_size, batch.vocab_size):
         raise ValueError(f"logits {tuple(logits.shape)} do not match the sampling batch")
     logits = logits.float()
@@ -51,6 +55,8 @@ def sample(
         top_k = max(top_logprobs_num, default=0)
     else:
         raise ValueError("top_logprobs_num must be an int or have one entry per row")
+    if not logprobs and top_k <= 0:
+        return SampleOutput(next_ids=next_ids, logprobs=None, top_logprobs=None)
     chosen, top = token_logprobs(logits, next_ids, top_k=top_k)
     return SampleOutput(next_ids=next_ids, logprobs=chosen, top_logprobs=top)
 

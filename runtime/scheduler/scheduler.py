@@ -319,9 +319,10 @@ class Scheduler:
         )
         top_n = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
         logits = self.grammars.mask(reqs, logits)
-        out = sample(logits, batch, top_logprobs_num=top_n, generator=self.runner.generator)
+        wanted = any(r.return_logprob for r in reqs)
+        out = sample(logits, batch, top_logprobs_num=top_n, logprobs=wanted, generator=self.runner.generator)
         ids = out.next_ids.tolist()
-        logprobs = out.logprobs.tolist()
+        logprobs = out.logprobs.tolist() if out.logprobs is not None else []
         top = (out.top_logprobs.values.tolist(), out.top_logprobs.ids.tolist()) if out.top_logprobs else None
         for b, req in enumerate(reqs):
             token = ids[b]

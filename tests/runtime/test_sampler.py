@@ -223,6 +223,11 @@ def test_logprobs_come_from_the_raw_distribution() -> None:
     assert torch.allclose(top.values, expected.values, atol=1e-5)
     assert torch.equal(top.ids, expected.indices)
     assert run(params, logits, output_ids=[[1, 2]] * 4).top_logprobs is None
+    batch = SamplingBatch.build(params, output_ids=[[1, 2]] * 4, vocab_size=50)
+    bare = sample(logits, batch, logprobs=False, generator=torch.Generator().manual_seed(0))
+    assert bare.logprobs is None and bare.top_logprobs is None  # nobody asked: no log-softmax
+    assert torch.equal(bare.next_ids, run(params, logits, output_ids=[[1, 2]] * 4).next_ids)
+    assert sample(logits, batch, top_logprobs_num=2, logprobs=False).logprobs is not None
 
 
 def test_input_token_logprobs_helper() -> None:
