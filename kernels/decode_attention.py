@@ -8,6 +8,7 @@ computed in float32; the output has q's dtype. A request with no context gets ze
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -235,8 +236,8 @@ class PaddedRows:
     valid: torch.Tensor | None  # [b, L] bool; None when nothing is padding
     lens: torch.Tensor  # [b] int64: each row's context length (its valid slots)
     # (the bucket a decode step earlier, the positions of its rows this one keeps) when
-    # requests left between the steps
-    kept_from: tuple[PaddedRows, torch.Tensor] | None = None
+    # requests left between the steps; weak, so that a run of such steps is no chain
+    kept_from: tuple[weakref.ref[PaddedRows], torch.Tensor] | None = None
 
     def grown(self, new_slots: torch.Tensor, moved: torch.Tensor | None = None) -> PaddedRows | None:
         """The bucket one decode step later: each row's context gains the slot
@@ -260,7 +261,7 @@ class PaddedRows:
         if kept.valid is not None:
             valid = torch.cat([kept.valid, kept.valid[:, :1].logical_not()], dim=1)  # [b, L+1]
             valid[at, kept.lens] = True
-        return PaddedRows(kept.rows, slots, valid, kept.lens + 1, None if keep is None else (self, keep))
+        return PaddedRows(kept.rows, slots, valid, kept.lens + 1, None if keep is None else (weakref.ref(self), keep))
 
 
 def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[PaddedRows]:

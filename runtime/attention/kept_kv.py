@@ -122,7 +122,7 @@ class TailKV:
             return seen[2]
         step = None
         at = torch.arange(new.slots.shape[0], device=old.lens.device)
-        if new.kept_from is not None and new.kept_from[0] is old:  # grown from it
+        if new.kept_from is not None and new.kept_from[0]() is old:  # grown from it
             keep = new.kept_from[1]
             step = _Step(new.slots[at, old.lens[keep]], keep)
         elif old.rows.shape == new.rows.shape and torch.equal(old.rows, new.rows) and torch.equal(new.lens, old.lens + 1):

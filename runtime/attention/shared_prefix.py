@@ -73,8 +73,10 @@ class SharingPlan:
         slot of the batch."""
         indptr = kv_indptr.to(torch.int64)
         n_old, n_new = self.shared_lens.numel(), prev_rows.numel()
+        if indptr.numel() != n_new + 1 or n_new > n_old or (n_new and int(prev_rows[-1]) >= n_old):
+            return None
         old_lens = self.kv_indptr[1:] - self.kv_indptr[:-1]
-        if indptr.numel() != n_new + 1 or not torch.equal(indptr[1:] - indptr[:-1], old_lens[prev_rows] + 1):
+        if not torch.equal(indptr[1:] - indptr[:-1], old_lens[prev_rows] + 1):
             return None
         built = vars(self)  # what the cached properties already hold
         new_slots = new_slots.to(torch.int64)

@@ -246,3 +246,4 @@ def test_a_plan_does_not_advance_to_a_batch_of_other_lengths() -> None:
     assert advance(grown[:-1], every[1:]) is None  # the rows named are not these contexts
     assert advance([grown[0] + fresh(1, c), *grown[1:]], every) is None  # two new slots
     assert advance(contexts, every) is None  # no new slot
+    assert advance([*grown, grown[0]], [*every, len(every)]) is None  # a row the plan never had
