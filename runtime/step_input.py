@@ -32,7 +32,7 @@ class StepInput:
     kv_indices: torch.Tensor  # [sum(kv_lens)] int CPU: the contexts' slots, concatenated
     logits_from: list[int]  # per request: first new-token index whose next-token logits return
     # DECODE: each request's row in the previous step, a decode step whose contexts this
-    # step's extend by one slot each (requests only leave between decode steps); None: unknown
+    # step extends by one slot each (requests only leave between decode steps); None: not known
     prev_rows: list[int] | None = None
 
     def __post_init__(self) -> None:
