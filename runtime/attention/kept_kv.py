@@ -55,7 +55,7 @@ class PrefixKV:
 @dataclass
 class _Tails:
     bucket: PaddedRows  # the bucket whose K/V the buffers hold
-    kt: torch.Tensor  # [b, Hkv, D, cap] float32, cap >= the bucket's L: K transposed
+    k: torch.Tensor  # [b, Hkv, cap, D] float32, cap >= the bucket's L
     v: torch.Tensor  # [b, Hkv, cap, D] float32
 
 
@@ -67,7 +67,7 @@ class _Step:
 
 class TailKV:
     """The decode buckets' remainder K/V (what `gather_bucket_kv` gathers, in float32;
-    V head-major, K transposed so that the score product reads it in order), kept up to
+    head-major, each row's keys one contiguous run), kept up to
     `budget_bytes`: when a step's bucket has the same rows as the kept one, each with the
     same slots plus one new slot (every request decoded one token), the kept K/V gain the
     new tokens' K/V instead of the whole bucket being gathered again. A bucket grown from
@@ -101,18 +101,18 @@ class TailKV:
         L = bucket.slots.shape[1]
         kept = self._entries.pop(key, None)
         if kept is not None:
-            self._bytes -= kept.kt.nbytes + kept.v.nbytes
+            self._bytes -= kept.k.nbytes + kept.v.nbytes
             step = self._step(key[1], kept.bucket, bucket)
             kept = None if step is None else self._extend(kept, bucket, step, k_buffer, v_buffer)
         if kept is None:
             rows = _head_major_rows(bucket.slots, k_buffer.shape[1])
             shape = bucket.slots.shape
             k, v = _gather(k_buffer, rows, shape), _gather(v_buffer, rows, shape)  # [b, Hkv, L, D]
-            kept = _Tails(bucket, _with_room(k.transpose(-1, -2), 3), _with_room(v, 2))
-        if self._bytes + kept.kt.nbytes + kept.v.nbytes <= self.budget_bytes:
+            kept = _Tails(bucket, _with_room(k), _with_room(v))
+        if self._bytes + kept.k.nbytes + kept.v.nbytes <= self.budget_bytes:
             self._entries[key] = kept
-            self._bytes += kept.kt.nbytes + kept.v.nbytes
-        return kept.kt[..., :L].transpose(-1, -2), kept.v[:, :, :L]
+            self._bytes += kept.k.nbytes + kept.v.nbytes
+        return kept.k[:, :, :L], kept.v[:, :, :L]
 
     def _step(self, index: int, old: PaddedRows, new: PaddedRows) -> _Step | None:
         """How `new` is `old` one decode step later, else None; decided once per step and
@@ -145,26 +145,24 @@ class TailKV:
         (`_with_room`). The room is zeros: a masked position's weight is about 0, and
         that times uninitialised memory can be NaN."""
         b, L = new.slots.shape
-        kt, v, at = kept.kt, kept.v, kept.bucket.lens  # at: each row's new position
+        k, v, at = kept.k, kept.v, kept.bucket.lens  # at: each row's new position
         if step.keep is not None:
-            kt, v, at = kt.index_select(0, step.keep), v.index_select(0, step.keep), at[step.keep]
+            k, v, at = k.index_select(0, step.keep), v.index_select(0, step.keep), at[step.keep]
         if v.shape[2] < L:
-            kt, v = _with_room(kt, 3), _with_room(v, 2)
+            k, v = _with_room(k), _with_room(v)
         rows = torch.arange(b, device=at.device)
-        kt[rows, :, :, at] = gather_rows(k_buffer, step.fresh).float()
+        k[rows, :, at] = gather_rows(k_buffer, step.fresh).float()
         v[rows, :, at] = gather_rows(v_buffer, step.fresh).float()
-        return _Tails(new, kt, v)
+        return _Tails(new, k, v)
 
 
-def _with_room(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """A contiguous copy of `x` whose dim `dim` (length L) gains room for
+def _with_room(x: torch.Tensor) -> torch.Tensor:  # [b, Hkv, L, D] -> [b, Hkv, cap, D]
+    """A contiguous copy of `x` whose positions (length L) gain room for
     `max(ROOM, L // 2)` decode steps, zeros: buffers are reallocated seldom (a
     reallocation costs about a step's reads of the buffer)."""
-    L = x.shape[dim]
-    shape = list(x.shape)
-    shape[dim] = L + max(ROOM, L // 2)
-    out = x.new_zeros(shape)
-    out.narrow(dim, 0, L).copy_(x)
+    b, h, L, d = x.shape
+    out = x.new_zeros((b, h, L + max(ROOM, L // 2), d))
+    out[:, :, :L] = x
     return out
 
 

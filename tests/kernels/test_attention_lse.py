@@ -1,18 +1,30 @@
-"""`attention_lse` on both of its CPU paths (the fused flash kernel, the explicit product)
-against float64 softmax and logsumexp, with masks and strided K/V."""
+"""`attention_lse` (the fused flash kernel on the CPU) and its explicit product (the path
+off the CPU) against float64 softmax and logsumexp, with masks and strided K/V."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sprig.kernels.attention_lse import FLASH_MIN_ROWS, attention_lse
+from sprig.kernels.attention_lse import attention_lse, explicit_attention_lse
 
 
-@pytest.mark.parametrize("rows", [1, 2, FLASH_MIN_ROWS, 24])  # both sides of the path choice
+def explicit(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`explicit_attention_lse` behind `attention_lse`'s signature."""
+    bias = None if valid is None else torch.where(valid, 0.0, float("-inf"))
+    return explicit_attention_lse(q.float(), k.float(), v.float(), scale=scale, bias=bias)
+
+
+PATHS = {"flash": attention_lse, "explicit": explicit}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rows", [1, 2, 5, 24])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_equals_float64_softmax_and_logsumexp(rows: int, masked: bool, dtype: torch.dtype) -> None:
+def test_equals_float64_softmax_and_logsumexp(path: str, rows: int, masked: bool, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(rows + 10 * masked)
     N, H, L, D = 3, 2, 37, 16
     q = torch.randn(N, H, rows, D, generator=g).to(dtype)
@@ -22,7 +34,7 @@ def test_equals_float64_softmax_and_logsumexp(rows: int, masked: bool, dtype: to
     if masked:
         lens = torch.tensor([37, 5, 20])
         valid = (torch.arange(L)[None, :] < lens[:, None])[:, None, None, :]  # [N, 1, 1, L]
-    out, lse = attention_lse(q, k, v, scale=0.3, valid=valid)
+    out, lse = PATHS[path](q, k, v, scale=0.3, valid=valid)
     assert out.dtype == lse.dtype == torch.float32
     assert out.shape == (N, H, rows, D) and lse.shape == (N, H, rows)
     scores = q.double() @ k.double().transpose(-1, -2) * 0.3
@@ -32,10 +44,11 @@ def test_equals_float64_softmax_and_logsumexp(rows: int, masked: bool, dtype: to
     torch.testing.assert_close(out.double(), scores.softmax(-1) @ v.double(), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [2, FLASH_MIN_ROWS])
-def test_scores_far_below_the_peak_and_masked_keys_weigh_nothing_visible(rows: int) -> None:
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rows", [2, 5])
+def test_scores_far_below_the_peak_and_masked_keys_weigh_nothing_visible(path: str, rows: int) -> None:
     """Scores hundreds below their row's peak (a sharp head) and masked keys whose V is
-    large: the explicit path clamps exp's argument, the result still equals float64."""
+    large: the result still equals float64."""
     g = torch.Generator().manual_seed(7)
     N, H, L, D = 2, 3, 40, 8
     q = torch.randn(N, H, rows, D, generator=g) * 30
@@ -43,7 +56,7 @@ def test_scores_far_below_the_peak_and_masked_keys_weigh_nothing_visible(rows: i
     v = torch.randn(N, H, L, D, generator=g)
     valid = (torch.arange(L)[None, :] < torch.tensor([40, 23])[:, None])[:, None, None, :]
     v = v.masked_fill(~valid[:, :, 0, :, None], 1e4)  # what padding must never leak
-    out, lse = attention_lse(q, k, v, scale=1.0, valid=valid)
+    out, lse = PATHS[path](q, k, v, scale=1.0, valid=valid)
     scores = (q.double() @ k.double().transpose(-1, -2)).masked_fill(~valid, float("-inf"))
     assert (scores.amax(-1, keepdim=True) - scores).nan_to_num(posinf=0).amax() > 500  # far below
     torch.testing.assert_close(lse.double(), scores.logsumexp(-1), atol=1e-4, rtol=1e-5)
