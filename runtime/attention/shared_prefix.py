@@ -13,7 +13,7 @@ number of groups.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -133,15 +133,48 @@ class PaddedGroups:
     attend to its shared slots `slots[i]`.
 
     Invariant: padding repeats a group's first row or slot; `slot_valid` masks padded
-    slots (None when there are none) and `keep` lists, flattened, the positions of the
-    real query rows, whose rows in the batch are `kept_rows`.
+    slots and `real` padded rows (each None when there are none).
     """
 
     rows: torch.Tensor  # [g, n] int64
     slots: torch.Tensor  # [g, L] int64
     slot_valid: torch.Tensor | None  # [g, L] bool
-    keep: torch.Tensor  # [m] int64: positions in rows.flatten() that are real
-    kept_rows: torch.Tensor  # [m] int64: rows.flatten()[keep]
+    real: torch.Tensor | None  # [g, n] bool
+    _heads: dict[tuple[int, int], QueryHeads] = field(default_factory=dict, repr=False, compare=False)
+
+    def query_heads(self, q_heads: int, kv_heads: int) -> QueryHeads:
+        """Where the groups' query heads lie among a batch's `[T * q_heads]` (token, head)
+        pairs, in the order the prefix attention reads them; made once per head counts."""
+        key = (q_heads, kv_heads)
+        if key not in self._heads:
+            self._heads[key] = QueryHeads.of(self, q_heads, kv_heads)
+        return self._heads[key]
+
+
+@dataclass(frozen=True)
+class QueryHeads:
+    """A bucket's query heads in `[g, Hkv, n, G]` order (group, KV head, row, the KV
+    head's query heads): `tokens` and `heads` index a `[T, Hq, D]` query, `flat` the same
+    pairs of its `[T * Hq]` flattening. `real` lists the positions of the pairs of real
+    rows (None when no row is padding): a padded row's pairs repeat its group's first."""
+
+    tokens: torch.Tensor  # [g, Hkv, n, G] int64
+    heads: torch.Tensor  # [g, Hkv, n, G] int64
+    flat: torch.Tensor  # [m] int64: flat pairs of the real rows, in order
+    real: torch.Tensor | None  # [m] int64: positions of those pairs in [g, Hkv, n, G] order
+
+    @staticmethod
+    def of(bucket: PaddedGroups, q_heads: int, kv_heads: int) -> QueryHeads:
+        g, n = bucket.rows.shape
+        G = q_heads // kv_heads
+        tokens = bucket.rows[:, None, :, None].expand(g, kv_heads, n, G)
+        heads = torch.arange(q_heads, device=tokens.device).view(1, kv_heads, 1, G).expand(g, kv_heads, n, G)
+        flat = (tokens * q_heads + heads).flatten()
+        real = None
+        if bucket.real is not None:
+            real = torch.nonzero(bucket.real[:, None, :, None].expand(g, kv_heads, n, G).flatten()).flatten()
+            flat = flat[real]
+        return QueryHeads(tokens, heads, flat, real)
 
 
 def pad_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> list[PaddedGroups]:
@@ -160,9 +193,8 @@ def pad_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> list[Padd
         slot_lens = torch.tensor([slots[i].numel() for i in chosen], device=s.device)
         real = torch.arange(n, device=r.device)[None, :] < row_lens[:, None]  # [g, n]
         slot_valid = torch.arange(L, device=s.device)[None, :] < slot_lens[:, None]  # [g, L]
-        keep = torch.nonzero(real.flatten()).flatten()
         padded.append(PaddedGroups(
-            r, s, None if bool(slot_valid.all()) else slot_valid, keep, r.flatten()[keep]
+            r, s, None if bool(slot_valid.all()) else slot_valid, None if bool(real.all()) else real
         ))
     return padded
 
@@ -284,21 +316,24 @@ def _merge_prefix(
     q: torch.Tensor,  # [T, Hq, D]
     kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
     bucket: PaddedGroups,
-    out: torch.Tensor,  # [T, Hq, D] float32: the rows' attention to the rest, updated
-    lse: torch.Tensor,  # [T, Hq] float32: its log-sum-exp (left as it is)
+    out: torch.Tensor,  # [T, Hq, D] float32, contiguous: the rows' attention to the rest, updated
+    lse: torch.Tensor,  # [T, Hq] float32, contiguous: its log-sum-exp (left as it is)
     sm_scale: float,
 ) -> None:
     """Attend the bucket's rows to their shared prefix and merge that into `out`: the two
     parts weigh by their shares of the total softmax mass, the prefix's being
     sigmoid(lse_prefix - lse_rest). A row belongs to one group, so it merges once and
-    its total log-sum-exp is never needed."""
-    o_p, lse_p = _prefix_attention(q, kv, bucket, sm_scale)  # [g*n, Hq, D], [g*n, Hq]
-    if bucket.keep.numel() < o_p.shape[0]:  # padding rows
-        o_p, lse_p = o_p.index_select(0, bucket.keep), lse_p.index_select(0, bucket.keep)
-    rows = bucket.kept_rows
-    o_r = out.index_select(0, rows)
-    share = torch.sigmoid(lse_p.sub_(lse.index_select(0, rows))).unsqueeze(-1)  # [m, Hq, 1]
-    out.index_copy_(0, rows, o_p.sub_(o_r).mul_(share).add_(o_r))
+    its total log-sum-exp is never needed. Works on (token, head) pairs in the prefix
+    attention's order: one gather and one scatter, whatever the rows' batch order."""
+    T, Hq, D = q.shape
+    heads = bucket.query_heads(Hq, kv[0].shape[1])
+    o_p, lse_p = _prefix_attention(q, kv, bucket, heads, sm_scale)  # [P, D], [P]
+    if heads.real is not None:  # padding rows
+        o_p, lse_p = o_p.index_select(0, heads.real), lse_p.index_select(0, heads.real)
+    flat_out = out.view(T * Hq, D)
+    o_r = flat_out.index_select(0, heads.flat)
+    share = torch.sigmoid(lse_p.sub_(lse.view(T * Hq).index_select(0, heads.flat))).unsqueeze(-1)  # [m, 1]
+    flat_out.index_copy_(0, heads.flat, o_p.sub_(o_r).mul_(share).add_(o_r))
 
 
 def _tail_attention(
@@ -344,18 +379,14 @@ def _prefix_attention(
     q: torch.Tensor,  # [T, Hq, D]
     kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
     bucket: PaddedGroups,
+    heads: QueryHeads,  # the bucket's, for q's head counts
     sm_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [g*n, Hq, D], [g*n, Hq] float32
+) -> tuple[torch.Tensor, torch.Tensor]:  # [g*Hkv*n*G, D], [g*Hkv*n*G] float32
     """Every query head of every row of each group against the group's shared slots, in
     one call: per group and KV head, the query rows are its n rows times G query heads."""
-    g, n = bucket.rows.shape
-    Hq, D = q.shape[1:]
+    g, Hkv, n, G = heads.tokens.shape
     k, v = kv
-    Hkv = k.shape[1]
-    G = Hq // Hkv
-    qh = q.index_select(0, bucket.rows.flatten()).view(g, n, Hkv, G, D)
-    qh = qh.permute(0, 2, 1, 3, 4).reshape(g, Hkv, n * G, D)
+    qh = q[heads.tokens, heads.heads].view(g, Hkv, n * G, q.shape[2])
     valid = None if bucket.slot_valid is None else bucket.slot_valid[:, None, None, :]
     o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=valid)  # [g, Hkv, nG, D], [g, Hkv, nG]
-    o = o.view(g, Hkv, n, G, D).permute(0, 2, 1, 3, 4).reshape(g * n, Hq, D)
-    return o, lse.view(g, Hkv, n, G).permute(0, 2, 1, 3).reshape(g * n, Hq)
+    return o.reshape(-1, o.shape[-1]), lse.reshape(-1)
