@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_in_f32, next_pow2, use_triton
+from .decode_attention import gather_rows
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 
@@ -217,8 +218,8 @@ def request_attention_ref(
     path (6x slower for 544 tokens, 8 query and 4 KV heads)."""
     Hq, Hkv = q.shape[1], k_buffer.shape[1]
     q_len, kv_len = q.shape[0], slots.numel()
-    k = k_buffer[slots].float().transpose(0, 1)[None]  # [1, Hkv, L, D]
-    v = v_buffer[slots].float().transpose(0, 1)[None]  # [1, Hkv, L, D]
+    k = gather_rows(k_buffer, slots).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
+    v = gather_rows(v_buffer, slots).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
     qb = q.float().transpose(0, 1)[None]  # [1, Hq, Lq, D]
     if kv_len == q_len:
         mask, causal = None, True
