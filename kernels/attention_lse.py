@@ -23,8 +23,7 @@ def attention_lse(
     valid: torch.Tensor | None = None,  # bool, broadcastable to [N, H, M, L]; None: all
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [N, H, M, D], [N, H, M] float32
     """softmax(q k^T * scale, masked by `valid`) v and the rows' log-sum-exp, computed in
-    float32. Every row must have a valid key (a row without one has no finite result).
-    K and V are read in place when their last dim is contiguous."""
+    float32. Every row must have a valid key (a row without one has no finite result)."""
     q, k, v = q.float(), k.float(), v.float()
     bias = None if valid is None else torch.where(valid, 0.0, float("-inf")).float()  # additive mask
     if q.device.type == "cpu":

@@ -142,8 +142,8 @@ class TailKV:
     ) -> _Tails:
         """Keep the rows that stay, then write each row's new token K/V (from its slot in
         `step.fresh`) at its old length, growing the buffers when they are full
-        (`_with_room`). The room is zeros: a masked position's weight is about 0, and
-        that times uninitialised memory can be NaN."""
+        (`_with_room`). The room is zeros: a masked position's weight is 0, and 0
+        times uninitialised memory can be NaN."""
         b, L = new.slots.shape
         k, v, at = kept.k, kept.v, kept.bucket.lens  # at: each row's new position
         if step.keep is not None:

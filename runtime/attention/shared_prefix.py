@@ -155,13 +155,13 @@ class PaddedGroups:
 class QueryHeads:
     """A bucket's query heads in `[g, Hkv, n, G]` order (group, KV head, row, the KV
     head's query heads): `tokens` and `heads` index a `[T, Hq, D]` query, `flat` the same
-    pairs of its `[T * Hq]` flattening. `real` lists the positions of the pairs of real
+    pairs of its `[T * Hq]` flattening. `keep` lists the positions of the pairs of real
     rows (None when no row is padding): a padded row's pairs repeat its group's first."""
 
     tokens: torch.Tensor  # [g, Hkv, n, G] int64
     heads: torch.Tensor  # [g, Hkv, n, G] int64
     flat: torch.Tensor  # [m] int64: flat pairs of the real rows, in order
-    real: torch.Tensor | None  # [m] int64: positions of those pairs in [g, Hkv, n, G] order
+    keep: torch.Tensor | None  # [m] int64: positions of those pairs in [g, Hkv, n, G] order
 
     @staticmethod
     def of(bucket: PaddedGroups, q_heads: int, kv_heads: int) -> QueryHeads:
@@ -170,11 +170,11 @@ class QueryHeads:
         tokens = bucket.rows[:, None, :, None].expand(g, kv_heads, n, G)
         heads = torch.arange(q_heads, device=tokens.device).view(1, kv_heads, 1, G).expand(g, kv_heads, n, G)
         flat = (tokens * q_heads + heads).flatten()
-        real = None
+        keep = None
         if bucket.real is not None:
-            real = torch.nonzero(bucket.real[:, None, :, None].expand(g, kv_heads, n, G).flatten()).flatten()
-            flat = flat[real]
-        return QueryHeads(tokens, heads, flat, real)
+            keep = torch.nonzero(bucket.real[:, None, :, None].expand(g, kv_heads, n, G).flatten()).flatten()
+            flat = flat[keep]
+        return QueryHeads(tokens, heads, flat, keep)
 
 
 def pad_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> list[PaddedGroups]:
@@ -328,8 +328,8 @@ def _merge_prefix(
     T, Hq, D = q.shape
     heads = bucket.query_heads(Hq, kv[0].shape[1])
     o_p, lse_p = _prefix_attention(q, kv, bucket, heads, sm_scale)  # [P, D], [P]
-    if heads.real is not None:  # padding rows
-        o_p, lse_p = o_p.index_select(0, heads.real), lse_p.index_select(0, heads.real)
+    if heads.keep is not None:  # padding rows
+        o_p, lse_p = o_p.index_select(0, heads.keep), lse_p.index_select(0, heads.keep)
     flat_out = out.view(T * Hq, D)
     o_r = flat_out.index_select(0, heads.flat)
     share = torch.sigmoid(lse_p.sub_(lse.view(T * Hq).index_select(0, heads.flat))).unsqueeze(-1)  # [m, 1]
