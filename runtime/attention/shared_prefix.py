@@ -324,7 +324,8 @@ def _merge_prefix(
     parts weigh by their shares of the total softmax mass, the prefix's being
     sigmoid(lse_prefix - lse_rest). A row belongs to one group, so it merges once and
     its total log-sum-exp is never needed. Works on (token, head) pairs in the prefix
-    attention's order: one gather and one scatter, whatever the rows' batch order."""
+    attention's order: the queries, `out` and `lse` are gathered in it and the merged
+    rows scattered back, whatever the rows' batch order."""
     T, Hq, D = q.shape
     heads = bucket.query_heads(Hq, kv[0].shape[1])
     o_p, lse_p = _prefix_attention(q, kv, bucket, heads, sm_scale)  # [P, D], [P]
