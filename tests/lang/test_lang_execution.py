@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import traceback
 
 import pytest
@@ -89,14 +88,11 @@ def test_run_batch_returns_states_in_input_order_and_runs_concurrently() -> None
         s += word + "->" + sgl.gen("up")
 
     words = [f"w{i}" for i in range(16)]
-    start = time.perf_counter()
     states = program.run_batch(
         [{"word": w} for w in words], backend=backend, num_threads=8, progress_bar=True
     )
-    elapsed = time.perf_counter() - start
     assert [s["up"] for s in states] == [f"{w}->".upper() for w in words]
-    assert backend.max_concurrent > 1
-    assert elapsed < 16 * 0.05  # the serial time
+    assert backend.max_concurrent > 1  # calls overlapped: the batch ran on several threads
 
 
 def test_run_batch_takes_positional_items_and_sampling_defaults(echo_backend: ScriptedBackend) -> None:
