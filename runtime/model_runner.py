@@ -23,6 +23,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 CPU_DEFAULT_TOKENS = 16384  # KV pool size on CPU when max_total_tokens is not given ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
+CUDA_CPU_THREADS = 1  # torch's CPU threads when the model runs on CUDA and cpu_threads is None
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,11 @@ class RunnerConfig:
     (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
     pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
     weights load, on CPU `CPU_DEFAULT_TOKENS` capped at `CPU_KV_BUDGET_BYTES`.
-    `cpu_threads` sets torch's intra-op threads for the process (None: torch's default,
-    one per core); on a CPU shared with other processes, fewer threads step more evenly.
+    `cpu_threads` sets torch's intra-op threads for the process. None: on CPU torch's
+    default, one per core (on a CPU shared with other processes fewer threads step more
+    evenly); on CUDA `CUDA_CPU_THREADS`, since the CPU then only does a step's index math,
+    which one thread does faster than a team that contends for cores with the server's
+    HTTP and detokenizer processes.
     On CUDA with the Triton backend, decode steps of up to `cuda_graph_max_bs` requests
     replay captured CUDA graphs (`sprig.runtime.cuda_graph`) unless `disable_cuda_graph`;
     elsewhere both are ignored."""
@@ -91,10 +95,12 @@ class ModelRunner:
 
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
-        if config.cpu_threads is not None:
-            torch.set_num_threads(config.cpu_threads)
         self.model_config = ModelConfig.from_pretrained(config.model_path)
         self.device = _resolve_device(config.device)
+        if config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
+        elif self.device.type == "cuda":
+            torch.set_num_threads(CUDA_CPU_THREADS)
         self.dtype = _resolve_dtype(config.dtype, self.model_config)
         self.model = load_model(
             self.model_config, Path(config.model_path), dtype=self.dtype, device=self.device

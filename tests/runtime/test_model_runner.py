@@ -17,7 +17,12 @@ from safetensors.torch import load_file, save_file
 from sprig.runtime.attention import backend_class
 from sprig.runtime.attention.torch_backend import TorchAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
-from sprig.runtime.model_runner import CPU_DEFAULT_TOKENS, ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import (
+    CPU_DEFAULT_TOKENS,
+    CUDA_CPU_THREADS,
+    ModelRunner,
+    RunnerConfig,
+)
 from sprig.runtime.step_input import StepInput
 
 
@@ -58,6 +63,21 @@ def test_cpu_threads_sets_torch_threads(tiny_llama: Path) -> None:
     try:
         ModelRunner(RunnerConfig(tiny_llama, device="cpu", max_total_tokens=64, cpu_threads=1))
         assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.gpu
+def test_cuda_runner_keeps_torch_to_few_cpu_threads(tiny_llama: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(CUDA_CPU_THREADS + 1)
+        ModelRunner(RunnerConfig(tiny_llama, device="cuda", max_total_tokens=64))
+        assert torch.get_num_threads() == CUDA_CPU_THREADS
+        ModelRunner(RunnerConfig(tiny_llama, device="cuda", max_total_tokens=64, cpu_threads=3))
+        assert torch.get_num_threads() == 3
+        ModelRunner(RunnerConfig(tiny_llama, device="cpu", max_total_tokens=64))
+        assert torch.get_num_threads() == 3  # on the CPU, None leaves torch's setting alone
     finally:
         torch.set_num_threads(before)
 
