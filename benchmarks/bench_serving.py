@@ -16,9 +16,12 @@ Printed: successful requests, duration, total input / generated tokens, request 
 throughputs, mean concurrency (sum of E2E latencies / duration), E2E latency, TTFT, TPOT
 (= (E2E - TTFT) / (output tokens - 1)) and ITL (gap between streamed chunks), each mean /
 median / p99, and the prefix cache hit rate (cached / prompt tokens over the responses, and
-the server's cumulative `cache_hit_rate`). `--compare-engine` then runs the same requests
+the server's cumulative `cache_hit_rate`), the client's CPU time (near 100% of one core,
+the client itself limits what is measured) and the scheduler's steps (extend / decode: a
+burst that arrives over time is prefilled in more, smaller steps than the engine's). `--compare-engine` then runs the same requests
 through the offline `Engine` in this process, all submitted at once, and prints the
-serving / engine output throughput ratio (both measured here, in the same run).
+serving / engine output throughput ratio (both measured here, in the same run) and its
+steps.
 `--repeats N` runs the load N times (cache flushed before each) and the engine N times, and
 reports the run of median duration of each: on a shared machine a single short run can
 be off by 20% either way.
@@ -139,26 +142,40 @@ async def send(client: httpx.AsyncClient, url: str, req: Request) -> Result:
     return res
 
 
-async def run_load(url: str, requests: list[Request], args: argparse.Namespace) -> tuple[list[Result], float]:
+async def run_load(url: str, requests: list[Request], args: argparse.Namespace) -> tuple[list[Result], float, float]:
+    """Send `requests` (Poisson arrivals or all at once, at most `--max-concurrency` in
+    flight); returns the results, the wall time and the client's CPU time. Each request in
+    flight has an HTTP client of its own, with one connection: one client shared by
+    hundreds of streams spends most of its time in its pool's bookkeeping, which scans
+    every connection per event, and would measure itself more than the server."""
     rng = random.Random(args.seed + 1)
     limit = args.max_concurrency or len(requests)
-    gate = asyncio.Semaphore(limit)
-    limits = httpx.Limits(max_connections=limit + 8, max_keepalive_connections=limit + 8)
     timeout = httpx.Timeout(args.request_timeout, connect=10.0, pool=None)
+    one_connection = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    idle: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
+    clients = [httpx.AsyncClient(limits=one_connection, timeout=timeout, verify=url.startswith("https"))
+               for _ in range(min(limit, len(requests)))]
+    for client in clients:
+        idle.put_nowait(client)
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        async def one(req: Request) -> Result:
-            async with gate:
-                return await send(client, url, req)
+    async def one(req: Request) -> Result:
+        client = await idle.get()
+        try:
+            return await send(client, url, req)
+        finally:
+            idle.put_nowait(client)
 
+    try:
         tasks = []
-        start = time.perf_counter()
+        cpu, start = time.process_time(), time.perf_counter()
         for req in requests:
             tasks.append(asyncio.create_task(one(req)))
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
-        return results, time.perf_counter() - start
+        return results, time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        await asyncio.gather(*(client.aclose() for client in clients))
 
 
 # ---- the server --------------------------------------------------------------------------
@@ -194,6 +211,29 @@ def server_stats(url: str) -> dict:
     return httpx.get(url + "/get_server_info", timeout=10).json().get("stats") or {}
 
 
+@dataclass(frozen=True)
+class Steps:
+    """Scheduler steps of one run: forward passes over prompt tokens, and decode steps."""
+
+    extend: int
+    decode: int
+
+
+def steps_since(url: str, before: dict, generated: int, timeout: float = 5.0) -> Steps | None:
+    """The server's steps since `before` (its stats then), once its stats count the
+    `generated` tokens of the run (they arrive with the scheduler's periodic report);
+    None for a server that does not report steps or never catches up."""
+    if "decode_steps" not in before:
+        return None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = server_stats(url)
+        if now["decode_tokens"] - before["decode_tokens"] >= generated:
+            return Steps(now["extend_steps"] - before["extend_steps"], now["decode_steps"] - before["decode_steps"])
+        time.sleep(0.05)
+    return None
+
+
 def warm_up_server(url: str, requests: list[Request]) -> None:
     body = {"input_ids": requests[0].input_ids[:16], "sampling_params": {"max_new_tokens": 2}}
     httpx.post(url + "/generate", json=body, timeout=120).raise_for_status()
@@ -208,9 +248,11 @@ def median_run(runs: list[tuple[float, Any]]) -> tuple[float, Any]:
     return sorted(runs, key=lambda run: run[0])[(len(runs) - 1) // 2]
 
 
-def run_engine(model: str, requests: list[Request], args: argparse.Namespace) -> tuple[float, int, list[float]]:
+def run_engine(model: str, requests: list[Request], args: argparse.Namespace
+               ) -> tuple[float, tuple[int, Steps], list[float]]:
     """The same requests through the offline Engine, all at once, `--repeats` times (cache
-    flushed before each): (median seconds, output tokens, every run's seconds)."""
+    flushed before each): (median seconds, (its output tokens, its scheduler steps), every
+    run's seconds)."""
     from sprig.runtime import Engine
 
     params = [{"max_new_tokens": r.output_len, "temperature": 0, "ignore_eos": True} for r in requests]
@@ -220,11 +262,13 @@ def run_engine(model: str, requests: list[Request], args: argparse.Namespace) ->
         engine.generate(input_ids=requests[0].input_ids[:16], sampling_params={"max_new_tokens": 2})
         for _ in range(args.repeats):
             engine.flush_cache()
-            start = time.perf_counter()
+            st = engine.scheduler.stats
+            e0, d0, start = st.extend_steps, st.decode_steps, time.perf_counter()
             outs = engine.generate(input_ids=[r.input_ids for r in requests], sampling_params=params)
-            runs.append((time.perf_counter() - start, sum(len(o["output_ids"]) for o in outs)))
-    seconds, tokens = median_run(runs)
-    return seconds, tokens, [s for s, _ in runs]
+            seconds, tokens = time.perf_counter() - start, sum(len(o["output_ids"]) for o in outs)
+            runs.append((seconds, (tokens, Steps(st.extend_steps - e0, st.decode_steps - d0))))
+    seconds, result = median_run(runs)
+    return seconds, result, [s for s, _ in runs]
 
 
 # ---- report ------------------------------------------------------------------------------
@@ -236,7 +280,7 @@ def summary(values: list[float]) -> str:
     return f"mean {ms.mean():9.2f}   median {np.median(ms):9.2f}   p99 {np.percentile(ms, 99):9.2f}  (ms)"
 
 
-def report(results: list[Result], duration: float, stats: dict) -> float:
+def report(results: list[Result], duration: float, stats: dict, client_cpu: float) -> float:
     ok = [r for r in results if r.ok]
     inp, out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
     rows = [
@@ -255,6 +299,7 @@ def report(results: list[Result], duration: float, stats: dict) -> float:
         ("ITL", summary([x for r in ok for x in r.itl])),
         ("Cache hit rate (responses)", f"{sum(r.cached_tokens for r in ok) / max(inp, 1):.2%} of prompt tokens"),
         ("Cache hit rate (server)", f"{stats['cache_hit_rate']:.2%}" if "cache_hit_rate" in stats else "n/a"),
+        ("Client CPU time (s)", f"{client_cpu:.2f} ({client_cpu / duration:.0%} of one core)"),
     ]
     for name, value in rows:
         print(f"{name:<34}{value}")
@@ -309,22 +354,27 @@ def main() -> None:
         runs = []
         for _ in range(args.repeats):
             flush_server(url)
-            results, duration = asyncio.run(run_load(url, requests, args))
-            runs.append((duration, results))
-        duration, results = median_run(runs)
+            before = server_stats(url)
+            results, duration, client_cpu = asyncio.run(run_load(url, requests, args))
+            steps = steps_since(url, before, sum(r.output_tokens for r in results))
+            runs.append((duration, (results, client_cpu, steps)))
+        duration, (results, client_cpu, steps) = median_run(runs)
         stats = server_stats(url)
     print("============ Serving Benchmark Result ============")
-    serving = report(results, duration, stats)
+    serving = report(results, duration, stats, client_cpu)
+    if steps is not None:
+        print(f"{'Scheduler steps (extend / decode)':<34}{steps.extend} / {steps.decode}")
     if args.repeats > 1:
         print(f"{'Durations of the runs (s)':<34}{', '.join(f'{d:.2f}' for d, _ in runs)}")
     if args.compare_engine:
-        seconds, tokens, durations = run_engine(model, requests, args)
+        seconds, (tokens, engine_steps), durations = run_engine(model, requests, args)
         engine = tokens / seconds
         print("============ Offline Engine (same requests, all at once) ============")
         print(f"{'Engine duration (s)':<34}{seconds:.2f}")
         if args.repeats > 1:
             print(f"{'Durations of the runs (s)':<34}{', '.join(f'{d:.2f}' for d in durations)}")
         print(f"{'Engine output throughput (tok/s)':<34}{engine:.2f}")
+        print(f"{'Scheduler steps (extend / decode)':<34}{engine_steps.extend} / {engine_steps.decode}")
         print(f"{'Serving / engine throughput':<34}{serving / engine:.3f}")
 
 

@@ -48,7 +48,9 @@ class SchedulerStats:
     decode_tokens: int = 0  # tokens generated
     retractions: int = 0
     jump_forward_tokens: int = 0  # tokens appended without a decode step of their own
-    steps: int = 0
+    steps: int = 0  # calls of `step`, idle ones included
+    extend_steps: int = 0  # forward passes over new prompt tokens (chunks included)
+    decode_steps: int = 0  # forward passes of one new token per running request
 
 
 class Scheduler:
@@ -183,9 +185,11 @@ class Scheduler:
         if extends:
             touched += self._run_extend(extends)
             self._last_was_prefill = True
+            self.stats.extend_steps += 1
         elif self.running:
             touched += self._run_decode()
             self._last_was_prefill = False
+            self.stats.decode_steps += 1
         elif self.waiting and not self.chunked and not touched:
             if not self.grammars.has_pending:
                 raise RuntimeError("no request can be admitted although nothing is running (KV pool too small?)")

@@ -115,6 +115,8 @@ class StatsReport:
     cached_tokens: int
     decode_tokens: int
     retractions: int
+    extend_steps: int
+    decode_steps: int
     gen_throughput: float
     prefill_throughput: float
     integrity: str = "unchecked"

@@ -77,6 +77,8 @@ class StatsTracker:
             cached_tokens=st.cached_tokens,
             decode_tokens=st.decode_tokens,
             retractions=st.retractions,
+            extend_steps=st.extend_steps,
+            decode_steps=st.decode_steps,
             gen_throughput=gen,
             prefill_throughput=prefill,
             integrity=self.integrity,

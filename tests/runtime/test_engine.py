@@ -3,6 +3,7 @@ streaming, aborts and rejections — with the KV invariant checked after each.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -80,6 +81,15 @@ def test_logit_bias_and_temperature_reach_the_sampler(engine) -> None:
     assert out["output_ids"] == [forced] * 3
     outs = engine.generate([PROMPT] * 4, {"max_new_tokens": 8, "temperature": 5.0, "ignore_eos": True})
     assert len({tuple(o["output_ids"]) for o in outs}) > 1  # sampled, not greedy
+
+
+def test_stats_count_extend_and_decode_steps(engine) -> None:
+    before = dataclasses.replace(engine.scheduler.stats)
+    engine.generate(["one two three", "the cache", "a radix tree of"], {"max_new_tokens": 5, "ignore_eos": True})
+    after = engine.scheduler.stats
+    # one prefill for the three prompts (their first tokens), then a decode step per token
+    assert (after.extend_steps - before.extend_steps, after.decode_steps - before.decode_steps) == (1, 4)
+    assert after.steps - before.steps >= 5
 
 
 def test_n_samples_share_the_prompt_prefill(engine) -> None:

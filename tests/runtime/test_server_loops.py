@@ -65,7 +65,7 @@ def test_codec_round_trips_nested_messages() -> None:
         TokenBatch([out, TokenOutput("s", [], 1, 0, 0)]),
         GenerateReq("r", [1, 2], {"logit_bias": {"5": 1.0}, "seed": 2**64 - 1}, True, 0, 2, True),
         DetokenizedBatch([DetokenizedOutput("r", "é", [3], 1, 1, 0, None, [[-0.1, 3, "é"]])]),
-        StatsReport(1, 2, 3, 4, 0.5, 6, 7, 8, 9, 10.5, 11.5, "ok"),
+        StatsReport(1, 2, 3, 4, 0.5, 6, 7, 8, 9, 10, 11, 12.5, 13.5, "ok"),
         AbortReq("r"), ControlReq(3, "flush_cache"), Forget(["a", "b"]),
     ):
         assert decode(encode(msg)) == msg
