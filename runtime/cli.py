@@ -27,6 +27,7 @@ HELP = {
     "api_key": "require 'Authorization: Bearer API_KEY' on every route but /health and /metrics",
     "served_model_name": "model id in /v1/models and OpenAI responses (default: the model path)",
     "max_request_bytes": "larger request bodies get 413",
+    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never parse)",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",
     "log_interval": "seconds between activity log lines (only when there is activity)",
     "log_level": "log level of every process",
@@ -38,7 +39,7 @@ HELP = {
     "max_total_tokens": "KV pool size in tokens (default: from free GPU memory, or 16384 on CPU)",
     "mem_fraction_static": "share of free GPU memory for the KV pool when --max-total-tokens is not given",
     "seed": "seed of the sampling RNG for unseeded requests",
-    "cpu_threads": "torch threads of the scheduler process (default: one per core)",
+    "cpu_threads": "torch threads of the scheduler process (default: one per core on CPU, 1 on CUDA)",
     "disable_cuda_graph": "run every decode step eagerly instead of replaying captured CUDA graphs",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger batches run eagerly",
     "max_running_requests": "most requests decoding at once",
@@ -70,7 +71,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from sprig.runtime.attention import ATTENTION_BACKENDS
     from sprig.runtime.model_runner import DTYPES
     from sprig.runtime.scheduler.config import SCHEDULE_POLICIES
-    from sprig.runtime.server.config import LOG_LEVELS
+    from sprig.runtime.server.config import LOG_LEVELS, TOOL_CALL_PARSERS
 
     return {
         "dtype": ("auto", *DTYPES),
@@ -78,6 +79,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
         "schedule_policy": SCHEDULE_POLICIES,
         "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
         "log_level": LOG_LEVELS,
+        "tool_call_parser": TOOL_CALL_PARSERS,
     }
 
 

@@ -11,9 +11,14 @@ import json
 import random
 from pathlib import Path
 
-CHAT_TEMPLATE = (
+CHAT_TEMPLATE = (  # tools and tool calls in the Hermes format (`server.tool_calls`)
+    "{% if tools %}{{ '<|system|>\nTools:\n' }}{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    "{{ 'Call one as <tool_call>\n{\"name\": ..., \"arguments\": {...}}\n</tool_call><|end|>\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{{ '<|' + message['role'] + '|>\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{{ '<tool_call>\n' + call['function'] | tojson + '\n</tool_call>' }}"
+    "{% endfor %}{{ '<|end|>\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )

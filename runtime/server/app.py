@@ -24,6 +24,7 @@ from sprig.runtime.server.config import ServerConfig
 from sprig.runtime.server.errors import ApiError, error_body, error_response
 from sprig.runtime.server.inputs import InputBuilder
 from sprig.runtime.server.tokenizer_manager import RequestFailed, TokenizerManager
+from sprig.runtime.server.tool_calls import ToolFormat
 
 log = logging.getLogger("sprig.server")
 OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -40,6 +41,7 @@ class ServerState:
     model_info: dict[str, Any]  # the scheduler's startup report
     manager: TokenizerManager
     inputs: InputBuilder
+    tool_format: ToolFormat | None  # how chat answers hold tool calls; None: not parsed
     started: float  # time.monotonic() at launch
     url: str
 
@@ -92,6 +94,15 @@ async def read_json(request: Request) -> Any:
         return orjson.loads(bytes(body))
     except orjson.JSONDecodeError as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+
+
+async def client_gone(request: Request) -> None:
+    """Return once the client of `request` has disconnected. Await it only after the body
+    was read: the ASGI server then answers `receive()` with nothing but
+    `http.disconnect`, sent as the connection closes, so this waits on an event rather
+    than polling (a client that gives up is noticed at once)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class Guard:

@@ -123,8 +123,11 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
     from sprig.runtime.server.inputs import InputBuilder
     from sprig.runtime.server.metrics import Metrics
     from sprig.runtime.server.tokenizer_manager import TokenizerManager
+    from sprig.runtime.server.tool_calls import resolve_format
 
     host, port = sock.getsockname()[:2]
+    tool_format = resolve_format(server.tool_call_parser, getattr(tokenizer, "chat_template", None))
+    log.info("tool calls in chat answers: %s", tool_format.name if tool_format else "not parsed")
     state = ServerState(
         config=server,
         engine=engine,
@@ -133,6 +136,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         model_info=info,
         manager=TokenizerManager(ipc, children, Metrics()),
         inputs=InputBuilder(tokenizer, info["context_len"], info["vocab_size"]),
+        tool_format=tool_format,
         started=time.monotonic(),
         url=f"http://{f'[{host}]' if ':' in host else host}:{port}",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.server.app import (
     SSE_DONE,
     SSEResponse,
+    client_gone,
     error_event,
     json_response,
     read_json,
@@ -42,7 +44,7 @@ async def generate(request: Request) -> Response:
     many = batch or len(call.rids) > 1
     if req.stream:
         return SSEResponse(_events(call, many), call.close)
-    outs = await call.collect(request.is_disconnected)
+    outs = await call.collect(functools.partial(client_gone, request))
     return json_response(outs if many else outs[0])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from sprig.runtime.server.app import (
     SSE_DONE,
     ServerState,
     SSEResponse,
+    client_gone,
     error_event,
     json_response,
     now_s,
@@ -34,6 +36,7 @@ from sprig.runtime.server.openai_format import (
 )
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
+from sprig.runtime.server.tool_calls import ToolCall, plan_tool_use
 
 router = APIRouter()
 ChoiceFn = Callable[[int, dict[str, Any]], list[dict[str, Any]]]
@@ -53,9 +56,13 @@ class _Envelope:
 
 
 def _params(st: ServerState, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,
-            max_tokens: int | None) -> SamplingParams:
+            max_tokens: int | None, regex: str | None = None) -> SamplingParams:
+    """`regex`: a constraint of the server's own (a forced tool call)."""
     max_new = st.inputs.room(prompt_len) if max_tokens is None else max_tokens
-    return st.inputs.params(sampling_dict(req, max_new), 1)[0]
+    d = sampling_dict(req, max_new)
+    if regex is not None:
+        d["regex"] = regex
+    return st.inputs.params(d, 1)[0]
 
 
 @router.get("/v1/models")
@@ -109,7 +116,7 @@ async def completions(request: Request) -> Response:
 
     if req.stream:
         return _stream(call, env, choice, req)
-    outs = await call.collect(request.is_disconnected)
+    outs = await call.collect(functools.partial(client_gone, request))
     choices = [c for i, r in enumerate(outs) for c in choice(i, r)]
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
 
@@ -120,35 +127,53 @@ async def chat_completions(request: Request) -> Response:
     req: ChatCompletionRequest = parse(ChatCompletionRequest, await read_json(request))
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    ids = st.inputs.chat_prompt(req.messages, req.tools, req.chat_template_kwargs)
+    constrained = req.regex is not None or req.json_schema is not None or (
+        req.response_format is not None and req.response_format.type != "text")
+    tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constrained)
+    ids = st.inputs.chat_prompt(req.messages, tools.rendered, req.chat_template_kwargs)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    params = [_params(st, req, len(ids), max_tokens)]
+    params = [_params(st, req, len(ids), max_tokens, regex=tools.forced)]
     logprobs = LogprobArgs(req.logprobs, -1, req.top_logprobs or 0, True)
     call = st.manager.submit(st.inputs.requests([ids], params, None, logprobs, stream=req.stream))
     env = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", now_s(), st.model_name)
-    sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output logprobs)
+    fmt = tools.parse_format
+    sent: dict[int, tuple[int, int]] = {}  # index -> (content chars, output logprobs)
+
+    def answer(resp: dict[str, Any], finished: bool) -> tuple[str, list[ToolCall]]:
+        return fmt.split(resp["text"], finished) if fmt is not None else (resp["text"], [])
 
     def delta(index: int, resp: dict[str, Any]) -> list[dict[str, Any]]:
         chars, lps = sent.get(index, (0, 0))
         out = [] if index in sent else [{"index": index, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]
-        sent[index] = (len(resp["text"]), len(resp["meta_info"].get("output_token_logprobs", [])))
-        text, (reason, matched) = resp["text"][chars:], finish_reason(resp)
+        reason, matched = finish_reason(resp)
+        content, calls = answer(resp, reason is not None)
+        sent[index] = (len(content), len(resp["meta_info"].get("output_token_logprobs", [])))
+        text = content[chars:]
         lp = chat_logprobs(*token_entries(resp["meta_info"], lps, with_input=False)) if req.logprobs else None
-        if text or reason is not None or (lp and lp["content"]):
-            out.append({"index": index, "delta": {"content": text} if text else {}, "logprobs": lp,
-                        "finish_reason": reason, "matched_stop": matched})
+        body: dict[str, Any] = {"content": text} if text else {}
+        if calls:
+            body["tool_calls"] = [c.openai(i) for i, c in enumerate(calls)]
+            reason = "tool_calls"
+        if body or reason is not None or (lp and lp["content"]):
+            out.append({"index": index, "delta": body, "logprobs": lp, "finish_reason": reason,
+                        "matched_stop": matched})
         return out
 
     if req.stream:
         return _stream(call, _Envelope(env.id, "chat.completion.chunk", env.created, env.model), delta, req)
-    outs = await call.collect(request.is_disconnected)
+    outs = await call.collect(functools.partial(client_gone, request))
     choices = []
     for i, r in enumerate(outs):
         reason, matched = finish_reason(r)
+        content, calls = answer(r, True)
+        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+        if calls:
+            message["tool_calls"] = [c.openai() for c in calls]
+            reason = "tool_calls"
         lp = chat_logprobs(*token_entries(r["meta_info"], 0, with_input=False)) if req.logprobs else None
-        choices.append({"index": i, "message": {"role": "assistant", "content": r["text"]}, "logprobs": lp,
-                        "finish_reason": reason, "matched_stop": matched})
+        choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": reason,
+                        "matched_stop": matched})
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
 
 

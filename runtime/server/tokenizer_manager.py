@@ -39,7 +39,6 @@ from sprig.runtime.server.messages import (
 from sprig.runtime.server.metrics import Metrics
 
 log = logging.getLogger("sprig.server")
-DISCONNECT_POLL_S = 1.0
 
 
 class RequestFailed(Exception):
@@ -73,14 +72,14 @@ class Call:
             for i, r in enumerate(reqs)
         }
 
-    async def stream(self, disconnected: Callable[[], Awaitable[bool]] | None = None
+    async def stream(self, client_gone: Callable[[], Awaitable[None]] | None = None
                      ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """Yield `(index, cumulative response)` on updates until every sequence finished;
         the last yield of an index is its final response. Raises `RequestFailed` on the
-        first error; returns early if `disconnected()` turns true (polled every
-        `DISCONNECT_POLL_S`). Unfinished sequences are aborted however this ends."""
+        first error; returns early once `client_gone()` returns (it is awaited beside the
+        updates). Unfinished sequences are aborted however this ends."""
         pending = set(self.rids)
-        watch = asyncio.create_task(self._watch(disconnected)) if disconnected is not None else None
+        watch = asyncio.create_task(self._watch(client_gone)) if client_gone is not None else None
         try:
             while pending:
                 first = await self.updates.get()
@@ -100,14 +99,13 @@ class Call:
                 watch.cancel()
             self.close()
 
-    async def _watch(self, disconnected: Callable[[], Awaitable[bool]]) -> None:
-        while not await disconnected():
-            await asyncio.sleep(DISCONNECT_POLL_S)
+    async def _watch(self, client_gone: Callable[[], Awaitable[None]]) -> None:
+        await client_gone()
         self.updates.put_nowait(None)
 
-    async def collect(self, disconnected: Callable[[], Awaitable[bool]] | None = None) -> list[dict[str, Any]]:
+    async def collect(self, client_gone: Callable[[], Awaitable[None]] | None = None) -> list[dict[str, Any]]:
         final: dict[int, dict[str, Any]] = {}
-        async for index, response in self.stream(disconnected):
+        async for index, response in self.stream(client_gone):
             final[index] = response
         if not all(self.tracks[rid].state.finished for rid in self.rids):
             raise RequestFailed(499, "client disconnected")

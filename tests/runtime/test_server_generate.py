@@ -131,7 +131,7 @@ def test_client_disconnect_mid_stream_frees_its_slots(server: Server) -> None:
     assert after["kv_evictable"] < 900  # the request did not run to the end
     server.post("/flush_cache")
     with pytest.raises(httpx.TimeoutException):  # a non-streaming client that gives up
-        httpx.post(server.url + "/generate", json={**body, "stream": False}, timeout=0.5)
+        httpx.post(server.url + "/generate", json={**body, "stream": False}, timeout=0.2)
     assert server.wait_idle(timeout=5.0)["kv_evictable"] < 900
 
 

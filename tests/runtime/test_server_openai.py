@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from server_helpers import Server
 from transformers import AutoTokenizer
@@ -143,6 +144,16 @@ def test_sampling_options(server: Server) -> None:
 def test_response_format_becomes_json_schema(fmt: dict, expected: dict | None) -> None:
     req = ChatCompletionRequest.model_validate({"messages": MESSAGES, "response_format": fmt})
     assert sampling_dict(req, 4).get("json_schema") == expected
+
+
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": PROMPT}),
+                                       ("/v1/chat/completions", {"messages": MESSAGES})])
+def test_a_client_that_gives_up_aborts_its_request(server: Server, path: str, body: dict) -> None:
+    server.wait_idle()
+    server.post("/flush_cache")
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + path, json={**body, "max_tokens": 900, "ignore_eos": True}, timeout=0.2)
+    assert server.wait_idle(timeout=5.0)["kv_evictable"] < 900  # aborted, not run to the end
 
 
 def test_models(server: Server, tiny_llama: Path) -> None:

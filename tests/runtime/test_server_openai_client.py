@@ -4,6 +4,7 @@ Engine's on the same checkpoint. After every test the scheduler is idle and inta
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,3 +153,21 @@ def test_seed_reproduces_sampling(client, model: str) -> None:
     first, again, other = sample(5), sample(5), sample(6)
     assert first == again
     assert first != other
+
+
+def test_tool_calls(client, model: str) -> None:
+    """A forced call comes back as the client's typed tool call, plain and streamed (the
+    client accumulates nothing: the call arrives whole in one delta)."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+    kw = {"model": model, "messages": MESSAGES, "max_tokens": 120, "temperature": 0, "tools": [weather],
+          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    out = client.chat.completions.create(**kw).choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.content is None
+    [call] = out.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    streamed = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
+    assert [(tc.index, tc.function.name, tc.function.arguments) for tc in streamed] == [
+        (0, "get_weather", call.function.arguments)]  # greedy: the same call
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -1,0 +1,260 @@
+"""Tool calls in a chat model's answer: the text formats chat templates teach, parsed
+into OpenAI's `tool_calls`, and the regex that makes a model call a tool when
+`tool_choice` requires one.
+
+Formats (`FORMATS`; `detect_format` picks one from a chat template's text):
+- `hermes` (Qwen2.5, Qwen3, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
+  repeated for several calls; text before the first call is the message's content;
+- `llama3` (Llama 3.1+): the whole answer is `{"name": ..., "parameters": {...}}`, several
+  joined by `;`, optionally after `<|python_tag|>`;
+- `mistral`: `[TOOL_CALLS]` then a JSON list of `{"name": ..., "arguments": {...}}`.
+
+Invariant: `parse` returns calls only when the whole tool-call part is well-formed (every
+call a JSON object with a string name and an object of arguments); otherwise the answer
+is plain content, never a half-parsed call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sprig.runtime.constrained.json_schema import schema_to_regex
+from sprig.runtime.server.errors import ApiError
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = " ?"  # between JSON tokens of a forced call: the spacing models write
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # the arguments object as JSON text
+
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        """OpenAI's `tool_calls` entry (with `index` in a stream's delta)."""
+        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """One family's tool-call text. `markers` open the tool-call part of an answer;
+    `bare_start`, if set, is a first character that may open it without a marker (a
+    template's marker token that decoding drops as special). `read_body` turns what
+    follows the marker into the call objects (None unless all of it is calls);
+    `forced_wrap` is the literal text around the one call of a forced answer."""
+
+    name: str
+    markers: tuple[str, ...]
+    args_key: str
+    read_body: Callable[[str], list[Any] | None]
+    forced_wrap: tuple[str, str]
+    bare_start: str | None = None
+
+    def call_start(self, text: str) -> int | None:
+        """Where the tool-call part of `text` begins, if it has begun."""
+        found = [i for i in (text.find(m) for m in self.markers) if i >= 0]
+        if found:
+            return min(found)
+        if self.bare_start is not None and text.lstrip().startswith(self.bare_start):
+            return 0
+        return None
+
+    def held_back(self, text: str) -> int:
+        """How many trailing characters of `text` (no call begun) could be the start of
+        a marker, and must not be streamed as content yet."""
+        if self.bare_start is not None and not text.strip():
+            return len(text)
+        return max((k for m in self.markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]] | None:
+        """(content, calls) if `text` holds well-formed tool calls, else None."""
+        start = self.call_start(text)
+        if start is None:
+            return None
+        body = text[start:]
+        for m in self.markers:
+            if body.startswith(m):
+                body = body[len(m):]
+                break
+        objects = self.read_body(body) or []
+        calls = [c for o in objects if (c := _call(o, self.args_key)) is not None]
+        if not calls or len(calls) != len(objects):
+            return None
+        return text[:start].strip(), calls
+
+    def split(self, text: str, finished: bool) -> tuple[str, list[ToolCall]]:
+        """A chat answer's content so far and, once `finished`, its tool calls. Content is
+        stripped of surrounding blanks; while unfinished it stops where a call begins
+        or might begin, so every earlier result is a prefix of the final content."""
+        if finished:
+            parsed = self.parse(text)
+            return parsed if parsed is not None else (text.strip(), [])
+        start = self.call_start(text)
+        return text[: len(text) - self.held_back(text) if start is None else start].strip(), []
+
+    def forced(self, tools: list[dict[str, Any]]) -> str:
+        """The regex of an answer that is exactly one call of one of `tools` (OpenAI
+        function tools), its arguments valid against the tool's parameter schema.
+        Raises ValueError for a schema the constrained decoder cannot enforce."""
+        options = []
+        for tool in tools:
+            fn = tool["function"]
+            schema = {"type": "object", "properties": {
+                "name": {"const": fn["name"]},
+                self.args_key: fn.get("parameters") or {"type": "object"},
+            }, "required": ["name", self.args_key]}
+            options.append(schema_to_regex(json.dumps(schema), _WHITESPACE))
+        before, after = self.forced_wrap
+        return re.escape(before) + "(?:" + "|".join(options) + ")" + re.escape(after)
+
+
+def _objects(body: str, separator: str) -> list[Any] | None:
+    """The JSON values of `body`, separated by `separator` (and blanks); None unless
+    the whole body is such values."""
+    values, i = [], 0
+    while True:
+        i = len(body) - len(body[i:].lstrip())
+        if i == len(body):
+            return values or None
+        if values:
+            if not body.startswith(separator, i):
+                return None
+            i += len(separator)
+            i = len(body) - len(body[i:].lstrip())
+        try:
+            value, i = _DECODER.raw_decode(body, i)
+        except ValueError:
+            return None
+        values.append(value)
+
+
+def _hermes(body: str) -> list[Any] | None:  # body: after the first <tool_call>
+    values = []
+    for part in body.split("<tool_call>"):
+        inner, sep, rest = part.partition("</tool_call>")
+        value = _objects(inner, "")
+        if not sep or value is None or len(value) != 1 or rest.strip():
+            return None
+        values.append(value[0])
+    return values
+
+
+def _mistral(body: str) -> list[Any] | None:
+    value = _objects(body, "")
+    return value[0] if value is not None and len(value) == 1 and isinstance(value[0], list) else None
+
+
+def _llama3(body: str) -> list[Any] | None:
+    return _objects(body, ";")
+
+
+def _call(obj: Any, args_key: str) -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get(args_key, obj.get("arguments", {}))
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+FORMATS = {
+    "hermes": ToolFormat("hermes", ("<tool_call>",), "arguments", _hermes, ("<tool_call>\n", "\n</tool_call>")),
+    "llama3": ToolFormat("llama3", ("<|python_tag|>",), "parameters", _llama3, ("", ""), bare_start="{"),
+    # Mistral's marker is a special token, which decoding may drop: a forced call is the list alone
+    "mistral": ToolFormat("mistral", ("[TOOL_CALLS]",), "arguments", _mistral, ("[", "]"), bare_start="["),
+}
+
+
+def detect_format(chat_template: str | None) -> ToolFormat | None:
+    """The format a chat template teaches, from the markers it writes; None if none."""
+    text = chat_template or ""
+    if "<tool_call>" in text:
+        return FORMATS["hermes"]
+    if "[TOOL_CALLS]" in text:
+        return FORMATS["mistral"]
+    if "<|python_tag|>" in text:
+        return FORMATS["llama3"]
+    return None
+
+
+def resolve_format(choice: str, chat_template: str | None) -> ToolFormat | None:
+    """The format for a server's `tool_call_parser` setting ("auto": `detect_format`)."""
+    if choice == "none":
+        return None
+    if choice == "auto":
+        return detect_format(chat_template)
+    return FORMATS[choice]
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """What one chat request's `tools` and `tool_choice` mean: the tools the template
+    renders, the format its answer is parsed with (None: plain content), and the regex
+    its answer must match (None: unconstrained)."""
+
+    rendered: list[dict[str, Any]] | None
+    parse_format: ToolFormat | None
+    forced: str | None
+
+
+def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
+                  fmt: ToolFormat | None, constrained: bool) -> ToolUse:
+    """Check `tools` and `tool_choice` (OpenAI's meanings: "none" renders no tools and
+    parses nothing; "auto", the default with tools, parses what the model writes;
+    "required" or a named function constrains the answer to one call, which needs a
+    format). `constrained`: the request has its own regex or schema. Raises ApiError."""
+    names = [_tool_name(t, i) for i, t in enumerate(tools or [])]
+    choice = tool_choice if tool_choice is not None else ("auto" if names else "none")
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        wanted = fn.get("name") if choice.get("type") == "function" and isinstance(fn, dict) else None
+        if not isinstance(wanted, str):
+            raise ApiError(400, 'tool_choice must be "none", "auto", "required" or '
+                                '{"type": "function", "function": {"name": ...}}', "tool_choice")
+        if wanted not in names:
+            raise ApiError(400, f"tool_choice names {wanted!r}, which is not among the tools", "tool_choice")
+        allowed = [t for t, n in zip(tools or [], names, strict=True) if n == wanted]
+    elif choice in ("none", "auto", "required"):
+        allowed = list(tools or [])
+    else:
+        raise ApiError(400, f'tool_choice must be "none", "auto", "required" or a function; got {choice!r}',
+                       "tool_choice")
+    if choice != "none" and not names:
+        raise ApiError(400, "tool_choice needs tools", "tool_choice")
+    if choice == "none":
+        return ToolUse(None, None, None)
+    if choice == "auto":
+        return ToolUse(tools, fmt, None)
+    if fmt is None:
+        raise ApiError(400, "this model's chat template writes no known tool-call format; start the server "
+                            "with --tool-call-parser to force tool calls", "tool_choice")
+    if constrained:
+        raise ApiError(400, "a forced tool call cannot be combined with regex, json_schema or response_format",
+                       "tool_choice")
+    try:
+        forced = fmt.forced(allowed)
+    except ValueError as e:
+        raise ApiError(400, f"cannot constrain a call to these tools: {e}", "tools") from None
+    return ToolUse(tools, fmt, forced)
+
+
+def _tool_name(tool: Any, i: int) -> str:
+    fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ApiError(400, f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., '
+                            f'"parameters": {{...}}}}}}', "tools")
+    if not isinstance(fn.get("parameters", {}), dict):
+        raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+    return fn["name"]

@@ -1,0 +1,119 @@
+"""Tool calling through /v1/chat/completions on the real server: the tiny checkpoints'
+template writes the Hermes format, so the server parses it ("auto"). A forced call
+(`tool_choice` named or "required") is checked against the tool's schema; a call the
+model writes on its own is made here with a `regex` that spells it out."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+from server_helpers import Server
+from transformers import AutoTokenizer
+
+MESSAGES = [{"role": "user", "content": "what is the weather in Rome ?"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+WRITTEN = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+
+
+@pytest.fixture(autouse=True)
+def intact_after(server: Server):
+    yield
+    server.wait_idle()
+
+
+def chat(server: Server, **body) -> dict:
+    r = server.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 160, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_named_tool_choice_forces_a_valid_call(server: Server, seed: int) -> None:
+    out = chat(server, tools=[TIME, WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+               temperature=1.0, seed=seed)
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
+
+
+def test_required_calls_one_of_the_tools(server: Server) -> None:
+    names = set()
+    for seed in range(4):
+        out = chat(server, tools=[WEATHER, TIME], tool_choice="required", temperature=1.0, seed=seed)
+        [call] = out["choices"][0]["message"]["tool_calls"]
+        names.add(call["function"]["name"])
+        schema = {"get_weather": WEATHER, "get_time": TIME}[call["function"]["name"]]["function"]["parameters"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+    assert names <= {"get_weather", "get_time"}
+
+
+def test_auto_parses_a_call_the_model_writes(server: Server) -> None:
+    out = chat(server, tools=[WEATHER], regex=re.escape(WRITTEN))
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Sure."
+    [call] = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Rome"})
+
+
+def test_auto_streams_the_content_then_the_call(server: Server) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 160, "temperature": 0, "tools": [WEATHER],
+            "regex": re.escape(WRITTEN), "stream": True}
+    events = server.stream("/v1/chat/completions", body)
+    assert events[-1] == "[DONE]"
+    deltas = [c["choices"][0] for c in events[:-1]]
+    content = [d["delta"]["content"] for d in deltas if d["delta"].get("content")]
+    assert "".join(content) == "Sure." and not any("<" in c for c in content)
+    with_calls = [d for d in deltas if "tool_calls" in d["delta"]]
+    assert len(with_calls) == 1 and with_calls[0] is deltas[-1]
+    assert with_calls[0]["finish_reason"] == "tool_calls"
+    [call] = with_calls[0]["delta"]["tool_calls"]
+    assert call["index"] == 0 and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Rome"}
+
+
+def test_tool_choice_none_renders_no_tools_and_parses_nothing(server: Server) -> None:
+    with_tools = chat(server, tools=[WEATHER], regex=re.escape(WRITTEN))
+    none = chat(server, tools=[WEATHER], tool_choice="none", regex=re.escape(WRITTEN))
+    choice = none["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": WRITTEN}
+    assert choice["finish_reason"] == "stop"
+    assert none["usage"]["prompt_tokens"] < with_tools["usage"]["prompt_tokens"]  # no tools in the prompt
+
+
+def test_a_conversation_with_a_tool_result_renders_the_call(server: Server, tiny_llama: Path) -> None:
+    first = chat(server, tools=[WEATHER], tool_choice="required")
+    call = first["choices"][0]["message"]["tool_calls"][0]
+    messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": "sunny, 21 C", "tool_call_id": call["id"]}]
+    out = chat(server, messages=messages, tools=[WEATHER], max_tokens=4)
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    prompt = tok.apply_chat_template(messages, tools=[WEATHER], add_generation_prompt=True, tokenize=False)
+    assert out["usage"]["prompt_tokens"] == len(tok(prompt, add_special_tokens=False)["input_ids"])
+    assert call["function"]["name"] in prompt and "sunny, 21 C" in prompt
+
+
+@pytest.mark.parametrize(("body", "param", "needle"), [
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not among"),
+    ({"tools": [WEATHER], "tool_choice": "required", "regex": "x"}, "tool_choice", "cannot be combined"),
+    ({"tools": [{"type": "function"}]}, "tools", "tools[0]"),
+])
+def test_bad_tool_requests_get_400(server: Server, body: dict, param: str, needle: str) -> None:
+    r = server.post("/v1/chat/completions", {"messages": MESSAGES, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and needle in error["message"]

@@ -1,0 +1,151 @@
+"""Tool-call formats: parsing answers into OpenAI tool calls, streaming splits, the regex of
+a forced call (checked against the tool's schema), format detection and `tool_choice`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import jsonschema
+import pytest
+
+from sprig.runtime.server.config import TOOL_CALL_PARSERS, ServerConfig
+from sprig.runtime.server.errors import ApiError
+from sprig.runtime.server.tool_calls import (
+    FORMATS,
+    ToolCall,
+    ToolUse,
+    detect_format,
+    plan_tool_use,
+    resolve_format,
+)
+from sprig.runtime.tiny_checkpoint import CHAT_TEMPLATE
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+def calls(*pairs: tuple[str, dict]) -> list[ToolCall]:
+    return [ToolCall(name, json.dumps(args)) for name, args in pairs]
+
+
+@pytest.mark.parametrize("fmt,text,expected", [
+    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+     ("Let me look.", calls(("get_weather", {"city": "Rome"})))),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>{"name": "b", "arguments": '
+               '"{\\"x\\": 1}"}</tool_call>', ("", calls(("a", {}), ("b", {"x": 1})))),
+    ("llama3", '{"name": "get_time", "parameters": {}}', ("", calls(("get_time", {})))),
+    ("llama3", '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}',
+     ("", calls(("a", {"x": 1}), ("b", {})))),
+    ("mistral", '[TOOL_CALLS] [{"name": "a", "arguments": {"x": "é"}}]', ("", [ToolCall("a", '{"x": "é"}')])),
+    ("mistral", '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]', ("", calls(("a", {}), ("b", {})))),
+])
+def test_well_formed_calls_parse(fmt: str, text: str, expected: tuple[str, list[ToolCall]]) -> None:
+    assert FORMATS[fmt].parse(text) == expected
+
+
+@pytest.mark.parametrize("fmt,text", [
+    ("hermes", "no call here"),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}\n</tool_call>'),  # broken JSON
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}\n'),  # never closed
+    ("hermes", '<tool_call>{"name": "a", "arguments": {}}</tool_call> and then prose'),
+    ("hermes", '<tool_call>{"arguments": {}}</tool_call>'),  # no name
+    ("hermes", '<tool_call>{"name": "a", "arguments": [1]}</tool_call>'),  # arguments not an object
+    ("llama3", 'The answer is {"name": "a", "parameters": {}}'),  # a call opens the answer or nothing
+    ("llama3", '{"name": "a", "parameters": {}} trailing'),
+    ("mistral", '[1, 2]'),
+])
+def test_anything_else_stays_content(fmt: str, text: str) -> None:
+    assert FORMATS[fmt].parse(text) is None
+    assert FORMATS[fmt].split(text, finished=True) == (text.strip(), [])
+
+
+def test_streamed_content_never_shows_a_call_and_only_grows() -> None:
+    fmt = FORMATS["hermes"]
+    text = ' Sure, one moment.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    seen = [fmt.split(text[:i], finished=False)[0] for i in range(len(text) + 1)]
+    assert all("<" not in s for s in seen)
+    assert all(b.startswith(a) for a, b in itertools.pairwise(seen))
+    final = fmt.split(text, finished=True)
+    assert final == ("Sure, one moment.", calls(("get_time", {})))
+    assert final[0].startswith(seen[-1])
+    assert fmt.split("The sum is 4 <", finished=False)[0] == "The sum is 4"  # '<' may open a call
+    llama = FORMATS["llama3"]
+    assert llama.split('{"name": "get', finished=False)[0] == ""  # an answer opening with '{' is held
+    assert llama.split("  ", finished=False)[0] == ""
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_forced_regex_admits_only_valid_calls_of_the_allowed_tools(fmt: str) -> None:
+    f = FORMATS[fmt]
+    regex = f.forced([WEATHER, TIME])
+    key = f.args_key
+    good = [{"name": "get_weather", key: {"city": "Rome"}}, {"name": "get_weather", key: {"city": "Paris", "days": 3}},
+            {"name": "get_time", key: {}}]
+    bad = [{"name": "get_weather", key: {"city": "Oslo"}}, {"name": "get_weather", key: {}},
+           {"name": "get_weather", key: {"city": "Rome", "days": 9}}, {"name": "other", key: {}}]
+    wrap = {"hermes": "<tool_call>\n{}\n</tool_call>", "llama3": "{}", "mistral": "[{}]"}[fmt]
+    for obj in good:
+        text = wrap.replace("{}", json.dumps(obj), 1) if fmt != "llama3" else json.dumps(obj)
+        assert re.fullmatch(regex, text), text
+        content, parsed = f.split(text, finished=True)
+        assert content == "" and [c.name for c in parsed] == [obj["name"]]
+        if obj["name"] == "get_weather":
+            jsonschema.validate(json.loads(parsed[0].arguments), WEATHER["function"]["parameters"])
+    for obj in bad:
+        text = wrap.replace("{}", json.dumps(obj), 1) if fmt != "llama3" else json.dumps(obj)
+        assert not re.fullmatch(regex, text), text
+    only_time = f.forced([TIME])
+    assert not re.fullmatch(only_time, wrap.replace("{}", json.dumps(good[0]), 1) if fmt != "llama3"
+                            else json.dumps(good[0]))
+
+
+def test_detection_from_the_chat_template() -> None:
+    assert detect_format(CHAT_TEMPLATE) is FORMATS["hermes"]  # the tiny checkpoints' template
+    assert detect_format("{{ '[TOOL_CALLS] ' + calls | tojson }}") is FORMATS["mistral"]
+    assert detect_format("{{- '<|python_tag|>' + tool_call }}") is FORMATS["llama3"]
+    assert detect_format("{{ messages }}") is None and detect_format(None) is None
+    assert resolve_format("none", CHAT_TEMPLATE) is None
+    assert resolve_format("llama3", CHAT_TEMPLATE) is FORMATS["llama3"]
+    assert resolve_format("auto", CHAT_TEMPLATE) is FORMATS["hermes"]
+
+
+def test_tool_choice_plans() -> None:
+    hermes = FORMATS["hermes"]
+    assert plan_tool_use(None, None, hermes, False) == ToolUse(None, None, None)
+    assert plan_tool_use([WEATHER], None, hermes, False) == ToolUse([WEATHER], hermes, None)  # auto
+    assert plan_tool_use([WEATHER], "none", hermes, False) == ToolUse(None, None, None)
+    assert plan_tool_use([WEATHER], "auto", None, False) == ToolUse([WEATHER], None, None)  # nothing to parse with
+    named = plan_tool_use([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, hermes, False)
+    assert named.forced == hermes.forced([TIME]) and named.parse_format is hermes
+    assert plan_tool_use([WEATHER, TIME], "required", hermes, False).forced == hermes.forced([WEATHER, TIME])
+
+
+@pytest.mark.parametrize("tools,choice,fmt,constrained,needle", [
+    (None, "required", FORMATS["hermes"], False, "needs tools"),
+    ([WEATHER], "sometimes", FORMATS["hermes"], False, "tool_choice must be"),
+    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, FORMATS["hermes"], False, "not among"),
+    ([WEATHER], {"type": "function"}, FORMATS["hermes"], False, "tool_choice must be"),
+    ([WEATHER], "required", None, False, "--tool-call-parser"),
+    ([WEATHER], "required", FORMATS["hermes"], True, "cannot be combined"),
+    ([{"type": "function", "function": {"parameters": {}}}], "auto", FORMATS["hermes"], False, r"tools\[0\]"),
+    ([{"type": "function", "function": {"name": "f", "parameters": 3}}], "auto", FORMATS["hermes"], False,
+     "parameters"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}], "required",
+     FORMATS["hermes"], False, "cannot constrain"),
+])
+def test_bad_tool_requests_are_400(tools, choice, fmt, constrained: bool, needle: str) -> None:
+    with pytest.raises(ApiError, match=needle) as e:
+        plan_tool_use(tools, choice, fmt, constrained)
+    assert e.value.status == 400
+
+
+def test_the_server_setting_names_every_format() -> None:
+    assert set(TOOL_CALL_PARSERS) == {"auto", "none", *FORMATS}
+    assert ServerConfig(tool_call_parser="llama3").tool_call_parser == "llama3"
+    with pytest.raises(ValueError, match="tool_call_parser"):
+        ServerConfig(tool_call_parser="xml")
