@@ -5,6 +5,7 @@ included), check every limit the HTTP process can check, expand `n`. Every probl
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -70,16 +71,20 @@ class InputBuilder:
     def chat_prompt(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
                     template_kwargs: dict[str, Any] | None) -> list[int]:
         """The chat template rendered with a generation prompt, tokenized without adding
-        special tokens (the template places them)."""
+        special tokens (the template places them). An assistant's tool calls reach the
+        template with their arguments as an object, as templates expect
+        (`_call_for_template`)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ApiError(400, "this model's tokenizer has no chat template", "messages")
         rendered = []
         for m in messages:
             content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or [])
             msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
-            for key in ("name", "tool_calls", "tool_call_id"):
+            for key in ("name", "tool_call_id"):
                 if getattr(m, key) is not None:
                     msg[key] = getattr(m, key)
+            if m.tool_calls is not None:
+                msg["tool_calls"] = [_call_for_template(c) for c in m.tool_calls]
             rendered.append(msg)
         try:
             text = self.tokenizer.apply_chat_template(
@@ -145,3 +150,17 @@ class InputBuilder:
     def room(self, prompt_len: int) -> int:
         """The most tokens a prompt of this length can still generate."""
         return max(self.context_len - prompt_len, 0)
+
+
+def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call as chat templates read it: OpenAI sends `function.arguments` as
+    JSON text, while templates (Qwen2.5, Llama 3.1, ...) write `arguments | tojson`, which
+    would quote that text once more. Arguments that are not a JSON object stay as sent."""
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**fn, "arguments": args}} if isinstance(args, dict) else call

@@ -99,10 +99,14 @@ def test_a_conversation_with_a_tool_result_renders_the_call(server: Server, tiny
     messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "content": "sunny, 21 C", "tool_call_id": call["id"]}]
     out = chat(server, messages=messages, tools=[WEATHER], max_tokens=4)
+    # the template gets the arguments as an object (OpenAI sends them as JSON text)
+    args = json.loads(call["function"]["arguments"])
+    as_object = {**call, "function": {**call["function"], "arguments": args}}
     tok = AutoTokenizer.from_pretrained(tiny_llama)
-    prompt = tok.apply_chat_template(messages, tools=[WEATHER], add_generation_prompt=True, tokenize=False)
+    prompt = tok.apply_chat_template([*MESSAGES, {**messages[1], "tool_calls": [as_object]}, messages[2]],
+                                     tools=[WEATHER], add_generation_prompt=True, tokenize=False)
     assert out["usage"]["prompt_tokens"] == len(tok(prompt, add_special_tokens=False)["input_ids"])
-    assert call["function"]["name"] in prompt and "sunny, 21 C" in prompt
+    assert json.dumps({"name": "get_weather", "arguments": args}) in prompt and "sunny, 21 C" in prompt
 
 
 @pytest.mark.parametrize(("body", "param", "needle"), [

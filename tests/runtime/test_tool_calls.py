@@ -12,6 +12,7 @@ import pytest
 
 from sprig.runtime.server.config import TOOL_CALL_PARSERS, ServerConfig
 from sprig.runtime.server.errors import ApiError
+from sprig.runtime.server.inputs import _call_for_template
 from sprig.runtime.server.tool_calls import (
     FORMATS,
     ToolCall,
@@ -149,3 +150,15 @@ def test_the_server_setting_names_every_format() -> None:
     assert ServerConfig(tool_call_parser="llama3").tool_call_parser == "llama3"
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerConfig(tool_call_parser="xml")
+
+
+@pytest.mark.parametrize("arguments,expected", [
+    ('{"city": "Rome"}', {"city": "Rome"}),  # JSON text, as OpenAI sends it: an object
+    ({"city": "Rome"}, {"city": "Rome"}),  # already an object
+    ("not json", "not json"),  # left as sent
+    ("[1, 2]", "[1, 2]"),  # JSON, but not an object
+])
+def test_assistant_calls_reach_the_template_with_object_arguments(arguments, expected) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    assert _call_for_template(call) == {**call, "function": {"name": "get_weather", "arguments": expected}}
+    assert call["function"]["arguments"] == arguments  # the request's message is not changed
