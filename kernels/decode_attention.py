@@ -8,16 +8,13 @@ computed in float32; the output has q's dtype. A request with no context gets ze
 from __future__ import annotations
 
 import functools
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from ._dispatch import dot_in_f32, next_pow2, use_triton
-from .attention_lse import attention_lse
+from .paged import request_attention_ref
 
 
 @triton.jit
@@ -199,152 +196,21 @@ def decode_attention_ref(
     q: torch.Tensor,  # [B, Hq, D]
     k_buffer: torch.Tensor,  # [S, Hkv, D]
     v_buffer: torch.Tensor,  # [S, Hkv, D]
-    kv_indptr: torch.Tensor,  # [B+1] int32
-    kv_indices: torch.Tensor,  # [N] int32
-    *,
-    sm_scale: float,
-) -> torch.Tensor:  # [B, Hq, D]
-    """Torch reference (the CPU path), float32 math; see `decode_attention_lse_ref`."""
-    o, _ = decode_attention_lse_ref(q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale=sm_scale)
-    return o.to(q.dtype)
-
-
-def decode_attention_lse_ref(
-    q: torch.Tensor,  # [B, Hq, D]
-    k_buffer: torch.Tensor,  # [S, Hkv, D]
-    v_buffer: torch.Tensor,  # [S, Hkv, D]
     kv_indptr: torch.Tensor,  # [B+1] int
     kv_indices: torch.Tensor,  # [N] int
     *,
     sm_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D] float32, [B, Hq] float32
-    """Decode attention and the log-sum-exp of each row's scaled scores, in float32 (so
-    that partial results over disjoint parts of a context can be merged exactly).
-    A request with no context gets zeros and -inf."""
-    buckets = pad_by_length(kv_indptr, kv_indices)
-    return attend_padded(
-        q, buckets, lambda _, bucket: gather_bucket_kv(k_buffer, v_buffer, bucket), sm_scale=sm_scale
-    )
-
-
-@dataclass(frozen=True)
-class PaddedRows:
-    """Requests of similar context length, their slots padded to the longest."""
-
-    rows: torch.Tensor  # [b] int64: batch rows
-    slots: torch.Tensor  # [b, L] int64 (padding repeats a slot of the batch)
-    valid: torch.Tensor | None  # [b, L] bool; None when nothing is padding
-    lens: torch.Tensor  # [b] int64: each row's context length (its valid slots)
-    # (the bucket a decode step earlier, the positions of its rows this one keeps) when
-    # requests left between the steps; weak, so that a run of such steps is no chain
-    kept_from: tuple[weakref.ref[PaddedRows], torch.Tensor] | None = None
-
-    def grown(self, new_slots: torch.Tensor, moved: torch.Tensor | None = None) -> PaddedRows | None:
-        """The bucket one decode step later: each row's context gains the slot
-        `new_slots[row]` (rows of the new batch; the padding still at most doubles a row's
-        work). With `moved` (old batch row -> new row, -1 for a request that left) the
-        rows that left are dropped; None if none is left."""
-        if moved is None:
-            kept, keep = self, None
-        else:
-            rows = moved[self.rows]
-            keep = torch.nonzero(rows >= 0).flatten()  # [b'] positions kept
-            if keep.numel() == 0:
-                return None
-            valid = None if self.valid is None else self.valid[keep]
-            kept = PaddedRows(rows[keep], self.slots[keep], valid, self.lens[keep])
-        b = kept.slots.shape[0]
-        at = torch.arange(b, device=kept.slots.device)
-        slots = torch.cat([kept.slots, kept.slots[:, :1]], dim=1)  # [b, L+1]
-        slots[at, kept.lens] = new_slots[kept.rows]
-        valid = None
-        if kept.valid is not None:
-            valid = torch.cat([kept.valid, kept.valid[:, :1].logical_not()], dim=1)  # [b, L+1]
-            valid[at, kept.lens] = True
-        return PaddedRows(kept.rows, slots, valid, kept.lens + 1, None if keep is None else (weakref.ref(self), keep))
-
-
-def pad_by_length(kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> list[PaddedRows]:
-    """Requests with context, bucketed by length so that padding at most doubles a
-    bucket's work (longest first; a bucket's shortest is over half its longest). A lone
-    bucket keeps the batch's row order. Depends only on the batch's metadata: a step
-    computes it once for all layers."""
-    indptr = kv_indptr.to(torch.int64)
-    indices = kv_indices.to(device=indptr.device, dtype=torch.int64)
-    lens = indptr[1:] - indptr[:-1]  # [B]
-    n = lens.tolist()
-    order = sorted((i for i, length in enumerate(n) if length > 0), key=lambda i: -n[i])
-    runs: list[list[int]] = []
-    for i in order:
-        if runs and 2 * n[i] > n[runs[-1][0]]:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    if len(runs) == 1:
-        runs[0].sort()
-    buckets = []
-    for run in runs:
-        longest, shortest = max(n[i] for i in run), min(n[i] for i in run)
-        rows = torch.tensor(run, device=indptr.device)  # [b]
-        offs = torch.arange(longest, device=indptr.device)  # [L]
-        valid = offs[None, :] < lens[rows, None]  # [b, L]
-        slots = indices[torch.where(valid, indptr[rows, None] + offs[None, :], 0)]  # [b, L]
-        buckets.append(PaddedRows(rows, slots, None if shortest == longest else valid, lens[rows]))
-    return buckets
-
-
-BucketKV = Callable[[int, PaddedRows], tuple[torch.Tensor, torch.Tensor]]
-"""(bucket index, bucket) -> its K and V, [b, Hkv, L, D] each, any strides and dtype."""
-
-
-def attend_padded(
-    q: torch.Tensor,  # [B, Hq, D]
-    buckets: list[PaddedRows],
-    bucket_kv: BucketKV,
-    *,
-    sm_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D] float32, [B, Hq] float32
-    """Each bucket in one `attention_lse` call, a KV head's query heads as its query rows
-    (the K/V are read once for all of them); rows in no bucket get zeros and -inf."""
-    B, Hq, D = q.shape
-
-    def attend(i: int, bucket: PaddedRows, rows_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = bucket_kv(i, bucket)
-        b, Hkv = k.shape[:2]
-        valid = None if bucket.valid is None else bucket.valid[:, None, None, :]
-        o, s = attention_lse(rows_q.view(b, Hkv, Hq // Hkv, D), k, v, scale=sm_scale, valid=valid)
-        return o.reshape(b, Hq, D), s.reshape(b, Hq)
-
-    if len(buckets) == 1 and buckets[0].rows.numel() == B:  # every row, in batch order
-        return attend(0, buckets[0], q)
-    every_row = sum(bucket.rows.numel() for bucket in buckets) == B
-    out = (torch.empty if every_row else torch.zeros)((B, Hq, D), dtype=torch.float32, device=q.device)
-    lse = torch.full((B, Hq), float("-inf"), dtype=torch.float32, device=q.device)
-    for i, bucket in enumerate(buckets):
-        o, s = attend(i, bucket, q[bucket.rows])
-        out.index_copy_(0, bucket.rows, o)
-        lse.index_copy_(0, bucket.rows, s)
-    return out, lse
-
-
-def gather_bucket_kv(
-    k_buffer: torch.Tensor,  # [S, Hkv, D]
-    v_buffer: torch.Tensor,  # [S, Hkv, D]
-    bucket: PaddedRows,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [b, Hkv, L, D] x2, views of fresh copies
-    """The bucket's K and V, gathered from the pool (the `BucketKV` of the reference)."""
-    b, L = bucket.slots.shape
-    Hkv, D = k_buffer.shape[1:]
-    flat = bucket.slots.reshape(-1)
-    k = gather_rows(k_buffer, flat).view(b, L, Hkv, D).transpose(1, 2)
-    v = gather_rows(v_buffer, flat).view(b, L, Hkv, D).transpose(1, 2)
-    return k, v
-
-
-def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:  # [n, *buffer.shape[1:]]
-    """`buffer[slots]` for a pool buffer [S, ...] and int64 slots [n]: one row copy per
-    slot (indexing the 2-D view copies whole rows, about twice as fast on the CPU)."""
-    return buffer.view(buffer.shape[0], -1).index_select(0, slots).view(-1, *buffer.shape[1:])
+) -> torch.Tensor:  # [B, Hq, D]
+    """Torch reference: request by request, its one query token attends to its whole
+    context (`request_attention_ref`), in float32. A request with no context gets zeros."""
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    bounds = kv_indptr.tolist()
+    for b in range(q.shape[0]):
+        start, end = bounds[b], bounds[b + 1]
+        if end > start:
+            slots = kv_indices[start:end].to(torch.int64)
+            out[b] = request_attention_ref(q[b : b + 1], k_buffer, v_buffer, slots, sm_scale=sm_scale)[0]
+    return out
 
 
 def decode_attention(

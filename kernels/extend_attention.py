@@ -10,12 +10,11 @@ h // (Hq // Hkv). Softmax in float32; output in q's dtype.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ._dispatch import dot_in_f32, next_pow2, use_triton
-from .decode_attention import gather_rows
+from .paged import request_attention_ref
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 
@@ -202,34 +201,6 @@ def extend_attention_ref(
         slots = kv_indices[k0:k1].to(torch.int64)  # [L]
         out[q0:q1] = request_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale)
     return out
-
-
-def request_attention_ref(
-    q: torch.Tensor,  # [Lq, Hq, D]: the last Lq tokens of the context
-    k_buffer: torch.Tensor,  # [S, Hkv, D]
-    v_buffer: torch.Tensor,  # [S, Hkv, D]
-    slots: torch.Tensor,  # [L] int64, L >= Lq: the context's slots in position order
-    *,
-    sm_scale: float,
-) -> torch.Tensor:  # [Lq, Hq, D] in q.dtype
-    """One request's extend attention: new token i attends to context positions
-    `0 ..= L - Lq + i` (one SDPA call; the fused causal kernel when nothing is cached).
-    The inputs carry a batch dimension: on the CPU, 3-D GQA inputs take SDPA's unfused
-    path (6x slower for 544 tokens, 8 query and 4 KV heads)."""
-    Hq, Hkv = q.shape[1], k_buffer.shape[1]
-    q_len, kv_len = q.shape[0], slots.numel()
-    k = gather_rows(k_buffer, slots).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
-    v = gather_rows(v_buffer, slots).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
-    qb = q.float().transpose(0, 1)[None]  # [1, Hq, Lq, D]
-    if kv_len == q_len:
-        mask, causal = None, True
-    else:
-        rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # [Lq, 1]
-        mask, causal = torch.arange(kv_len, device=q.device)[None, :] <= rows, False  # [Lq, L]
-    o = F.scaled_dot_product_attention(
-        qb, k, v, attn_mask=mask, is_causal=causal, scale=sm_scale, enable_gqa=Hq != Hkv
-    )  # [1, Hq, Lq, D]
-    return o[0].transpose(0, 1).to(q.dtype)
 
 
 def extend_attention(

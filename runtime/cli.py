@@ -42,6 +42,7 @@ HELP = {
     "cpu_threads": "torch threads of the scheduler process (default: one per core on CPU, 1 on CUDA)",
     "disable_cuda_graph": "run every decode step eagerly instead of replaying captured CUDA graphs",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger batches run eagerly",
+    "shadow_attention": "check every layer's attention against the plain reference backend (slow; for debugging)",
     "max_running_requests": "most requests decoding at once",
     "max_prefill_tokens": "most new prompt tokens in one prefill step",
     "chunked_prefill_size": "most prompt tokens one request computes per step; 'none' disables chunking",

@@ -28,11 +28,6 @@ class ForwardBatch:
       a layer stores its new K/V there before attending.
     - New token i (0-based) of request b sits at context position `kv_len - q_len + i`
       and attends to context positions `0 ..= kv_len - q_len + i`.
-    - `prev_rows` (DECODE only, else None): the previous forward step was a decode step,
-      request b was its row `prev_rows[b]` (increasing: requests only leave between decode
-      steps), and b's context is its context then followed by this step's new slot. The
-      scheduler declares it; a backend may then advance what it derived from the previous
-      step instead of reading the contexts again.
     """
 
     mode: ForwardMode
@@ -45,7 +40,6 @@ class ForwardBatch:
     kv_cache: KVCache
     max_q_len: int
     max_kv_len: int
-    prev_rows: torch.Tensor | None = None  # [B] int64
 
     @property
     def batch_size(self) -> int:

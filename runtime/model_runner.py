@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from sprig.radix.kv_cache import KVCache, KVShape, slots_for_budget
-from sprig.runtime.attention import ATTENTION_BACKENDS, backend_class, default_backend
+from sprig.runtime.attention import ATTENTION_BACKENDS, default_backend, make_backend
 from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.step_input import StepInput, build_forward_batch
@@ -40,7 +40,10 @@ class RunnerConfig:
     HTTP and detokenizer processes.
     On CUDA with the Triton backend, decode steps of up to `cuda_graph_max_bs` requests
     replay captured CUDA graphs (`sprig.runtime.cuda_graph`) unless `disable_cuda_graph`;
-    elsewhere both are ignored."""
+    elsewhere both are ignored.
+    `shadow_attention` checks every layer's attention against the plain reference backend
+    (`sprig.runtime.attention.shadow`; raises on a mismatch): for tests and debugging, it
+    runs attention twice and decodes without CUDA graphs."""
 
     model_path: str | os.PathLike[str]
     dtype: str = "auto"
@@ -53,6 +56,7 @@ class RunnerConfig:
     cpu_threads: int | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
+    shadow_attention: bool = False
 
     def __post_init__(self) -> None:
         if not str(self.model_path):
@@ -118,7 +122,9 @@ class ModelRunner:
             if config.attention_backend == "auto"
             else config.attention_backend
         )
-        self.backend = backend_class(self.attention_backend)(self.model_config, self.kv_cache)
+        self.backend = make_backend(
+            self.attention_backend, self.model_config, self.kv_cache, shadow=config.shadow_attention
+        )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.graphs = (
             DecodeGraphs(
@@ -126,7 +132,7 @@ class ModelRunner:
                 context_len=self.model_config.context_len, device=self.device,
             )
             if self.device.type == "cuda" and self.attention_backend == "triton"
-            and not config.disable_cuda_graph
+            and not config.disable_cuda_graph and not config.shadow_attention
             else None
         )
 

@@ -3,7 +3,6 @@ only), and how the runner turns it into a device-side `ForwardBatch`."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +20,7 @@ class StepInput:
     `len(input_ids) == sum(q_lens)`; every `q_len >= 1`, and `== 1` in DECODE mode;
     `kv_lens[b] >= q_lens[b]` (the context ends with the new tokens, whose slots are the
     last `q_lens[b]`); `kv_indices` is a 1-D integer CPU tensor of `sum(kv_lens)` slots,
-    the contexts concatenated; `0 <= logits_from[b] <= q_lens[b] - 1`; `prev_rows` only in
-    DECODE mode, one increasing row per request.
+    the contexts concatenated; `0 <= logits_from[b] <= q_lens[b] - 1`.
     """
 
     mode: ForwardMode
@@ -31,9 +29,6 @@ class StepInput:
     kv_lens: list[int]  # per request: tokens in its context, the new ones included
     kv_indices: torch.Tensor  # [sum(kv_lens)] int CPU: the contexts' slots, concatenated
     logits_from: list[int]  # per request: first new-token index whose next-token logits return
-    # DECODE: each request's row in the previous step, a decode step whose contexts this
-    # step extends by one slot each (requests only leave between decode steps); None: not known
-    prev_rows: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.q_lens)
@@ -52,12 +47,6 @@ class StepInput:
         if idx.numel() != sum(self.kv_lens):
             raise ValueError(f"{idx.numel()} kv_indices but sum(kv_lens) = {sum(self.kv_lens)}")
         decode = self.mode is ForwardMode.DECODE
-        if self.prev_rows is not None:
-            rows = self.prev_rows
-            if not decode:
-                raise ValueError("only a decode step can continue the previous step's batch")
-            if len(rows) != n or rows[0] < 0 or any(b <= a for a, b in itertools.pairwise(rows)):
-                raise ValueError("prev_rows must hold one increasing row >= 0 per request")
         for b, (q_len, kv_len, first) in enumerate(zip(self.q_lens, self.kv_lens, self.logits_from, strict=True)):
             if q_len < 1 or (decode and q_len != 1):
                 raise ValueError(f"request {b}: q_len {q_len} invalid in {self.mode.value} mode")
@@ -95,14 +84,11 @@ def build_forward_batch(
     logits_from = torch.tensor(step.logits_from, dtype=torch.int64)
     logit_rows = torch.nonzero(local >= logits_from[req]).flatten()  # [R]
     input_ids = torch.tensor(step.input_ids, dtype=torch.int64)  # [T]
-
-    prev_rows = torch.tensor(step.prev_rows or [], dtype=torch.int64)  # [B], or [0] when None
-
-    parts = [input_ids, positions, qo_indptr, kv_indptr, kv_indices, out_cache_loc, logit_rows, prev_rows]
+    parts = [input_ids, positions, qo_indptr, kv_indptr, kv_indices, out_cache_loc, logit_rows]
     if device.type != "cpu":
         parts[4] = kv_indices.to(torch.int64)
         parts = list(torch.cat(parts).to(device).split([p.numel() for p in parts]))
-    ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d, prev_d = parts
+    ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d = parts
     batch = ForwardBatch(
         mode=step.mode,
         input_ids=ids_d,
@@ -114,6 +100,5 @@ def build_forward_batch(
         kv_cache=kv_cache,
         max_q_len=max(step.q_lens),
         max_kv_len=int(kv_lens.max()),
-        prev_rows=None if step.prev_rows is None else prev_d,
     )
     return batch, rows_d

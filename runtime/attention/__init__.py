@@ -2,19 +2,23 @@
 (so that importing this package never imports Triton).
 
 Every backend class is constructed as `cls(model_config: ModelConfig, kv_cache: KVCache)`
-and implements `AttentionBackend` (see base.py).
+and implements `AttentionBackend` (see base.py). `reference` is the plain one the others
+are checked against (`make_backend(..., shadow=True)`).
 """
 
 from __future__ import annotations
 
 import importlib
 
+from sprig.radix.kv_cache import KVCache
 from sprig.runtime.attention.base import AttentionBackend
+from sprig.runtime.model_config import ModelConfig
 
 # name -> "module:Class"
 ATTENTION_BACKENDS: dict[str, str] = {
-    "torch": "sprig.runtime.attention.torch_backend:TorchAttentionBackend",
+    "torch": "sprig.runtime.attention.cpu:TorchAttentionBackend",
     "triton": "sprig.runtime.attention.triton_backend:TritonAttentionBackend",
+    "reference": "sprig.runtime.attention.reference:ReferenceAttentionBackend",
 }
 # the backend "auto" picks, by device type
 DEFAULT_BACKENDS: dict[str, str] = {"cuda": "triton", "cpu": "torch"}
@@ -30,6 +34,17 @@ def backend_class(name: str) -> type[AttentionBackend]:
     return getattr(importlib.import_module(module), cls)
 
 
+def make_backend(name: str, model_config: ModelConfig, kv_cache: KVCache, *, shadow: bool = False) -> AttentionBackend:
+    """The backend registered as `name`; with `shadow`, wrapped so that every layer's output
+    is checked against the reference backend's (`shadow.ShadowAttention`)."""
+    backend = backend_class(name)(model_config, kv_cache)
+    if not shadow:
+        return backend
+    from sprig.runtime.attention.shadow import ShadowAttention
+
+    return ShadowAttention(backend, backend_class("reference")(model_config, kv_cache))
+
+
 def default_backend(device_type: str) -> str:
     """The backend `attention_backend="auto"` means on a device of this type."""
     if device_type not in DEFAULT_BACKENDS:
@@ -37,4 +52,11 @@ def default_backend(device_type: str) -> str:
     return DEFAULT_BACKENDS[device_type]
 
 
-__all__ = ["ATTENTION_BACKENDS", "DEFAULT_BACKENDS", "AttentionBackend", "backend_class", "default_backend"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "DEFAULT_BACKENDS",
+    "AttentionBackend",
+    "backend_class",
+    "default_backend",
+    "make_backend",
+]

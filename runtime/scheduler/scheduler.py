@@ -6,7 +6,6 @@ running request; sample; retire finished requests into the radix cache.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass
 
@@ -84,7 +83,6 @@ class Scheduler:
         self._stop_checkers: dict[str, RequestDetokenizer] = {}
         self._aborted: list[Req] = []
         self._last_was_prefill = False
-        self._decoded: list[Req] = []  # the previous forward step's batch, if it was a decode step
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
@@ -214,7 +212,6 @@ class Scheduler:
         return ready
 
     def _run_extend(self, extends: list[Extend]) -> list[Req]:
-        self._decoded = []
         firsts = [self._logits_from(e) for e in extends]
         ends = [e.req.kv_len + e.length for e in extends]
         step = StepInput(
@@ -262,14 +259,6 @@ class Scheduler:
         pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
         ends = [r.kv_len + n for r, n in zip(batch, pending, strict=True)]
-        # Between two decode steps a running request's context only gains the new token's
-        # slot (table rows are rewritten by extend steps alone); requests only leave.
-        prev_rows = None
-        if mode is ForwardMode.DECODE and self._decoded:
-            before = {id(r): i for i, r in enumerate(self._decoded)}
-            rows = [before.get(id(r), -1) for r in batch]
-            if rows[0] >= 0 and all(a < b for a, b in itertools.pairwise(rows)):
-                prev_rows = rows
         step = StepInput(
             mode=mode,
             input_ids=[t for r in batch for t in r.pending_ids()],
@@ -277,12 +266,8 @@ class Scheduler:
             kv_lens=ends,
             kv_indices=self.kv.contexts(batch, ends),
             logits_from=[n - 1 for n in pending],
-            prev_rows=prev_rows,
         )
-        self._decoded = []
         logits = self.runner.forward(step)
-        if mode is ForwardMode.DECODE:
-            self._decoded = batch
         for r, n in zip(batch, pending, strict=True):
             r.kv_len += n
         self._sample(batch, logits)

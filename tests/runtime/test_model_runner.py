@@ -15,7 +15,7 @@ from engine_helpers import contexts_step
 from safetensors.torch import load_file, save_file
 
 from sprig.runtime.attention import backend_class
-from sprig.runtime.attention.torch_backend import TorchAttentionBackend
+from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import (
     CPU_DEFAULT_TOKENS,
@@ -121,7 +121,6 @@ def test_slot_placement_and_page_size_do_not_change_logits(tiny_llama: Path, run
         ({"kv_indices": torch.arange(1, 6)[None]}, "1-D"),
         ({"kv_indices": torch.arange(1, 5)}, "sum"),
         ({"logits_from": [2, 0]}, "logits_from 2"),
-        ({"prev_rows": [0, 1]}, "only a decode step"),
     ],
 )
 def test_step_input_rejects(kwargs: dict, message: str) -> None:
@@ -248,10 +247,3 @@ def test_cuda_matches_cpu(tiny_llama: Path, runner: ModelRunner, backend: str) -
     ids = [[5, 6, 7, 8], [9, 10]]
     step = extend(ids, [torch.arange(1, 5), torch.arange(5, 7)], [0, 0])
     torch.testing.assert_close(cuda.forward(step).cpu(), runner.forward(step), atol=1e-4, rtol=0)
-
-
-@pytest.mark.parametrize("rows", [[1], [1, 1], [2, 1], [-1, 0]])
-def test_prev_rows_name_one_increasing_row_per_request(rows: list[int]) -> None:
-    step = contexts_step(ForwardMode.DECODE, [1, 2], [1, 1], [torch.arange(1, 3), torch.arange(3, 5)], [0, 0])
-    with pytest.raises(ValueError, match="prev_rows"):
-        StepInput(**{**vars(step), "prev_rows": rows})

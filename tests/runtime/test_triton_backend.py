@@ -14,7 +14,7 @@ from engine_helpers import contexts_step
 from transformers import AutoModelForCausalLM
 
 from sprig.radix.kv_cache import KVCache, KVShape
-from sprig.runtime.attention.torch_backend import TorchAttentionBackend
+from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.attention.triton_backend import TritonAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_config import ModelConfig

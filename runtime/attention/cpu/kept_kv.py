@@ -1,9 +1,12 @@
 """K/V that the torch backend gathers for decode attention, kept across decode steps.
 
-Both stores are valid between extend steps only: a decode step stores K/V only in slots
-just allocated for its new tokens, so the slots a running request holds keep their
-contents, and a request can come to hold a slot again only through an extend. Their owner
-calls `clear()` before every step that is not a decode step.
+Why it is valid: a decode step stores K/V only in slots just allocated for its new
+tokens, so the slots a running request holds keep their contents from one decode step to
+the next, and a slot can come to hold other K/V only through an extend step. Every entry
+is checked against the step's own slots before it is reused (same slots, or the same
+slots plus one new slot per row), and the owner calls `clear()` before every step that is
+not a decode step. The shadow mode (`sprig.runtime.attention.shadow`) checks each use
+against the plain path.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sprig.kernels.decode_attention import PaddedRows, gather_rows
-from sprig.runtime.attention.shared_prefix import PaddedGroups, gather_prefix_kv
+from sprig.kernels.paged import gather_rows
+from sprig.runtime.attention.cpu.buckets import PaddedGroups, PaddedRows, gather_prefix_kv
 
 ROOM = 64  # decode steps a remainder buffer has room for, at least, when (re)allocated
 
@@ -59,20 +62,12 @@ class _Tails:
     v: torch.Tensor  # [b, Hkv, cap, D] float32
 
 
-@dataclass(frozen=True)
-class _Step:
-    fresh: torch.Tensor  # [b] each row's new slot
-    keep: torch.Tensor | None  # [b] positions of the kept bucket's rows that stay; None: all
-
-
 class TailKV:
     """The decode buckets' remainder K/V (what `gather_bucket_kv` gathers, in float32;
-    head-major, each row's keys one contiguous run), kept up to
-    `budget_bytes`: when a step's bucket has the same rows as the kept one, each with the
-    same slots plus one new slot (every request decoded one token), the kept K/V gain the
-    new tokens' K/V instead of the whole bucket being gathered again. A bucket grown from
-    the kept one after requests left (`PaddedRows.kept_from`) keeps the remaining rows'
-    K/V the same way.
+    head-major, each row's keys one contiguous run), kept up to `budget_bytes`: when a
+    step's bucket has the same rows as the kept one, each with the same slots plus one
+    new slot (every request decoded one token), the kept K/V gain the new tokens' K/V
+    instead of the whole bucket being gathered again.
 
     Rows keep their padded positions, so a row's new slot lands at its old length; the
     bucket's `valid` mask hides what lies beyond each row's length.
@@ -82,7 +77,9 @@ class TailKV:
         self.budget_bytes = budget_bytes
         self._entries: dict[tuple[int, int], _Tails] = {}
         self._bytes = 0
-        self._verdicts: dict[int, tuple[PaddedRows, PaddedRows, _Step | None]] = {}
+        # bucket index -> (kept bucket, step's bucket, each row's new slot or None), so
+        # that every layer of a step reuses the first layer's verdict
+        self._verdicts: dict[int, tuple[PaddedRows, PaddedRows, torch.Tensor | None]] = {}
 
     def __len__(self) -> int:
         """Buckets whose K/V are kept."""
@@ -102,8 +99,8 @@ class TailKV:
         kept = self._entries.pop(key, None)
         if kept is not None:
             self._bytes -= kept.k.nbytes + kept.v.nbytes
-            step = self._step(key[1], kept.bucket, bucket)
-            kept = None if step is None else self._extend(kept, bucket, step, k_buffer, v_buffer)
+            fresh = self._new_slots(key[1], kept.bucket, bucket)
+            kept = None if fresh is None else _extend(kept, bucket, fresh, k_buffer, v_buffer)
         if kept is None:
             rows = _head_major_rows(bucket.slots, k_buffer.shape[1])
             shape = bucket.slots.shape
@@ -114,46 +111,38 @@ class TailKV:
             self._bytes += kept.k.nbytes + kept.v.nbytes
         return kept.k[:, :, :L], kept.v[:, :, :L]
 
-    def _step(self, index: int, old: PaddedRows, new: PaddedRows) -> _Step | None:
-        """How `new` is `old` one decode step later, else None; decided once per step and
-        bucket index (every layer's entry was built from the same `old`)."""
+    def _new_slots(self, index: int, old: PaddedRows, new: PaddedRows) -> torch.Tensor | None:
+        """Each row's new slot `[b]` if `new` is `old` one decode step later (the same rows,
+        each context the old one plus one slot), else None."""
         seen = self._verdicts.get(index)
         if seen is not None and seen[0] is old and seen[1] is new:
             return seen[2]
-        step = None
-        at = torch.arange(new.slots.shape[0], device=old.lens.device)
-        if new.kept_from is not None and new.kept_from[0]() is old:  # grown from it
-            keep = new.kept_from[1]
-            step = _Step(new.slots[at, old.lens[keep]], keep)
-        elif old.rows.shape == new.rows.shape and torch.equal(old.rows, new.rows) and torch.equal(new.lens, old.lens + 1):
+        fresh = None
+        if old.rows.shape == new.rows.shape and torch.equal(old.rows, new.rows) and torch.equal(new.lens, old.lens + 1):
             L = old.slots.shape[1]
             if old.valid is None:
                 same = torch.equal(new.slots[:, :L], old.slots)
             else:
                 same = torch.equal(new.slots[:, :L][old.valid], old.slots[old.valid])
             if same:
-                step = _Step(new.slots[at, old.lens], None)
-        self._verdicts[index] = (old, new, step)
-        return step
+                fresh = new.slots[torch.arange(new.slots.shape[0]), old.lens]
+        self._verdicts[index] = (old, new, fresh)
+        return fresh
 
-    @staticmethod
-    def _extend(
-        kept: _Tails, new: PaddedRows, step: _Step, k_buffer: torch.Tensor, v_buffer: torch.Tensor
-    ) -> _Tails:
-        """Keep the rows that stay, then write each row's new token K/V (from its slot in
-        `step.fresh`) at its old length, growing the buffers when they are full
-        (`_with_room`). The room is zeros: a masked position's weight is 0, and 0
-        times uninitialised memory can be NaN."""
-        b, L = new.slots.shape
-        k, v, at = kept.k, kept.v, kept.bucket.lens  # at: each row's new position
-        if step.keep is not None:
-            k, v, at = k.index_select(0, step.keep), v.index_select(0, step.keep), at[step.keep]
-        if v.shape[2] < L:
-            k, v = _with_room(k), _with_room(v)
-        rows = torch.arange(b, device=at.device)
-        k[rows, :, at] = gather_rows(k_buffer, step.fresh).float()
-        v[rows, :, at] = gather_rows(v_buffer, step.fresh).float()
-        return _Tails(new, k, v)
+
+def _extend(
+    kept: _Tails, new: PaddedRows, fresh: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
+) -> _Tails:
+    """Write each row's new token K/V (from its slot in `fresh`) at its old length, growing
+    the buffers when they are full (`_with_room`). The room is zeros: a masked position's
+    weight is 0, and 0 times uninitialised memory can be NaN."""
+    k, v, at = kept.k, kept.v, kept.bucket.lens  # at: each row's new position
+    if v.shape[2] < new.slots.shape[1]:
+        k, v = _with_room(k), _with_room(v)
+    rows = torch.arange(at.numel(), device=at.device)
+    k[rows, :, at] = gather_rows(k_buffer, fresh).float()
+    v[rows, :, at] = gather_rows(v_buffer, fresh).float()
+    return _Tails(new, k, v)
 
 
 def _with_room(x: torch.Tensor) -> torch.Tensor:  # [b, Hkv, L, D] -> [b, Hkv, cap, D]

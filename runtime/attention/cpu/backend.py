@@ -1,4 +1,5 @@
-"""The reference attention backend (and the CPU path): torch ops from `sprig.kernels`."""
+"""The torch attention backend (the CPU path): plain torch ops, with the shared-prefix
+plan of each step and K/V kept across decode steps."""
 
 from __future__ import annotations
 
@@ -7,13 +8,9 @@ import torch
 from sprig.kernels.extend_attention import extend_attention_ref
 from sprig.kernels.store_kv import store_kv_ref
 from sprig.radix.kv_cache import KVCache
-from sprig.runtime.attention.kept_kv import KeptKV
-from sprig.runtime.attention.shared_prefix import (
-    SharingPlan,
-    plan_shared_prefixes,
-    shared_prefix_decode_attention,
-    shared_prefix_extend_attention,
-)
+from sprig.runtime.attention.cpu import cascade
+from sprig.runtime.attention.cpu.kept_kv import KeptKV
+from sprig.runtime.attention.cpu.plan import DecodePlan, SharingPlan
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
 from sprig.runtime.model_config import ModelConfig
 
@@ -23,11 +20,10 @@ KEPT_KV_BUDGET_BYTES = 256 << 20
 
 
 class TorchAttentionBackend:
-    """Stores new K/V with `store_kv_ref`, then `extend_attention_ref` or decode attention
-    by the batch's mode. A prefix that several requests share is read once for all of them
-    (`shared_prefix`), planned once per step by `begin_step`; during a run of decode steps
-    the gathered K/V are kept (`KeptKV`): a group's while it holds the same slots, the
-    remainders' while each step adds one token to every request.
+    """Stores new K/V with `store_kv_ref`, then attends by the step's plan, made by
+    `begin_step`: a prefix that several requests share is read once for all of them
+    (`cascade`); during a run of decode steps the gathered K/V are kept (`KeptKV`), each
+    entry checked against the step's slots before it is used.
 
     Invariant: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
     step, and every step of the pool goes through this backend (a step it did not see
@@ -36,22 +32,18 @@ class TorchAttentionBackend:
 
     def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
         """The registry's constructor convention; the pool comes with each batch."""
-        self._plan: tuple[ForwardBatch, SharingPlan] | None = None
+        self.q_heads, self.kv_heads = model_config.num_heads, model_config.num_kv_heads
+        self._plan: tuple[ForwardBatch, DecodePlan | SharingPlan] | None = None
         self.kept_kv = KeptKV(KEPT_KV_BUDGET_BYTES)
 
     def begin_step(self, batch: ForwardBatch) -> None:
-        """Find the prefixes the batch's requests share (a decode step that continues
-        the previous step's batch advances its plan); forget kept K/V unless this is a
-        decode step."""
-        plan = None
-        if batch.mode is not ForwardMode.DECODE:
+        """Plan the step (which requests share a prefix); forget the kept K/V unless this
+        is a decode step."""
+        if batch.mode is ForwardMode.DECODE:
+            plan = DecodePlan.build(batch.kv_indptr, batch.kv_indices, self.q_heads, self.kv_heads)
+        else:
             self.kept_kv.clear()
-        elif batch.prev_rows is not None and self._plan is not None:
-            plan = self._plan[1].after_decode(
-                batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, batch.prev_rows
-            )
-        if plan is None:
-            plan = plan_shared_prefixes(batch.kv_indptr, batch.kv_indices)
+            plan = SharingPlan.build(batch.kv_indptr, batch.kv_indices)
         self._plan = (batch, plan)
 
     def forward(
@@ -69,14 +61,16 @@ class TorchAttentionBackend:
         plan = self._plan[1]
         k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
         store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
-        if batch.mode is ForwardMode.DECODE:
-            return shared_prefix_decode_attention(
-                q, k_buffer, v_buffer, plan, sm_scale=sm_scale, kept=self.kept_kv, layer=layer
+        if isinstance(plan, DecodePlan):
+            kept = self.kept_kv
+            return cascade.decode_attention(
+                q, plan,
+                lambda i, bucket: kept.tails.get((layer, i), bucket, k_buffer, v_buffer),
+                lambda i, bucket: kept.prefixes.get((layer, i), bucket, k_buffer, v_buffer),
+                sm_scale=sm_scale,
             )
         if plan.groups:
-            return shared_prefix_extend_attention(
-                q, k_buffer, v_buffer, batch.qo_indptr, plan, sm_scale=sm_scale
-            )
+            return cascade.extend_attention(q, k_buffer, v_buffer, batch.qo_indptr, plan, sm_scale=sm_scale)
         return extend_attention_ref(
             q, k_buffer, v_buffer, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
             sm_scale=sm_scale,

@@ -1,0 +1,161 @@
+"""Shared-prefix (cascade) attention: the torch backend's math for batches that share.
+
+Requests that matched the same cached prefix hold the *same* KV slots for it: the radix
+cache hands every match the slots of the one computed copy. Attention over such a group
+reads the shared K/V once, as one matrix product for all the group's new tokens and query
+heads (no mask: every new token comes after the prefix), then each request attends to the
+rest of its own context, and the two partial results are merged by their log-sum-exp.
+The result equals plain attention up to float rounding; the K/V traffic for a prefix
+shared by n requests drops n-fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from sprig.kernels.attention_lse import attention_lse
+from sprig.kernels.paged import gather_rows, request_attention_ref
+from sprig.runtime.attention.cpu.buckets import (
+    BucketKV,
+    PaddedGroups,
+    attend_padded,
+    gather_prefix_kv,
+    pad_groups,
+)
+from sprig.runtime.attention.cpu.plan import DecodePlan, SharingPlan
+
+PrefixKV = Callable[[int, PaddedGroups], tuple[torch.Tensor, torch.Tensor]]
+"""(bucket index, bucket) -> its shared K and V, `gather_prefix_kv`'s layout."""
+
+
+def decode_attention(
+    q: torch.Tensor,  # [B, Hq, D]
+    plan: DecodePlan,
+    rest_kv: BucketKV,
+    prefix_kv: PrefixKV,
+    *,
+    sm_scale: float,
+) -> torch.Tensor:  # [B, Hq, D] in q.dtype
+    """Decode attention by `plan`: the remainders (K/V from `rest_kv`), then each shared
+    prefix once per group (K/V from `prefix_kv`), merged by log-sum-exp."""
+    out, lse = attend_padded(q, list(plan.rests), rest_kv, sm_scale=sm_scale)
+    for i, bucket in enumerate(plan.prefixes):
+        _merge_prefix(q, prefix_kv(i, bucket), bucket, out, lse, sm_scale)
+    return out.to(q.dtype)
+
+
+def extend_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    qo_indptr: torch.Tensor,  # [B+1] int
+    plan: SharingPlan,
+    *,
+    sm_scale: float,
+) -> torch.Tensor:  # [T, Hq, D] in q.dtype
+    """Extend attention by `plan` (made from the batch's kv metadata): a request outside
+    every group runs the plain per-request reference; a grouped request attends causally
+    to its remainder (requests with the same shapes in one call), then all of a group's
+    new tokens attend to the shared prefix at once."""
+    T, Hq, D = q.shape
+    out = torch.empty((T, Hq, D), dtype=torch.float32, device=q.device)
+    lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
+    qo = qo_indptr.tolist()
+    grouped = {int(b) for g in plan.groups for b in g.members}
+    tails: dict[tuple[int, int], list[int]] = {}  # (new tokens, remainder) -> grouped requests
+    for b in range(len(qo) - 1):
+        q0, q1 = qo[b], qo[b + 1]
+        if q1 == q0:
+            continue
+        slots = plan.rest(b)
+        if slots.numel() < q1 - q0:  # shared slots are computed KV, never a new token's
+            raise ValueError(f"request {b}: {slots.numel()} unshared slots < {q1 - q0} new tokens")
+        if b in grouped:
+            tails.setdefault((q1 - q0, slots.numel()), []).append(b)
+        else:
+            out[q0:q1] = request_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale)
+    for (n_new, _), members in tails.items():
+        token_rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(q.device)
+        slots = torch.stack([plan.rest(b) for b in members])  # [m, R]
+        o, s = _tail_attention(
+            q.index_select(0, token_rows).view(len(members), n_new, Hq, D), k_buffer, v_buffer,
+            slots, sm_scale,
+        )
+        out.index_copy_(0, token_rows, o.reshape(-1, Hq, D))
+        lse.index_copy_(0, token_rows, s.reshape(-1, Hq))
+    rows = [
+        torch.cat([torch.arange(qo[b], qo[b + 1]) for b in g.members.tolist()]).to(q.device)
+        for g in plan.groups
+    ]
+    for bucket in pad_groups(rows, [g.slots for g in plan.groups], Hq, k_buffer.shape[1]):
+        _merge_prefix(q, gather_prefix_kv(k_buffer, v_buffer, bucket), bucket, out, lse, sm_scale)
+    return out.to(q.dtype)
+
+
+def _merge_prefix(
+    q: torch.Tensor,  # [T, Hq, D]
+    kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
+    bucket: PaddedGroups,
+    out: torch.Tensor,  # [T, Hq, D] float32, contiguous: the rows' attention to the rest, updated
+    lse: torch.Tensor,  # [T, Hq] float32, contiguous: its log-sum-exp (left as it is)
+    sm_scale: float,
+) -> None:
+    """Attend the bucket's rows to their shared prefix and merge that into `out`: the two
+    parts weigh by their shares of the total softmax mass, the prefix's being
+    sigmoid(lse_prefix - lse_rest). A row belongs to one group, so it merges once and
+    its total log-sum-exp is never needed. Works on (token, head) pairs in the prefix
+    attention's order: the queries, `out` and `lse` are gathered in it and the merged
+    rows scattered back, whatever the rows' batch order."""
+    T, Hq, D = q.shape
+    heads = bucket.heads
+    o_p, lse_p = _prefix_attention(q, kv, bucket, sm_scale)  # [P, D], [P]
+    if heads.keep is not None:  # padding rows
+        o_p, lse_p = o_p.index_select(0, heads.keep), lse_p.index_select(0, heads.keep)
+    flat_out = out.view(T * Hq, D)
+    o_r = flat_out.index_select(0, heads.flat)
+    share = torch.sigmoid(lse_p.sub_(lse.view(T * Hq).index_select(0, heads.flat))).unsqueeze(-1)  # [m, 1]
+    flat_out.index_copy_(0, heads.flat, o_p.sub_(o_r).mul_(share).add_(o_r))
+
+
+def _prefix_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
+    bucket: PaddedGroups,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [g*Hkv*n*G, D], [g*Hkv*n*G] float32
+    """Every query head of every row of each group against the group's shared slots, in
+    one call: per group and KV head, the query rows are its n rows times G query heads."""
+    heads = bucket.heads
+    g, Hkv, n, G = heads.tokens.shape
+    k, v = kv
+    qh = q[heads.tokens, heads.heads].view(g, Hkv, n * G, q.shape[2])
+    valid = None if bucket.slot_valid is None else bucket.slot_valid[:, None, None, :]
+    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=valid)  # [g, Hkv, nG, D], [g, Hkv, nG]
+    return o.reshape(-1, o.shape[-1]), lse.reshape(-1)
+
+
+def _tail_attention(
+    q: torch.Tensor,  # [m, Lq, Hq, D]: each request's last Lq tokens
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    slots: torch.Tensor,  # [m, R] int64, R >= Lq: each request's remainder
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [m, Lq, Hq, D], [m, Lq, Hq] float32
+    """Causal attention of m requests' new tokens to the ends of their contexts, with the
+    log-sum-exp, in one call: token i sees positions `0 ..= R - Lq + i` of its request's
+    `slots`. A KV head's query rows are its G query heads times the Lq tokens."""
+    m, Lq, Hq, D = q.shape
+    Hkv = k_buffer.shape[1]
+    G = Hq // Hkv
+    R = slots.shape[1]
+    k = gather_rows(k_buffer, slots.flatten()).view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
+    v = gather_rows(v_buffer, slots.flatten()).view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
+    qh = q.view(m, Lq, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(m, Hkv, G * Lq, D)
+    seen = torch.arange(R, device=q.device)[None, :] <= torch.arange(Lq, device=q.device)[:, None] + (R - Lq)
+    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=seen.repeat(G, 1))  # [m, Hkv, G*Lq, D], [m, Hkv, G*Lq]
+    return (
+        o.view(m, Hkv, G, Lq, D).permute(0, 3, 1, 2, 4).reshape(m, Lq, Hq, D),
+        lse.view(m, Hkv, G, Lq).permute(0, 3, 1, 2).reshape(m, Lq, Hq),
+    )

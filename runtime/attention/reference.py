@@ -1,0 +1,47 @@
+"""The plain attention backend: each request gathers its own context from the paged pool
+and attends over it (`decode_attention_ref`, `extend_attention_ref`). Nothing is shared
+between requests or kept between steps; it is what every other backend must equal, and
+what shadow mode (`shadow.py`) checks them against."""
+
+from __future__ import annotations
+
+import torch
+
+from sprig.kernels.decode_attention import decode_attention_ref
+from sprig.kernels.extend_attention import extend_attention_ref
+from sprig.kernels.store_kv import store_kv_ref
+from sprig.radix.kv_cache import KVCache
+from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
+from sprig.runtime.model_config import ModelConfig
+
+
+class ReferenceAttentionBackend:
+    """Stateless: `begin_step` does nothing, and each `forward` reads only its arguments
+    and the pool."""
+
+    def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
+        """The registry's constructor convention; nothing is kept."""
+
+    def begin_step(self, batch: ForwardBatch) -> None:
+        """Nothing to plan."""
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        layer: int,
+        batch: ForwardBatch,
+        *,
+        sm_scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
+        store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
+        if batch.mode is ForwardMode.DECODE:
+            return decode_attention_ref(
+                q, k_buffer, v_buffer, batch.kv_indptr, batch.kv_indices, sm_scale=sm_scale
+            )
+        return extend_attention_ref(
+            q, k_buffer, v_buffer, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+            sm_scale=sm_scale,
+        )
