@@ -276,11 +276,16 @@ class Scheduler:
 
     def _make_room_for_decode(self) -> None:
         """Reserve slots for every running request's pending tokens; retract requests when
-        the pool, after evicting cold cache, cannot supply them."""
+        the pool, after evicting cold cache, cannot supply them: a running request (one
+        stays) or the request part-way through a chunked prefill, whichever frees the most
+        slots per token of work it may redo. One request always fits (`add_request`)."""
         while not self.kv.reserve_all(self.running):
-            if len(self.running) <= 1:
+            candidates = self.running[:] if len(self.running) > 1 else []
+            if self.chunked is not None:
+                candidates.append(self.chunked)
+            if not candidates:
                 raise RuntimeError("no KV slots for the running requests even after retraction")
-            self._retract(max(self.running, key=self._retract_priority))
+            self._retract(max(candidates, key=self._retract_priority))
 
     @staticmethod
     def _retract_priority(req: Req) -> float:
@@ -288,7 +293,16 @@ class Scheduler:
         return req.own_slots / (len(req.output_ids) + 1)
 
     def _retract(self, req: Req) -> None:
-        self.running.remove(req)
+        """Requeue `req`, its KV released to the tree; its output so far is kept. Input
+        logprobs of a prompt not yet fully prefilled are recorded again by the next
+        prefill."""
+        if req is self.chunked:
+            self.chunked = None
+        else:
+            self.running.remove(req)
+        if not req.input_logprobs_done:
+            req.input_logprobs.clear()
+            req.input_top_logprobs.clear()
         self.kv.release(req)
         req.retractions += 1
         self.waiting.append(req)

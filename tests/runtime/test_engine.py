@@ -187,6 +187,28 @@ def test_pool_too_small_for_a_request(tiny_llama) -> None:
         assert_idle_and_intact(small)
 
 
+def test_a_request_mid_chunked_prefill_is_retracted_when_decode_needs_its_slots(tiny_llama) -> None:
+    """A pool that holds one request's whole context at most: a second request's prompt,
+    prefilled in chunks, fills it while the first decodes. The chunked request gives its
+    slots back and prefills again later; both finish as they do alone, input logprobs
+    recorded once."""
+    prompts = [[5 + i % 50 for i in range(40)], [7 + i % 40 for i in range(50)]]
+    params = [{"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}] * 2
+    options = {"max_total_tokens": 72, "chunked_prefill_size": 8, "new_token_ratio": 0.0, "min_new_token_ratio": 0.0}
+    with Engine(tiny_llama, dtype="float32", check_integrity=True, **options) as small:
+        logprobs = {"return_logprob": True, "logprob_start_len": 0}
+        both = small.generate(input_ids=prompts, sampling_params=params, **logprobs)
+        assert small.scheduler.stats.retractions > 0
+        assert_idle_and_intact(small)
+        small.flush_cache()
+        alone = [small.generate(input_ids=p, sampling_params=params[0], **logprobs) for p in prompts]
+    assert [o["output_ids"] for o in both] == [o["output_ids"] for o in alone]
+    for got, want, prompt in zip(both, alone, prompts, strict=True):
+        got_input, want_input = got["meta_info"]["input_token_logprobs"], want["meta_info"]["input_token_logprobs"]
+        assert [t for _, t, _ in got_input] == prompt == [t for _, t, _ in want_input]
+        assert [lp for lp, _, _ in got_input[1:]] == pytest.approx([lp for lp, _, _ in want_input[1:]], abs=1e-5)
+
+
 def test_unknown_engine_argument(tiny_llama) -> None:
     with pytest.raises(TypeError, match="unknown engine argument 'max_tokens'"):
         Engine(tiny_llama, max_tokens=3)
