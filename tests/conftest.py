@@ -45,3 +45,15 @@ def server(tiny_llama: Path) -> Iterator[Server]:
     Tests that break or stop a server start their own."""
     with running_server(tiny_llama) as s:
         yield s
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-minutes", type=float, default=float(os.environ.get("SPRIG_FUZZ_MINUTES", "0")),
+        help="run the engine's differential fuzzer this long (default: CI's bounded budget; "
+        "or set SPRIG_FUZZ_MINUTES)",
+    )
+    parser.addoption(
+        "--fuzz-seed", type=int, default=int(os.environ.get("SPRIG_FUZZ_SEED", "0")),
+        help="the fuzzer's first workload seed (a failure names the seed that reproduces it)",
+    )

@@ -1,0 +1,438 @@
+"""The engine's differential fuzzer: random workloads under random engine configs, every
+request checked against itself run alone, and against transformers.
+
+A workload is a set of requests — prompts with and without shared prefixes (some
+identical), random `max_new_tokens`, stops on EOS, stop strings or `stop_token_ids` at
+different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, logprobs
+(with input logprobs from random starts), arrivals spread over steps and aborts
+mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
+engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
+retract, radix on or off, few or many running requests, each schedule policy, either
+attention backend), in shadow mode, driven step by step through the scheduler.
+
+Checked for every request: its output ids equal the same request run alone on a fresh
+engine, its finish reason too, and its logprobs (output, top and input) agree within
+`LOGPROB_TOL`; an aborted request's output is a prefix of the alone run's. Each token of
+the alone run is what sprig's sampler picks from transformers' logits for the same
+context (greedy: the argmax; seeded: the same seeded draw). Two float paths can round a
+near-tie either way, so a difference is accepted only where the reference decision itself
+flips when the two tokens' logits move `TIE_MARGIN` towards each other; such ties are
+counted. After every workload the KV accounting is exact and the engine idle.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from sprig.runtime import Engine
+from sprig.runtime.generate_input import expand
+from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
+from sprig.runtime.scheduler import Req
+
+LOGPROB_TOL = 1e-5
+TIE_MARGIN = 1e-3
+STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
+FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a workload: added at step `arrival`, aborted at step `abort_at`."""
+
+    rid: str
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    arrival: int = 0
+    abort_at: int | None = None
+
+    @property
+    def checked(self) -> bool:
+        """Whether its outputs are reproducible: greedy or seeded."""
+        return self.params.is_greedy or self.params.seed is not None
+
+
+@dataclass(frozen=True)
+class Workload:
+    seed: int
+    model: str  # key into the fuzzer's models
+    requests: tuple[Request, ...]
+    options: dict[str, Any]  # Engine keywords
+
+    def describe(self) -> str:
+        return (
+            f"workload seed {self.seed} on {self.model}: {len(self.requests)} requests, "
+            f"engine {self.options}"
+        )
+
+
+@dataclass
+class Outcome:
+    """What one sequence produced, and the params it ran with (sample j of n: seed + j)."""
+
+    params: SamplingParams
+    ids: list[int]
+    finish: dict[str, Any] | None
+    logprobs: list[float]
+    top: list[list[tuple[float, int]]]
+    input_logprobs: list[tuple[float | None, int]]
+    input_top: list[list[tuple[float, int]] | None]
+
+    @staticmethod
+    def of(req: Req) -> Outcome:
+        return Outcome(
+            req.params, list(req.output_ids), req.finish.to_json() if req.finish else None,
+            [lp for lp, _ in req.output_logprobs], [list(row) for row in req.output_top_logprobs],
+            list(req.input_logprobs), list(req.input_top_logprobs),
+        )
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish is not None and self.finish["type"] == "abort"
+
+
+@dataclass
+class Stats:
+    workloads: int = 0
+    requests: int = 0  # sequences compared with their alone runs
+    tokens: int = 0  # output tokens compared
+    aborted: int = 0
+    retractions: int = 0
+    ties: int = 0  # near-ties rounded differently (batched vs alone, or sprig vs transformers)
+    hf_tokens: int = 0  # tokens checked against transformers' logits
+    by_backend: dict[str, int] = field(default_factory=dict)
+
+    def line(self) -> str:
+        backends = ", ".join(f"{k} {v}" for k, v in sorted(self.by_backend.items()))
+        return (
+            f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
+            f"compared with their alone runs, {self.hf_tokens} with transformers; {self.aborted} aborted, "
+            f"{self.retractions} retractions, {self.ties} near-ties"
+        )
+
+
+# ---------------------------------------------------------------- workloads
+
+
+def make_workload(seed: int, model: str, vocab: int, *, triton: bool) -> Workload:
+    """A random workload and engine config, a function of `seed` alone."""
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(FIRST_ORDINARY_ID, vocab) for _ in range(n)]
+
+    small = triton  # the Triton interpreter is slow: fewer, shorter requests
+    prefixes = [ids(rng.randint(8, 24 if small else 70)) for _ in range(rng.randint(0, 3))]
+    prompts: list[list[int]] = []
+    for _ in range(rng.randint(1, 4 if small else 10)):
+        if prompts and rng.random() < 0.15:
+            prompts.append(list(rng.choice(prompts)))  # the same prompt twice
+        else:
+            head = rng.choice(prefixes) if prefixes and rng.random() < 0.7 else []
+            prompts.append(head + ids(rng.randint(1, 8 if small else 30)))
+    requests = []
+    for i, prompt in enumerate(prompts):
+        params = _params(rng, vocab, small)
+        logprob = rng.random() < 0.3
+        requests.append(Request(
+            rid=f"r{i}",
+            prompt=tuple(prompt),
+            params=params,
+            return_logprob=logprob,
+            logprob_start_len=rng.choice([-1, 0, rng.randrange(len(prompt))]) if logprob else -1,
+            top_logprobs_num=rng.choice([0, 0, 1, 3]) if logprob else 0,
+            arrival=rng.choice([0, 0, rng.randint(0, 12)]),
+            abort_at=rng.randint(0, 16) if rng.random() < 0.1 else None,
+        ))
+    return Workload(seed, model, tuple(requests), _options(rng, requests, triton))
+
+
+def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
+    kind = rng.choices(["greedy", "seeded", "unseeded"], [0.5, 0.4, 0.1])[0]
+    p: dict[str, Any] = {"max_new_tokens": rng.choice([0, *range(1, 8 if small else 24)])}
+    if kind != "greedy":
+        p["temperature"] = rng.uniform(0.5, 1.5)
+        p["top_p"] = rng.choice([1.0, rng.uniform(0.5, 1.0)])
+        p["top_k"] = rng.choice([-1, rng.randint(2, 50)])
+        p["min_p"] = rng.choice([0.0, 0.0, rng.uniform(0.01, 0.2)])
+        if kind == "seeded":
+            p["seed"] = rng.randrange(2**32)
+            p["n"] = rng.choice([1, 1, 1, 2, 3])
+    else:
+        p["temperature"] = 0.0
+    if rng.random() < 0.2:
+        p["frequency_penalty"] = rng.uniform(-0.5, 1.0)
+        p["presence_penalty"] = rng.uniform(-0.5, 1.0)
+    if rng.random() < 0.2:
+        p["repetition_penalty"] = rng.uniform(0.8, 1.5)
+    if rng.random() < 0.2:
+        p["logit_bias"] = {rng.randrange(vocab): rng.uniform(-5, 5) for _ in range(3)}
+    if rng.random() < 0.3:
+        p["stop_token_ids"] = rng.sample(range(vocab), rng.randint(1, max(2, vocab // 10)))
+    if rng.random() < 0.2:
+        p["stop"] = rng.sample(STOP_STRINGS, rng.randint(1, 2))
+    p["ignore_eos"] = rng.random() < 0.3
+    if rng.random() < 0.15:
+        p["min_new_tokens"] = rng.randint(0, p["max_new_tokens"])
+    return SamplingParams.from_dict(p)
+
+
+def _options(rng: random.Random, requests: list[Request], triton: bool) -> dict[str, Any]:
+    page = rng.choice([1, 1, 4, 16])
+    need = max(-(-(len(r.prompt) + r.params.max_new_tokens) // page) * page for r in requests)
+    tight = rng.random() < 0.35
+    options: dict[str, Any] = {
+        "attention_backend": "triton" if triton else "torch",
+        "page_size": page,
+        "max_total_tokens": need + page * rng.randint(0, 6) if tight else 4096,
+        "chunked_prefill_size": rng.choice([None, 4, 8, 16, 64]),
+        "max_prefill_tokens": rng.choice([16, 64, 8192]),
+        "max_running_requests": rng.choice([1, 2, 3, 8, 64]),
+        "disable_radix_cache": rng.random() < 0.25,
+        "schedule_policy": rng.choice(["fcfs", "lpm", "dfs-weight"]),
+        "in_batch_prefix_min": rng.choice([1, 4, 32]),
+    }
+    if tight:
+        options["new_token_ratio"] = options["min_new_token_ratio"] = 0.0
+    if options["chunked_prefill_size"] is not None:
+        options["max_prefill_tokens"] = max(options["max_prefill_tokens"], options["chunked_prefill_size"])
+    return options
+
+
+# ---------------------------------------------------------------- running
+
+
+def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
+    """Run `requests` through the engine's scheduler step by step (arrivals and aborts at
+    their steps); returns each sequence's outcome by rid (`{rid}-{j}` for n > 1)."""
+    sched = engine.scheduler
+    reqs: dict[str, Req] = {}
+    aborts: dict[int, list[str]] = {}
+    last_arrival = max(r.arrival for r in requests)
+    step = 0
+    while step <= last_arrival or sched.has_work:
+        for r in requests:
+            if r.arrival != step:
+                continue
+            for seq in expand([r.rid], [list(r.prompt)], [r.params]):
+                req = Req(
+                    rid=seq.rid, prompt_ids=seq.prompt_ids, params=seq.params,
+                    return_logprob=r.return_logprob, logprob_start_len=r.logprob_start_len,
+                    top_logprobs_num=r.top_logprobs_num,
+                )
+                sched.add_request(req)
+                reqs[seq.rid] = req
+                if r.abort_at is not None:
+                    aborts.setdefault(step + r.abort_at, []).append(seq.rid)
+        for rid in aborts.pop(step, []):
+            sched.abort(rid)
+        sched.step()
+        step += 1
+        if step > 100_000:
+            raise AssertionError("the workload did not finish in 100,000 steps")
+    assert not sched.waiting and not sched.running and sched.chunked is None
+    sched.check_integrity()
+    kv = sched.kv
+    assert kv.allocator.available() + kv.cache.evictable_size() == kv.allocator.size
+    assert kv.cache.protected_size() == 0 and kv.table.available() == kv.table.size
+    return {rid: Outcome.of(req) for rid, req in reqs.items()}
+
+
+class Reference:
+    """One model's references: an engine for alone runs (default settings, shadow mode,
+    its cache flushed before each run) and transformers."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.engine = Engine(str(path), dtype="float32", shadow_attention=True, check_integrity=True)
+        self.hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.vocab = self.engine.runner.model_config.vocab_size
+        self.eos_ids = self.engine.scheduler.eos_ids
+
+    def alone(self, request: Request) -> dict[str, Outcome]:
+        self.engine.flush_cache()
+        return drive(self.engine, (replace(request, arrival=0, abort_at=None),))
+
+    def logits(self, ids: list[int]) -> torch.Tensor:  # [len(ids), V] float32
+        with torch.inference_mode():
+            return self.hf(torch.tensor([ids])).logits[0].float()
+
+    def decide(self, logits: torch.Tensor, params: SamplingParams, prompt: list[int], outputs: list[list[int]]) -> list[int]:
+        """sprig's sampler on `logits` [L, V]: row i continues `prompt + outputs[i]`."""
+        batch = SamplingBatch.build(
+            [params] * len(outputs), output_ids=outputs, prompt_ids=[prompt] * len(outputs),
+            eos_ids=self.eos_ids, vocab_size=logits.shape[-1],
+        )
+        return sample(logits, batch, logprobs=False).next_ids.tolist()
+
+    def near_tie(self, row: torch.Tensor, params: SamplingParams, prompt: list[int], out: list[int], a: int, b: int) -> bool:
+        """Whether the decision between tokens a and b flips when their logits move
+        `TIE_MARGIN` towards each other (either way)."""
+        toward_b, toward_a = row.clone(), row.clone()
+        toward_b[a] -= TIE_MARGIN
+        toward_b[b] += TIE_MARGIN
+        toward_a[a] += TIE_MARGIN
+        toward_a[b] -= TIE_MARGIN
+        picks = self.decide(torch.stack([toward_b, toward_a]), params, prompt, [out, out])
+        return picks == [b, a]
+
+
+# ---------------------------------------------------------------- checking
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def check_workload(workload: Workload, got: dict[str, Outcome], ref: Reference, stats: Stats) -> None:
+    """Compare every checked sequence of `workload` with its alone run and transformers."""
+    for request in workload.requests:
+        if not request.checked:
+            continue
+        alone = ref.alone(request)
+        for rid, want in alone.items():
+            where = f"{workload.describe()}\nrequest {rid}: {request}"
+            _check_sequence(request, got[rid], want, ref, stats, where)
+
+
+def _check_sequence(request: Request, got: Outcome, want: Outcome, ref: Reference, stats: Stats, where: str) -> None:
+    if want.aborted:
+        raise Mismatch(f"{where}\nthe request alone was aborted: {want.finish}")
+    prompt = list(request.prompt)
+    seq_params = want.params
+    rows = _hf_rows(ref, prompt, want.ids)
+    stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where)
+    stats.hf_tokens += len(want.ids)
+    n = _common_len(got.ids, want.ids)
+    if n < len(got.ids) and n < len(want.ids):  # they part at token n
+        if not ref.near_tie(rows[n], seq_params, prompt, want.ids[:n], want.ids[n], got.ids[n]):
+            raise Mismatch(f"{where}\nbatched {got.ids}\nalone   {want.ids}\nthey part at token {n}")
+        stats.ties += 1
+    elif got.aborted:
+        if n != len(got.ids):
+            raise Mismatch(f"{where}\naborted with {got.ids}, not a prefix of the alone run's {want.ids}")
+        stats.aborted += 1
+    elif got.ids != want.ids or got.finish != want.finish:
+        raise Mismatch(f"{where}\nbatched {got.ids} {got.finish}\nalone   {want.ids} {want.finish}")
+    _close(got.logprobs[:n], want.logprobs[:n], f"{where}\noutput logprobs")
+    for a, b in zip(got.top[:n], want.top[:n], strict=True):
+        _close_top(a, b, f"{where}\noutput top logprobs")
+    if not got.aborted:
+        assert [t for _, t in got.input_logprobs] == [t for _, t in want.input_logprobs], where
+        _close([lp for lp, _ in got.input_logprobs], [lp for lp, _ in want.input_logprobs], f"{where}\ninput logprobs")
+        for a, b in zip(got.input_top, want.input_top, strict=True):
+            assert (a is None) == (b is None), where
+            if a is not None:
+                _close_top(a, b, f"{where}\ninput top logprobs")
+    stats.requests += 1
+    stats.tokens += n
+
+
+def _hf_rows(ref: Reference, prompt: list[int], ids: list[int]) -> torch.Tensor:  # [len(ids) + 1, V]
+    """transformers' logits after `prompt + ids[:i]`, for i = 0 ..= len(ids)."""
+    logits = ref.logits(prompt + ids)
+    return logits[len(prompt) - 1 :]
+
+
+def _check_against_transformers(
+    rows: torch.Tensor, params: SamplingParams, prompt: list[int], ids: list[int], ref: Reference, where: str
+) -> int:
+    """Every token of the alone run is sprig's sampler's pick from transformers' logits
+    for its context (teacher-forced); returns the near-ties met."""
+    if not ids:
+        return 0
+    picks = ref.decide(rows[: len(ids)].clone(), params, prompt, [ids[:i] for i in range(len(ids))])
+    ties = 0
+    for i, (pick, token) in enumerate(zip(picks, ids, strict=True)):
+        if pick == token:
+            continue
+        if not ref.near_tie(rows[i], params, prompt, ids[:i], token, pick):
+            raise Mismatch(f"{where}\ntoken {i} of the alone run is {token}; from transformers' logits sprig picks {pick}")
+        ties += 1
+    return ties
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _close(got: list[float | None], want: list[float | None], what: str) -> None:
+    assert len(got) == len(want), f"{what}: {len(got)} entries, alone {len(want)}"
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if (a is None) != (b is None) or (a is not None and abs(a - b) > LOGPROB_TOL):
+            raise Mismatch(f"{what}: entry {i} is {a}, alone {b}")
+
+
+def _close_top(got: list[tuple[float, int]], want: list[tuple[float, int]], what: str) -> None:
+    """Top logprobs agree: the same values within tolerance, the same ids except where a
+    value ties with the last one kept (either may be kept)."""
+    assert len(got) == len(want), what
+    _close([lp for lp, _ in got], [lp for lp, _ in want], what)
+    mine, theirs = dict((t, lp) for lp, t in got), dict((t, lp) for lp, t in want)
+    floor = min((lp for lp, _ in want), default=0.0)
+    for token in set(mine) ^ set(theirs):
+        lp = mine.get(token, theirs.get(token))
+        if abs(lp - floor) > 2 * LOGPROB_TOL:
+            raise Mismatch(f"{what}: token {token} ({lp}) is in one top list only: {got} vs {want}")
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def fuzz(
+    models: dict[str, Path],
+    *,
+    seconds: float,
+    seed: int,
+    triton_share: float = 0.1,
+    min_workloads: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> Stats:
+    """Run workloads `seed, seed + 1, ...` until `seconds` have passed (at least
+    `min_workloads`); raises `Mismatch` (naming the workload's seed) at the first
+    difference."""
+    refs = {name: Reference(path) for name, path in models.items()}
+    stats = Stats()
+    start = time.monotonic()
+    names = sorted(models)
+    i = 0
+    while stats.workloads < min_workloads or time.monotonic() - start < seconds:
+        workload_seed = seed + i
+        rng = random.Random(workload_seed)
+        name = names[rng.randrange(len(names))]
+        triton = rng.random() < triton_share
+        ref = refs[name]
+        workload = make_workload(workload_seed, name, ref.vocab, triton=triton)
+        run_one(workload, models[name], ref, stats)
+        i += 1
+        if progress is not None and (stats.workloads % 10 == 0):
+            progress(f"[{time.monotonic() - start:.0f} s] {stats.line()}")
+    return stats
+
+
+def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> None:
+    """One workload: batched on its engine, then each request against its alone run."""
+    options = workload.options
+    with Engine(str(path), dtype="float32", shadow_attention=True, check_integrity=True, **options) as engine:
+        try:
+            got = drive(engine, workload.requests)
+        except Exception as e:
+            raise Mismatch(f"{workload.describe()}\nthe batched run failed: {e!r}") from e
+        stats.retractions += engine.scheduler.stats.retractions
+    check_workload(workload, got, ref, stats)
+    stats.workloads += 1
+    backend = options["attention_backend"]
+    stats.by_backend[backend] = stats.by_backend.get(backend, 0) + 1

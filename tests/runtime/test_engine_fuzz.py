@@ -1,0 +1,50 @@
+"""The engine's differential fuzzer (engine_fuzz.py) with CI's bounded budget; a longer
+run: `python -m pytest tests/runtime/test_engine_fuzz.py --fuzz-minutes 30 -s`. A
+failure names the workload seed: `--fuzz-seed S` replays it first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from engine_fuzz import Workload, fuzz, make_workload
+
+from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
+
+CI_SECONDS = 50
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny llama and qwen3, and two with larger weights (sharp attention and logits,
+    so that a request reading another's rows shows): MQA llama and GQA mistral."""
+    root = tmp_path_factory.mktemp("fuzz")
+    return {
+        "llama": tiny_checkpoints["llama"],
+        "qwen3": tiny_checkpoints["qwen3"],
+        "llama-mqa-sharp": build_tiny_checkpoint(
+            root / "mqa", "llama", seed=3, num_key_value_heads=1, initializer_range=0.15
+        ),
+        "mistral-sharp": build_tiny_checkpoint(root / "mistral", "mistral", seed=4, initializer_range=0.1),
+    }
+
+
+def test_every_request_equals_itself_alone(models: dict[str, Path], request: pytest.FixtureRequest) -> None:
+    minutes = request.config.getoption("--fuzz-minutes")
+    seed = request.config.getoption("--fuzz-seed")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def progress(line: str) -> None:
+        if reporter is not None and minutes:
+            reporter.write_line(line)
+
+    stats = fuzz(models, seconds=minutes * 60 if minutes else CI_SECONDS, seed=seed, min_workloads=4, progress=progress)
+    print(stats.line())
+    assert stats.requests > 0 and stats.tokens > 0
+    assert stats.by_backend.get("torch", 0) > 0
+
+
+def test_workloads_are_a_function_of_their_seed() -> None:
+    one: Workload = make_workload(7, "m", 512, triton=False)
+    assert make_workload(7, "m", 512, triton=False) == one
+    assert make_workload(8, "m", 512, triton=False) != one
