@@ -7,8 +7,6 @@ computed in float32; the output has q's dtype. A request with no context gets ze
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -130,17 +128,17 @@ def _decode_stage2_kernel(
              mask=d < D)
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 4 for the CPU interpreter (a small grid)."""
     if device.type != "cuda":
-        return 4  # the CPU interpreter: keep the grid small
+        return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def default_num_kv_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
+def default_num_kv_splits(batch: int, num_kv_heads: int, sms: int) -> int:
     """Splits so that stage 1 has about two programs per SM (1..32); depends only on shapes."""
     programs = max(1, batch * num_kv_heads)
-    return max(1, min(32, -(-2 * _num_sms(device) // programs)))
+    return max(1, min(32, -(-2 * sms // programs)))
 
 
 def decode_attention_triton(
@@ -171,7 +169,7 @@ def decode_attention_triton(
     group = Hq // Hkv
     block_d = max(16, next_pow2(D))
     if num_kv_splits is None:
-        num_kv_splits = default_num_kv_splits(B, Hkv, q.device)
+        num_kv_splits = default_num_kv_splits(B, Hkv, num_sms(q.device))
     splits = max(1, num_kv_splits)
     part_o = torch.empty((B, Hq, splits, block_d), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)

@@ -18,12 +18,13 @@ from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
+    minutes = config.getoption("--fuzz-minutes")
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
+        if "fuzz" in item.keywords and minutes:  # a long fuzz run outlasts the default timeout
+            item.add_marker(pytest.mark.timeout(minutes * 60 + 900))
 
 
 @pytest.fixture(scope="session")

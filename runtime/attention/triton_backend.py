@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sprig.kernels.decode_attention import decode_attention_triton, default_num_kv_splits
+from sprig.kernels.decode_attention import decode_attention_triton, default_num_kv_splits, num_sms
 from sprig.kernels.extend_attention import extend_attention_triton
 from sprig.kernels.store_kv import store_kv_triton
 from sprig.radix.kv_cache import KVCache
@@ -38,6 +38,7 @@ class TritonAttentionBackend:
         self.num_heads = model_config.num_heads
         self.num_kv_heads = model_config.num_kv_heads
         self.head_dim = model_config.head_dim
+        self.num_sms = num_sms(kv_cache.device)
         self._plan: _StepPlan | None = None
 
     def begin_step(self, batch: ForwardBatch) -> None:
@@ -48,7 +49,7 @@ class TritonAttentionBackend:
             dtype=cache.shape.dtype, device=cache.device,
         )  # [T, Hq, D]
         splits = (
-            default_num_kv_splits(batch.batch_size, self.num_kv_heads, cache.device)
+            default_num_kv_splits(batch.batch_size, self.num_kv_heads, self.num_sms)
             if batch.mode is ForwardMode.DECODE
             else 1
         )

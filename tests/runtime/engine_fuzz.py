@@ -219,6 +219,9 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
     reqs: dict[str, Req] = {}
     aborts: dict[int, list[str]] = {}
     last_arrival = max(r.arrival for r in requests)
+    # far more steps than any schedule needs (each step computes at least one token of
+    # some request): a workload past it is stuck
+    limit = last_arrival + 100 + 20 * sum((len(r.prompt) + r.params.max_new_tokens) * r.params.n for r in requests)
     step = 0
     while step <= last_arrival or sched.has_work:
         for r in requests:
@@ -238,8 +241,12 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
             sched.abort(rid)
         sched.step()
         step += 1
-        if step > 100_000:
-            raise AssertionError("the workload did not finish in 100,000 steps")
+        if step > limit:
+            raise AssertionError(
+                f"no end after {limit} steps: running {[r.rid for r in sched.running]}, waiting "
+                f"{[r.rid for r in sched.waiting]}, chunked {sched.chunked and sched.chunked.rid}, "
+                f"{sched.stats.retractions} retractions"
+            )
     assert not sched.waiting and not sched.running and sched.chunked is None
     sched.check_integrity()
     kv = sched.kv

@@ -29,6 +29,7 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     }
 
 
+@pytest.mark.fuzz
 def test_every_request_equals_itself_alone(models: dict[str, Path], request: pytest.FixtureRequest) -> None:
     minutes = request.config.getoption("--fuzz-minutes")
     seed = request.config.getoption("--fuzz-seed")
@@ -37,6 +38,7 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], request: pyt
     def progress(line: str) -> None:
         if reporter is not None and minutes:
             reporter.write_line(line)
+            reporter.flush()
 
     stats = fuzz(models, seconds=minutes * 60 if minutes else CI_SECONDS, seed=seed, min_workloads=4, progress=progress)
     print(stats.line())
