@@ -1,7 +1,7 @@
 """Generate with the offline engine: solve held-out word problems with sprig's embedded
 demo model, greedy and by self-consistency voting, and watch the radix cache at work.
 
-    python examples/generate.py [--problems 16] [-n 8] [--model PATH]
+    python examples/generate.py [--problems 16] [-n 8] [--seed 0] [--model PATH]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--model", help="local checkpoint directory (default: the embedded demo model)")
     parser.add_argument("--problems", type=int, default=16, help="held-out problems to solve")
     parser.add_argument("-n", type=int, default=8, help="samples per problem for voting")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (sample i of a problem uses seed + i)")
     args = parser.parse_args()
 
     problems = take("heldout", args.problems, seed=0)
@@ -30,7 +31,7 @@ def main() -> None:
         greedy_s = time.perf_counter() - start
         print(f"Q: {problems[0].question}\nA: {greedy[0]['text']}\n")
         start = time.perf_counter()
-        sampled = engine.generate(texts, {"max_new_tokens": 128, "temperature": 0.6, "top_p": 0.9, "n": args.n, "seed": 0})
+        sampled = engine.generate(texts, {"max_new_tokens": 128, "temperature": 0.6, "top_p": 0.9, "n": args.n, "seed": args.seed})
         vote_s = time.perf_counter() - start
 
         greedy_ok = sum(extract_answer(o["text"]) == p.answer for o, p in zip(greedy, problems, strict=True))
