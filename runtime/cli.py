@@ -25,9 +25,11 @@ HELP = {
     "host": "address to listen on",
     "port": "port to listen on; 0 picks a free port (the 'ready at' log line names it)",
     "api_key": "require 'Authorization: Bearer API_KEY' on every route but /health and /metrics",
-    "served_model_name": "model id in /v1/models and OpenAI responses (default: the model path)",
+    "served_model_name": "model id in /v1/models and OpenAI responses (default: the checkpoint directory's name; sprig-demo for the demo model)",
     "max_request_bytes": "larger request bodies get 413",
+    "chat_template": "a Jinja chat template file to use instead of the model's",
     "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never parse)",
+    "watchdog_timeout": "seconds a child process may show no sign of life (a step longer than this counts as stuck) before the server exits non-zero",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",
     "log_interval": "seconds between activity log lines (only when there is activity)",
     "log_level": "log level of every process",
@@ -80,7 +82,8 @@ def _choices() -> dict[str, tuple[str, ...]]:
         "schedule_policy": SCHEDULE_POLICIES,
         "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
         "log_level": LOG_LEVELS,
-        "tool_call_parser": TOOL_CALL_PARSERS,
+        "chat_template": "a Jinja chat template file to use instead of the model's",
+    "tool_call_parser": TOOL_CALL_PARSERS,
     }
 
 

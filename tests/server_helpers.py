@@ -86,9 +86,9 @@ def parse_event(line: str) -> Any:
 
 
 @contextmanager
-def running_server(model: Path, *args: str, api_key: str | None = None) -> Iterator[Server]:
+def running_server(model: Path, *args: str, api_key: str | None = None, exit_code: int = 0) -> Iterator[Server]:
     """A server for the duration of the block. After it (unless the block stopped the
-    server itself) SIGTERM must stop it with exit code 0, leaving no process and no ipc
+    server itself) SIGTERM must stop it with `exit_code`, leaving no process and no ipc
     directory behind."""
     fd, log_name = tempfile.mkstemp(prefix="sprig-test-server-", suffix=".log")
     log = Path(log_name)
@@ -105,7 +105,7 @@ def running_server(model: Path, *args: str, api_key: str | None = None) -> Itera
         yield server
     finally:
         code = server.stop()
-    assert code == 0, log.read_text()
+    assert code == exit_code, log.read_text()
     assert not [name for name, pid in server.pids.items() if pid_alive(pid)], log.read_text()
     assert not Path(server.ipc_dir).exists()
     log.unlink()

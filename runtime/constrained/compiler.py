@@ -5,15 +5,21 @@ each step; the request waits (without blocking the batch) until its grammar is r
 Compiles run on a small thread pool, each thread driving one worker process
 (`worker.CompileWorker`), so a pathological pattern is killed at `timeout_s` and its
 request fails with `GrammarTimeoutError` instead of wedging the server.
+
+Slow patterns cannot starve the others: a first attempt gets `slow_after_s`; one still
+running then is killed and compiled again in a lane of its own (one worker), up to
+`timeout_s`. The pool's workers stay free for ordinary grammars however many slow ones
+arrive; slow ones wait for each other.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from sprig.runtime.constrained.base import (
     CompiledGrammar,
@@ -30,13 +36,16 @@ _Key = tuple[str, GrammarSpec]
 
 @dataclass(frozen=True)
 class CompilerConfig:
-    """`timeout_s`: longest one compile may run; `num_workers`: concurrent compiles;
-    `worker_memory_bytes`: address-space cap of each worker process; `cache_bytes`: bound
-    on the estimated memory of cached grammars; `max_cached_errors`: how many failed
-    specs are remembered (so a repeat fails at once)."""
+    """`timeout_s`: longest one compile may run; `slow_after_s`: how long a first attempt
+    may run before it moves to the slow lane; `num_workers`: concurrent first attempts
+    (default: one per core, at least two); `worker_memory_bytes`: address-space cap of
+    each worker process; `cache_bytes`: bound on the estimated memory of cached
+    grammars; `max_cached_errors`: how many failed specs are remembered (so a repeat,
+    a timed-out one included, fails at once)."""
 
     timeout_s: float = 30.0
-    num_workers: int = 2
+    slow_after_s: float = 2.0
+    num_workers: int = field(default_factory=lambda: max(2, os.cpu_count() or 2))
     worker_memory_bytes: int = 8 << 30
     cache_bytes: int = 2 << 30
     max_cached_errors: int = 1024
@@ -69,6 +78,7 @@ class GrammarCompiler:
         self._fingerprint = backend.fingerprint
         self._payload = pickle.dumps(backend, protocol=pickle.HIGHEST_PROTOCOL)
         self._threads = ThreadPoolExecutor(self.config.num_workers, "sprig-grammar")
+        self._slow_lane = ThreadPoolExecutor(1, "sprig-grammar-slow")
         self._lock = threading.Lock()
         self._idle: list[CompileWorker] = []
         self._cache: OrderedDict[_Key, tuple[CompiledGrammar, int]] = OrderedDict()
@@ -111,24 +121,40 @@ class GrammarCompiler:
         """Blocking `submit(spec).result()`, for offline use."""
         return self.submit(spec).result(timeout)
 
-    def _compile(self, key: _Key, future: Future) -> None:
+    def _compile(self, key: _Key, future: Future, *, slow: bool = False) -> None:
+        """Compile `key` and settle `future`; a first attempt (not `slow`) that outlasts
+        `slow_after_s` is handed to the slow lane instead."""
+        first_limit = min(self.config.slow_after_s, self.config.timeout_s)
         try:
             if self._closed:
                 raise RuntimeError("the grammar compiler was closed")
-            compiled, pickled_bytes = self._run(key[1])
+            compiled, pickled_bytes = self._run(key[1], self.config.timeout_s if slow else first_limit)
+        except GrammarTimeoutError:
+            if not slow and first_limit < self.config.timeout_s:
+                try:
+                    self._slow_lane.submit(self._compile, key, future, slow=True)
+                except RuntimeError:  # closed meanwhile
+                    self._fail(key, future, RuntimeError("the grammar compiler was closed"))
+                return
+            self._fail(key, future, GrammarTimeoutError(
+                f"compiling the {key[1].kind} grammar took longer than {self.config.timeout_s:g} s"))
+            return
         except Exception as e:
-            with self._lock:
-                del self._inflight[key]
-                if isinstance(e, (ValueError, GrammarTimeoutError)):
-                    self._errors[key] = e
-                    while len(self._errors) > self.config.max_cached_errors:
-                        self._errors.popitem(last=False)
-            future.set_exception(e)
+            self._fail(key, future, e)
             return
         with self._lock:
             del self._inflight[key]
             self._insert(key, compiled, pickled_bytes * _MEMORY_PER_PICKLED_BYTE)
         future.set_result(compiled)
+
+    def _fail(self, key: _Key, future: Future, e: Exception) -> None:
+        with self._lock:
+            del self._inflight[key]
+            if isinstance(e, (ValueError, GrammarTimeoutError)):
+                self._errors[key] = e
+                while len(self._errors) > self.config.max_cached_errors:
+                    self._errors.popitem(last=False)
+        future.set_exception(e)
 
     def _insert(self, key: _Key, compiled: CompiledGrammar, nbytes: int) -> None:
         if nbytes > self.config.cache_bytes:
@@ -139,12 +165,12 @@ class GrammarCompiler:
             _, (_, evicted) = self._cache.popitem(last=False)
             self._cached_bytes -= evicted
 
-    def _run(self, spec: GrammarSpec) -> tuple[CompiledGrammar, int]:
+    def _run(self, spec: GrammarSpec, timeout_s: float) -> tuple[CompiledGrammar, int]:
         with self._lock:
             worker = self._idle.pop() if self._idle else None
         worker = worker or CompileWorker(self._payload, self.config.worker_memory_bytes)
         try:
-            return worker.compile(spec, self.config.timeout_s)
+            return worker.compile(spec, timeout_s)
         finally:
             with self._lock:
                 keep = worker.alive and not self._closed
@@ -161,6 +187,7 @@ class GrammarCompiler:
         for worker in idle:
             worker.kill()
         self._threads.shutdown(wait=False)
+        self._slow_lane.shutdown(wait=False)
 
     def __enter__(self) -> GrammarCompiler:
         return self

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sprig.runtime import json_limits
+
 GREEDY_TEMPERATURE = 1e-6  # temperatures below this decode greedily (as SGLang)
 MAX_N = 128
 MAX_LOGIT_BIAS_ENTRIES = 1024
@@ -170,14 +172,14 @@ class SamplingParams:
 
     @staticmethod
     def _json_schema(schema: object) -> str:
-        try:
-            if isinstance(schema, Mapping):
-                return json.dumps(schema)
-            if isinstance(schema, str):
-                json.loads(schema)
-                return schema
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"json_schema must be valid JSON: {e}") from None
+        if isinstance(schema, str):
+            json_limits.loads(schema, "json_schema")
+            return schema
+        if isinstance(schema, Mapping):
+            try:
+                return json.dumps(json_limits.check_depth(schema, "json_schema"))
+            except TypeError as e:
+                raise ValueError(f"json_schema must be valid JSON: {e}") from None
         raise _fail("json_schema", "a JSON schema (object or string)", schema)
 
     @property

@@ -114,6 +114,7 @@ def _filter(logits: torch.Tensor, draws: Draws) -> torch.Tensor:  # [S, V]
         keep &= (before < draws.top_ps) | (draws.top_ps >= 1)
     if draws.use_min_p:
         keep &= probs >= draws.min_ps * probs[:, :1]
+    keep[:, 0] = True  # even when top_p rounds to 0 in float32
     mask = torch.empty_like(keep).scatter_(1, order, keep)
     return logits.masked_fill(~mask, float("-inf"))
 

@@ -109,7 +109,9 @@ class Admission:
             if ids is None:
                 ids = np.asarray(req.fill_ids, dtype=np.int32)
             other = np.asarray(ext.req.fill_ids[:end], dtype=np.int32)
-            shared = common_prefix_len(ids, other) - cached
-            if shared > 0 and shared >= min(self.config.in_batch_prefix_min, uncached - 1):
+            # what waiting a step saves: the shared tokens, less the last one, which a
+            # request computes itself anyway (it needs that token's logits)
+            saved = min(common_prefix_len(ids, other) - cached, uncached - 1)
+            if saved > 0 and saved >= min(self.config.in_batch_prefix_min, uncached - 1):
                 return True
         return False

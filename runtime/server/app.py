@@ -4,13 +4,15 @@ JSON and SSE helpers, and the health and metrics routes. Generation routes live 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -20,6 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.json_limits import check_depth
 from sprig.runtime.server.config import ServerConfig
 from sprig.runtime.server.errors import ApiError, error_body, error_response
 from sprig.runtime.server.inputs import InputBuilder
@@ -27,6 +30,7 @@ from sprig.runtime.server.tokenizer_manager import RequestFailed, TokenizerManag
 from sprig.runtime.server.tool_calls import ToolFormat
 
 log = logging.getLogger("sprig.server")
+T = TypeVar("T")
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
@@ -44,6 +48,7 @@ class ServerState:
     tool_format: ToolFormat | None  # how chat answers hold tool calls; None: not parsed
     started: float  # time.monotonic() at launch
     url: str
+    pool: ThreadPoolExecutor  # where requests are parsed, rendered and tokenized (`prepare`)
 
 
 def state_of(request: Request) -> ServerState:
@@ -76,10 +81,21 @@ class SSEResponse(StreamingResponse):
             self._on_close()
 
 
-async def read_json(request: Request) -> Any:
-    """The body as JSON; 413 past `max_request_bytes` (stops reading), 400 if not JSON or
-    not valid UTF-8; 499 (logged at debug level, nobody reads it) if the client leaves
-    before the body is complete."""
+async def prepare(request: Request, build: Callable[[Any], T], *, new_work: bool = True) -> T:
+    """`build(body)` of the request's JSON body, run on the server's input pool: parsing,
+    validation, chat rendering and tokenization never run on the event loop, and each
+    builder checks sizes before it tokenizes. With `new_work`, a server already full
+    answers 429 before reading the body."""
+    st = state_of(request)
+    if new_work:
+        st.manager.check_room(1)
+    body = await read_body(request)
+    return await asyncio.get_running_loop().run_in_executor(st.pool, lambda: build(parse_json(body)))
+
+
+async def read_body(request: Request) -> bytes:
+    """The body; 413 past `max_request_bytes` (stops reading); 499 (logged at debug
+    level, nobody reads it) if the client leaves before the body is complete."""
     limit = state_of(request).config.max_request_bytes
     body = bytearray()
     try:
@@ -90,10 +106,19 @@ async def read_json(request: Request) -> Any:
     except ClientDisconnect:
         log.debug("client left while sending %s", request.url.path)
         raise ApiError(499, "the client disconnected before the request body was complete") from None
+    return bytes(body)
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON; 400 if it is not JSON (or not UTF-8), or nests too deeply."""
     try:
-        return orjson.loads(bytes(body))
+        value = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    try:
+        return check_depth(value, "the request body")
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
 
 
 async def client_gone(request: Request) -> None:
@@ -149,17 +174,22 @@ def create_app(state: ServerState) -> FastAPI:
         return error_response(exc.status, exc.message, exc.param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:  # 404, 405
-        return error_response(exc.status_code, str(exc.detail))
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:  # 404, 405 (with Allow)
+        response = error_response(exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(RequestFailed)
     async def request_failed(request: Request, exc: RequestFailed) -> Response:
-        return error_response(exc.status, exc.message)
+        response = error_response(exc.status, exc.message)
+        if exc.status == 429:
+            response.headers["Retry-After"] = "1"
+        return response
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+        return error_response(500, "internal server error (the server log has the details)")
 
     @app.get("/health")
     async def health(request: Request) -> Response:

@@ -2,7 +2,9 @@
 
 Children are started with the "spawn" context. They ignore SIGINT (a Ctrl+C reaches the
 whole process group; the launcher alone decides how to stop) and exit when their parent
-is gone, so no child outlives the server even if the launcher is killed with SIGKILL.
+is gone, so no child outlives the server even if the launcher is killed with SIGKILL
+(they then remove the socket directory themselves). Each sends a `Heartbeat` about once
+a second from its main loop.
 """
 
 from __future__ import annotations
@@ -10,10 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from multiprocessing.connection import Connection
 
+from sprig.runtime.server.ipc import IpcPaths
 from sprig.runtime.server.messages import StartupReport, encode
 
+log = logging.getLogger("sprig.server")
+HEARTBEAT_INTERVAL_S = 1.0
 LOG_FORMAT = "[%(asctime)s %(processName)s] %(levelname)s %(name)s: %(message)s"
 
 
@@ -35,6 +41,27 @@ class ParentWatch:
 
     def alive(self) -> bool:
         return os.getppid() == self.parent
+
+
+class HeartbeatClock:
+    """`due()` is True at most once every `HEARTBEAT_INTERVAL_S` seconds."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + HEARTBEAT_INTERVAL_S
+        return True
+
+
+def leave_orphaned(ipc: IpcPaths) -> None:
+    """The launcher is gone (even SIGKILL leaves the children running until they notice):
+    remove the socket directory it can no longer remove."""
+    log.info("the server process is gone; exiting")
+    ipc.remove()
 
 
 def report_startup(conn: Connection, report: StartupReport) -> None:

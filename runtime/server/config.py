@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral")  # see server.tool_calls
@@ -16,11 +17,17 @@ class ServerConfig:
     - `api_key`: when set, every route but /health and /metrics needs
       `Authorization: Bearer <api_key>`.
     - `max_request_bytes`: a larger body gets 413 without being read.
-    - `served_model_name`: the model id in /v1/models and OpenAI responses (default: the
-      model path).
+    - `served_model_name`: the model id in /v1/models and OpenAI responses (default:
+      `default_model_name`, the checkpoint directory's name, so responses never carry a
+      path of the server's file system).
+    - `chat_template`: a Jinja file rendering chat messages, instead of the tokenizer's
+      template (clients can pass variables to the template, never a template).
     - `tool_call_parser`: how chat answers are searched for tool calls: a format of
       `sprig.runtime.server.tool_calls`, "auto" (the one the chat template writes, if
       any) or "none" (answers are always plain content).
+    - `watchdog_timeout`: seconds a child may go without a heartbeat (its main loop turns
+      about once a second, and once per scheduler step) before the server counts it
+      stuck, answers 503 and exits non-zero.
     - `stats_interval`: seconds between the scheduler's stats reports while busy (they feed
       /metrics); `log_interval`: seconds between activity log lines.
     """
@@ -29,8 +36,10 @@ class ServerConfig:
     port: int = 30000
     api_key: str | None = None
     served_model_name: str | None = None
+    chat_template: str | None = None
     tool_call_parser: str = "auto"
     max_request_bytes: int = 32 * 1024 * 1024
+    watchdog_timeout: float = 300.0
     stats_interval: float = 0.5
     log_interval: float = 5.0
     log_level: str = "info"
@@ -45,7 +54,20 @@ class ServerConfig:
             raise ValueError(f"max_request_bytes must be >= 1024, got {self.max_request_bytes}")
         if self.stats_interval <= 0 or self.log_interval <= 0:
             raise ValueError("stats_interval and log_interval must be > 0")
+        if self.watchdog_timeout < 2:
+            raise ValueError(f"watchdog_timeout must be >= 2 s (children send a heartbeat each second), got {self.watchdog_timeout}")
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise ValueError(f"chat_template {self.chat_template!r} is not a file")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+
+
+def default_model_name(model_path: str) -> str:
+    """The served model id when none is given: "sprig-demo" for the embedded demo model,
+    else the checkpoint directory's name."""
+    from sprig.runtime.demo import DEMO_MODEL_PATH
+
+    path = Path(model_path).resolve()
+    return "sprig-demo" if path == DEMO_MODEL_PATH.resolve() else path.name

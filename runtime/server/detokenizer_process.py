@@ -15,12 +15,19 @@ import zmq
 
 from sprig.runtime.detokenizer import DetokenizeConfig
 from sprig.runtime.response import DetokenizedOutput, OutputDecoder
-from sprig.runtime.server.child import ParentWatch, report_startup, setup_child
+from sprig.runtime.server.child import (
+    HeartbeatClock,
+    ParentWatch,
+    leave_orphaned,
+    report_startup,
+    setup_child,
+)
 from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
 from sprig.runtime.server.messages import (
     DetokenizedBatch,
     DetokRegister,
     Forget,
+    Heartbeat,
     RequestError,
     StartupReport,
     TokenBatch,
@@ -71,10 +78,10 @@ class DetokenizerLoop:
             del self.decoders[out.rid]
         try:
             return decoder.decode(out)
-        except Exception as e:
+        except Exception:
             log.exception("detokenizing request %s failed", out.rid)
             self.decoders.pop(out.rid, None)
-            self.send_http(RequestError(out.rid, f"internal error in the detokenizer: {e}", 500))
+            self.send_http(RequestError(out.rid, "internal error in the detokenizer (see the server log)", 500))
             return None
 
 
@@ -95,10 +102,13 @@ def run_detokenizer_process(model_path: str, log_level: str, ipc: IpcPaths, star
     to_http = push_socket(ctx, ipc.http)
     report_startup(startup, StartupReport(True))
     loop = DetokenizerLoop(tokenizer, lambda m: to_http.send(encode(m)))
+    heartbeat = HeartbeatClock()
     while True:
+        if heartbeat.due():
+            to_http.send(encode(Heartbeat("detokenizer")))
         if not sock.poll(POLL_MS):
             if not parent.alive():
-                log.info("the server process is gone; exiting")
+                leave_orphaned(ipc)
                 return
             continue
         try:

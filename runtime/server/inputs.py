@@ -1,17 +1,22 @@
 """Turning validated request bodies into `GenerateReq`s: tokenize (chat templates
 included), check every limit the HTTP process can check, expand `n`. Every problem is a
-400 `ApiError` naming it, raised before anything reaches the scheduler."""
+400 `ApiError` naming it, raised before anything reaches the scheduler.
+
+Cheap checks come before expensive work: a text is refused unread when it is longer than
+any text of `context_len` tokens can be (`max_text_bytes`), and a list of ids when it is
+longer than the context, before its values are scanned. The routes call these methods
+off the event loop (`app.prepare`)."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sprig.runtime import json_limits
 from sprig.runtime.generate_input import expand, ids_batch, params_per_prompt, rids_per_prompt
 from sprig.runtime.sampling import SamplingParams
+from sprig.runtime.server.chat_render import ChatRenderer
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.messages import GenerateReq
 from sprig.runtime.server.protocol import ChatMessage
@@ -25,24 +30,39 @@ class LogprobArgs:
     return_text_in_logprobs: bool = False
 
 
-class InputBuilder:
-    """Knows the tokenizer and the model's limits (`context_len`, `vocab_size`, reported by
-    the scheduler at startup)."""
+def max_token_bytes(tokenizer: Any) -> int:
+    """An upper bound on the UTF-8 bytes of text one token covers: the longest token
+    string's (byte-level and byte-fallback spellings only make it larger)."""
+    return max((len(t.encode("utf-8")) for t in tokenizer.get_vocab()), default=1)
 
-    def __init__(self, tokenizer, context_len: int, vocab_size: int) -> None:
+
+class InputBuilder:
+    """Knows the tokenizer, the chat template and the model's limits (`context_len`,
+    `vocab_size`, reported by the scheduler at startup)."""
+
+    def __init__(self, tokenizer: Any, context_len: int, vocab_size: int, chat_template: str | None = None) -> None:
+        """`chat_template`: a Jinja file to use instead of the tokenizer's template.
+        Raises `ValueError` if the template does not compile, `OSError` if the file
+        cannot be read."""
         self.tokenizer = tokenizer
         self.context_len = context_len
         self.vocab_size = vocab_size
-        self._ids = itertools.count()
-        self._prefix = uuid.uuid4().hex[:8]
+        # Unicode normalization can shrink text up to 4x (a 4-byte character to 1 byte)
+        self.max_text_bytes = 4 * context_len * max_token_bytes(tokenizer)
+        self.chat = ChatRenderer.for_model(tokenizer, chat_template, self.max_text_bytes)
 
-    def new_rid(self) -> str:
-        return f"{self._prefix}-{next(self._ids)}"
+    @staticmethod
+    def new_rid() -> str:
+        """A request id no client can guess (ids are what `/abort_request` takes)."""
+        return uuid.uuid4().hex
 
     # ------------------------------------------------------------------ prompts
     def encode(self, text: str, *, add_special_tokens: bool = True, param: str = "text") -> list[int]:
         if not text:
             raise ApiError(400, f"{param} must not be empty", param)
+        if len(text) > self.max_text_bytes or len(text.encode("utf-8")) > self.max_text_bytes:
+            raise ApiError(400, f"{param} is longer than any text of the model's context length "
+                                f"({self.context_len} tokens)", param)
         try:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         except Exception as e:  # e.g. text the tokenizer cannot represent
@@ -64,6 +84,9 @@ class InputBuilder:
         for row in rows:
             if not row:
                 raise ApiError(400, "input_ids must not contain an empty prompt", "input_ids")
+            if len(row) >= self.context_len:
+                raise ApiError(400, f"a prompt of input_ids has {len(row)} tokens; the model's context length is "
+                                    f"{self.context_len}", "input_ids")
             if bad := [t for t in row if not 0 <= t < self.vocab_size]:
                 raise ApiError(400, f"input_ids has token ids outside [0, {self.vocab_size}): {bad[:5]}", "input_ids")
         return batch, rows
@@ -74,8 +97,8 @@ class InputBuilder:
         special tokens (the template places them). An assistant's tool calls reach the
         template with their arguments as an object, as templates expect
         (`_call_for_template`)."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ApiError(400, "this model's tokenizer has no chat template", "messages")
+        if self.chat is None:
+            raise ApiError(400, "this model has no chat template (start the server with --chat-template)", "messages")
         rendered = []
         for m in messages:
             content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or [])
@@ -87,11 +110,10 @@ class InputBuilder:
                 msg["tool_calls"] = [_call_for_template(c) for c in m.tool_calls]
             rendered.append(msg)
         try:
-            text = self.tokenizer.apply_chat_template(
-                rendered, tools=tools, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
-            )
-        except Exception as e:  # jinja errors: a role or field the template rejects
-            raise ApiError(400, f"cannot apply the chat template: {e}", "messages") from None
+            text = self.chat.render(rendered, tools, template_kwargs)
+        except ValueError as e:  # a role or field the template rejects, a reserved variable, too long
+            param = "chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages"
+            raise ApiError(400, str(e), param) from None
         return self.encode(text, add_special_tokens=False, param="messages")
 
     # ------------------------------------------------------------------ requests
@@ -160,7 +182,7 @@ def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
         return call
     try:
-        args = json.loads(fn["arguments"])
+        args = json_limits.loads(fn["arguments"], "tool call arguments")
     except ValueError:
         return call
     return {**call, "function": {**fn, "arguments": args}} if isinstance(args, dict) else call

@@ -55,8 +55,12 @@ def pull_socket(ctx: zmq.Context, addr: str) -> zmq.Socket:
     return sock
 
 
-def push_socket(ctx: zmq.Context, addr: str) -> zmq.Socket:
+def push_socket(ctx: zmq.Context, addr: str, *, unbounded: bool = False) -> zmq.Socket:
+    """A PUSH socket to `addr`. `unbounded`: no send high-water mark, so a send never
+    fails or waits (the sender must bound what it queues itself)."""
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 0)
+    if unbounded:
+        sock.setsockopt(zmq.SNDHWM, 0)
     sock.connect(addr)
     return sock

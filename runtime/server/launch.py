@@ -3,8 +3,10 @@
 This process binds the HTTP port first (fail fast), creates the private ipc directory,
 spawns the scheduler and the detokenizer ("spawn": no fork with torch), loads its own
 tokenizer while they load, waits for both to report ready, then serves HTTP in the main
-thread. However it stops (SIGINT, SIGTERM, a startup error), the children are terminated
-and joined and the ipc directory is removed before `launch_server` returns.
+thread. However it stops (SIGINT, SIGTERM, a startup error, a child that died or is stuck:
+then `RuntimeError`, and the CLI exits 1), the children are terminated and joined and the
+ipc directory is removed before `launch_server` returns; if this process is killed
+outright, the children remove the directory as they exit.
 
 Only the children's arguments (config dataclasses, the ipc paths, a pipe end) go through
 multiprocessing's own pickling, over the spawn pipe; everything else is msgpack.
@@ -15,15 +17,17 @@ from __future__ import annotations
 import importlib.util
 import logging
 import multiprocessing as mp
+import os
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
 from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.server.child import setup_logging
-from sprig.runtime.server.config import ServerConfig
+from sprig.runtime.server.config import ServerConfig, default_model_name
 from sprig.runtime.server.detokenizer_process import run_detokenizer_process
 from sprig.runtime.server.ipc import IpcPaths
 from sprig.runtime.server.messages import StartupReport, decode
@@ -34,7 +38,8 @@ CHILD_STOP_TIMEOUT_S = 5.0
 
 
 def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -> None:
-    """Serve until SIGINT or SIGTERM. Raises `RuntimeError` if the server cannot start."""
+    """Serve until SIGINT or SIGTERM. Raises `RuntimeError` if the server cannot start, or
+    stopped because a child process died or got stuck."""
     setup_logging(server.log_level)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_on_signal)
@@ -125,27 +130,43 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
     from sprig.runtime.server.tokenizer_manager import TokenizerManager
     from sprig.runtime.server.tool_calls import resolve_format
 
+    fatal: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        http.should_exit = True
+
     host, port = sock.getsockname()[:2]
-    tool_format = resolve_format(server.tool_call_parser, getattr(tokenizer, "chat_template", None))
+    inputs = InputBuilder(tokenizer, info["context_len"], info["vocab_size"], server.chat_template)
+    tool_format = resolve_format(server.tool_call_parser, inputs.chat.source if inputs.chat else None)
     log.info("tool calls in chat answers: %s", tool_format.name if tool_format else "not parsed")
     state = ServerState(
         config=server,
         engine=engine,
         model_path=model_path,
-        model_name=server.served_model_name or model_path,
+        model_name=server.served_model_name or default_model_name(model_path),
         model_info=info,
-        manager=TokenizerManager(ipc, children, Metrics()),
-        inputs=InputBuilder(tokenizer, info["context_len"], info["vocab_size"]),
+        manager=TokenizerManager(
+            ipc, children, Metrics(), engine.scheduler.max_queued_requests, server.watchdog_timeout, on_fatal
+        ),
+        inputs=inputs,
         tool_format=tool_format,
         started=time.monotonic(),
         url=f"http://{f'[{host}]' if ':' in host else host}:{port}",
+        pool=ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="sprig-inputs"),
     )
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     config = uvicorn.Config(
         create_app(state), loop=loop, log_config=None, log_level=server.log_level,
         access_log=server.access_log, timeout_graceful_shutdown=5,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    http = uvicorn.Server(config)
+    try:
+        http.run(sockets=[sock])
+    finally:
+        state.pool.shutdown(wait=False, cancel_futures=True)
+    if fatal:
+        raise RuntimeError(fatal[0])
 
 
 def _stop_children(children: dict[str, BaseProcess]) -> None:

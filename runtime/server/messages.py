@@ -2,8 +2,8 @@
 
 Flow: HTTP --GenerateReq/AbortReq/ControlReq--> scheduler --DetokRegister/TokenBatch/
 Forget--> detokenizer --DetokenizedBatch--> HTTP; the scheduler also sends RequestError,
-StatsReport and ControlReply straight to HTTP, and each child reports a StartupReport
-to the launcher once.
+StatsReport and ControlReply straight to HTTP, both children send HTTP a Heartbeat about
+once a second, and each child reports a StartupReport to the launcher once.
 
 Fields are plain (str, int, float, bool, None, lists, dicts) so msgpack carries them
 as they are. `decode` builds only the classes registered here: a peer can name no other
@@ -123,6 +123,14 @@ class StatsReport:
 
 
 @dataclass
+class Heartbeat:
+    """A child's sign of life, sent from its main loop about once a second (a loop stuck
+    in one step sends none): the HTTP process's watchdog reads them."""
+
+    name: str  # "scheduler" or "detokenizer"
+
+
+@dataclass
 class StartupReport:
     """A child's first message to the launcher: ready (with `info`) or failed (`error`)."""
 
@@ -136,7 +144,7 @@ _TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
         GenerateReq, AbortReq, ControlReq, ControlReply, DetokRegister, TokenBatch, Forget,
-        DetokenizedBatch, RequestError, StatsReport, StartupReport, TokenOutput, DetokenizedOutput,
+        DetokenizedBatch, RequestError, StatsReport, StartupReport, TokenOutput, DetokenizedOutput, Heartbeat,
     )
 }
 

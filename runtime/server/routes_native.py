@@ -20,12 +20,13 @@ from sprig.runtime.server.app import (
     client_gone,
     error_event,
     json_response,
-    read_json,
+    prepare,
     sse,
     state_of,
 )
 from sprig.runtime.server.errors import ApiError, error_response, parse
 from sprig.runtime.server.inputs import LogprobArgs
+from sprig.runtime.server.messages import GenerateReq
 from sprig.runtime.server.protocol import AbortRequest, GenerateRequest
 from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
 
@@ -36,11 +37,17 @@ HEALTH_GENERATE_TIMEOUT_S = 20.0
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     st = state_of(request)
-    req: GenerateRequest = parse(GenerateRequest, await read_json(request))
-    batch, prompts = st.inputs.prompts(req.text, req.input_ids)
-    params = st.inputs.params(req.sampling_params, len(prompts))
-    logprobs = LogprobArgs(req.return_logprob, req.logprob_start_len, req.top_logprobs_num, req.return_text_in_logprobs)
-    call = st.manager.submit(st.inputs.requests(prompts, params, req.rid, logprobs, stream=req.stream))
+
+    def build(body: Any) -> tuple[GenerateRequest, bool, list[GenerateReq]]:
+        req: GenerateRequest = parse(GenerateRequest, body)
+        batch, prompts = st.inputs.prompts(req.text, req.input_ids)
+        params = st.inputs.params(req.sampling_params, len(prompts))
+        logprobs = LogprobArgs(req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
+                               req.return_text_in_logprobs)
+        return req, batch, st.inputs.requests(prompts, params, req.rid, logprobs, stream=req.stream)
+
+    req, batch, reqs = await prepare(request, build)
+    call = st.manager.submit(reqs)
     many = batch or len(call.rids) > 1
     if req.stream:
         return SSEResponse(_events(call, many), call.close)
@@ -62,7 +69,7 @@ async def _events(call: Call, many: bool) -> AsyncIterator[bytes]:
 
 @router.post("/abort_request")
 async def abort_request(request: Request) -> Response:
-    req: AbortRequest = parse(AbortRequest, await read_json(request))
+    req: AbortRequest = await prepare(request, lambda body: parse(AbortRequest, body), new_work=False)
     return json_response({"rid": req.rid, "aborted": state_of(request).manager.abort(req.rid)})
 
 
@@ -84,7 +91,7 @@ async def model_info(request: Request) -> Response:
             "tokenizer_path": st.model_path,
             "served_model_name": st.model_name,
             "is_generation": True,
-            "chat_template": getattr(st.inputs.tokenizer, "chat_template", None),
+            "chat_template": st.inputs.chat.source if st.inputs.chat else None,
             "bos_token": getattr(st.inputs.tokenizer, "bos_token", None),
             "eos_token": getattr(st.inputs.tokenizer, "eos_token", None),
             "context_len": st.model_info["context_len"],

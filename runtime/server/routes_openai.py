@@ -20,12 +20,13 @@ from sprig.runtime.server.app import (
     error_event,
     json_response,
     now_s,
-    read_json,
+    prepare,
     sse,
     state_of,
 )
 from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.inputs import LogprobArgs
+from sprig.runtime.server.messages import GenerateReq
 from sprig.runtime.server.openai_format import (
     chat_logprobs,
     completion_logprobs,
@@ -36,7 +37,7 @@ from sprig.runtime.server.openai_format import (
 )
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
-from sprig.runtime.server.tool_calls import ToolCall, plan_tool_use
+from sprig.runtime.server.tool_calls import ToolCall, ToolUse, plan_tool_use
 
 router = APIRouter()
 ChoiceFn = Callable[[int, dict[str, Any]], list[dict[str, Any]]]
@@ -70,7 +71,7 @@ async def models(request: Request) -> Response:
     st = state_of(request)
     card = {
         "id": st.model_name, "object": "model", "created": now_s(), "owned_by": "sprig",
-        "root": st.model_path, "max_model_len": st.model_info["context_len"],
+        "root": st.model_name, "max_model_len": st.model_info["context_len"],
     }
     return json_response({"object": "list", "data": [card]})
 
@@ -78,17 +79,23 @@ async def models(request: Request) -> Response:
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     st = state_of(request)
-    req: CompletionRequest = parse(CompletionRequest, await read_json(request))
-    if req.suffix:
-        raise ApiError(400, "suffix is not supported", "suffix")
-    p = req.prompt
-    is_ids = isinstance(p, list) and bool(p) and not isinstance(p[0], str)
-    _, prompts = st.inputs.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
-    texts = [st.inputs.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
-    params = [_params(st, req, len(ids), req.max_tokens) for ids in prompts]
+
+    def build(body: Any) -> tuple[CompletionRequest, list[str], list[GenerateReq]]:
+        req: CompletionRequest = parse(CompletionRequest, body)
+        if req.suffix:
+            raise ApiError(400, "suffix is not supported", "suffix")
+        p = req.prompt
+        is_ids = isinstance(p, list) and bool(p) and not isinstance(p[0], str)
+        _, prompts = st.inputs.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
+        texts = [st.inputs.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
+        params = [_params(st, req, len(ids), req.max_tokens) for ids in prompts]
+        want = req.logprobs is not None
+        logprobs = LogprobArgs(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
+        return req, texts, st.inputs.requests(prompts, params, None, logprobs, stream=req.stream)
+
+    req, texts, reqs = await prepare(request, build)
     want = req.logprobs is not None
-    logprobs = LogprobArgs(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
-    call = st.manager.submit(st.inputs.requests(prompts, params, None, logprobs, stream=req.stream))
+    call = st.manager.submit(reqs)
     env = _Envelope(f"cmpl-{uuid.uuid4().hex}", "text_completion", now_s(), st.model_name)
     sent: dict[int, tuple[int, int, int, bool]] = {}  # index -> chars, logprobs, offset, echoed input
 
@@ -124,17 +131,22 @@ async def completions(request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     st = state_of(request)
-    req: ChatCompletionRequest = parse(ChatCompletionRequest, await read_json(request))
-    if req.top_logprobs and not req.logprobs:
-        raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    constrained = req.regex is not None or req.json_schema is not None or (
-        req.response_format is not None and req.response_format.type != "text")
-    tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constrained)
-    ids = st.inputs.chat_prompt(req.messages, tools.rendered, req.chat_template_kwargs)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    params = [_params(st, req, len(ids), max_tokens, regex=tools.forced)]
-    logprobs = LogprobArgs(req.logprobs, -1, req.top_logprobs or 0, True)
-    call = st.manager.submit(st.inputs.requests([ids], params, None, logprobs, stream=req.stream))
+
+    def build(body: Any) -> tuple[ChatCompletionRequest, ToolUse, list[GenerateReq]]:
+        req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
+        if req.top_logprobs and not req.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        constrained = req.regex is not None or req.json_schema is not None or (
+            req.response_format is not None and req.response_format.type != "text")
+        tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constrained)
+        ids = st.inputs.chat_prompt(req.messages, tools.rendered, req.chat_template_kwargs)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params = [_params(st, req, len(ids), max_tokens, regex=tools.forced)]
+        logprobs = LogprobArgs(req.logprobs, -1, req.top_logprobs or 0, True)
+        return req, tools, st.inputs.requests([ids], params, None, logprobs, stream=req.stream)
+
+    req, tools, reqs = await prepare(request, build)
+    call = st.manager.submit(reqs)
     env = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", now_s(), st.model_name)
     fmt = tools.parse_format
     sent: dict[int, tuple[int, int]] = {}  # index -> (content chars, output logprobs)

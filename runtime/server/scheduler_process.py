@@ -23,7 +23,13 @@ from sprig.runtime.detokenizer import PROMPT_CONTEXT_TOKENS
 from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.scheduler import QueueFull, Req, Scheduler, SchedulerStats
-from sprig.runtime.server.child import ParentWatch, report_startup, setup_child
+from sprig.runtime.server.child import (
+    HeartbeatClock,
+    ParentWatch,
+    leave_orphaned,
+    report_startup,
+    setup_child,
+)
 from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
 from sprig.runtime.server.messages import (
     AbortReq,
@@ -32,6 +38,7 @@ from sprig.runtime.server.messages import (
     DetokRegister,
     Forget,
     GenerateReq,
+    Heartbeat,
     RequestError,
     StartupReport,
     TokenBatch,
@@ -85,9 +92,9 @@ class SchedulerLoop:
         except ValueError as e:  # RequestRejected included
             self.send_http(RequestError(msg.rid, str(e), 400))
             return
-        except Exception as e:
+        except Exception:
             log.exception("could not queue request %s", msg.rid)
-            self.send_http(RequestError(msg.rid, f"internal error queueing the request: {e}", 500))
+            self.send_http(RequestError(msg.rid, "internal error queueing the request (see the server log)", 500))
             return
         self.live.add(msg.rid)
         self.send_detok(
@@ -159,15 +166,18 @@ class SchedulerLoop:
         self.scheduler.step()  # retires the aborted requests; their clients get the error instead
         self.live.clear()
         self.send_detok(Forget(rids))
-        message = f"internal error in the scheduler: {type(exc).__name__}: {exc}"
+        message = "internal error in the scheduler (the server log has the details)"
         for rid in rids:
             self.send_http(RequestError(rid, message, 500))
         self.scheduler.check_integrity()  # if the KV state is broken, exit rather than serve
 
-    def serve_forever(self, sock: zmq.Socket, parent: ParentWatch) -> None:
+    def serve_forever(self, sock: zmq.Socket, parent: ParentWatch, ipc: IpcPaths) -> None:
         """Drain messages without blocking while there is work; block (briefly, to report
-        stats and notice an orphaned state) when idle."""
+        stats, send heartbeats and notice an orphaned state) when idle."""
+        heartbeat = HeartbeatClock()
         while True:
+            if heartbeat.due():
+                self.send_http(Heartbeat("scheduler"))
             busy = self.scheduler.has_work
             if sock.poll(0 if busy else int(self.stats.interval * 1000)):
                 while True:
@@ -180,7 +190,7 @@ class SchedulerLoop:
                     except Exception:  # a malformed message must not stop the loop
                         log.exception("dropping a message that could not be handled")
             elif not busy and not parent.alive():
-                log.info("the server process is gone; exiting")
+                leave_orphaned(ipc)
                 return
             if self.scheduler.has_work:
                 self.run_step()
@@ -226,7 +236,7 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         stats=StatsTracker(stats_interval, log_interval),
     )
     try:
-        loop.serve_forever(sock, parent)
+        loop.serve_forever(sock, parent, ipc)
     finally:
         scheduler.close()
 

@@ -6,7 +6,16 @@ Invariants:
   `RequestError`, or `RequestFailed` raised to its caller because a child died;
 - a `Call` whose consumer stops early (client gone) aborts its unfinished sequences in
   the scheduler, so their KV slots are freed;
-- nothing here blocks the event loop: sends are non-blocking (a full queue is a 503).
+- sequences in flight (tracked, or aborted and not yet confirmed by the scheduler) never
+  exceed `max_inflight`, the scheduler's own queue bound: a call is admitted whole or
+  answered 429 whole, so the scheduler never refuses a sequence for room, and nothing
+  runs that its client was told failed;
+- nothing here blocks the event loop: the socket to the scheduler has no send limit (the
+  bound above holds its queue), so a send, an abort included, never fails or waits;
+- a child that exits, or sends no `Heartbeat` for `watchdog_timeout` seconds (stuck, or
+  stopped), is fatal: every request fails with 503, /health answers 503, and
+  `on_fatal(message)` is called `FATAL_EXIT_GRACE_S` later (the launcher then exits
+  non-zero).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from sprig.runtime.server.messages import (
     ControlReq,
     DetokenizedBatch,
     GenerateReq,
+    Heartbeat,
     RequestError,
     StatsReport,
     decode,
@@ -39,6 +49,8 @@ from sprig.runtime.server.messages import (
 from sprig.runtime.server.metrics import Metrics
 
 log = logging.getLogger("sprig.server")
+FATAL_EXIT_GRACE_S = 1.0  # a fatal error is answered this long before the server exits
+WATCHDOG_POLL_S = 1.0
 
 
 class RequestFailed(Exception):
@@ -115,17 +127,23 @@ class Call:
         """Abort what is unfinished and stop tracking. Idempotent; never awaits."""
         for rid, track in self.tracks.items():
             if self.manager.tracks.pop(rid, None) is not None and not track.state.finished and track.error is None:
-                self.manager.try_send(AbortReq(rid))
+                self.manager.abort_untracked(rid)
 
 
 class TokenizerManager:
     """Owns the sockets to the scheduler (send) and from both children (receive)."""
 
-    def __init__(self, ipc: IpcPaths, children: dict[str, BaseProcess], metrics: Metrics) -> None:
+    def __init__(self, ipc: IpcPaths, children: dict[str, BaseProcess], metrics: Metrics, max_inflight: int,
+                 watchdog_timeout: float, on_fatal: Callable[[str], None] | None = None) -> None:
         self.ipc = ipc
         self.children = children
         self.metrics = metrics
+        self.max_inflight = max_inflight
+        self.watchdog_timeout = watchdog_timeout
+        self.on_fatal = on_fatal
+        self.heartbeats: dict[str, float] = {}  # child name -> when its last heartbeat arrived
         self.tracks: dict[str, _Track] = {}
+        self.aborting: set[str] = set()  # aborted by a client's leaving, until the scheduler confirms
         self.dead: str | None = None
         self.stats: StatsReport | None = None
         self._controls: dict[int, asyncio.Future[ControlReply]] = {}
@@ -135,9 +153,12 @@ class TokenizerManager:
     async def start(self) -> None:
         self._ctx = zmq.Context()
         self._actx = zmq.asyncio.Context.shadow(self._ctx.underlying)
-        self._push = push_socket(self._ctx, self.ipc.scheduler)
+        self._push = push_socket(self._ctx, self.ipc.scheduler, unbounded=True)
         self._pull = pull_socket(self._actx, self.ipc.http)
         self._tasks.append(asyncio.create_task(self._receive_loop()))
+        now = time.monotonic()
+        self.heartbeats = {name: now for name in self.children}
+        self._tasks.append(asyncio.create_task(self._watchdog()))
         loop = asyncio.get_running_loop()
         for name, proc in self.children.items():
             loop.add_reader(proc.sentinel, self._child_exited, name, proc)
@@ -154,36 +175,41 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ sending
     def send(self, msg: object) -> None:
-        try:
-            self._push.send(encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            raise RequestFailed(503, "the scheduler is not accepting requests (its queue is full)") from None
+        """Queue `msg` for the scheduler; never blocks (the socket has no send limit)."""
+        self._push.send(encode(msg), zmq.NOBLOCK)
 
-    def try_send(self, msg: object) -> bool:
-        """`send` for cleanup paths: never raises; False if the message was dropped."""
-        try:
-            self.send(msg)
-        except RequestFailed:
-            return False
-        return True
-
-    def submit(self, reqs: list[GenerateReq]) -> Call:
+    def check_room(self, n: int) -> None:
+        """Raise unless `n` more sequences may start: 503 if a child died, 400 if `n` is
+        past the bound itself, 429 (retry later) if the sequences in flight leave no room."""
         if self.dead:
             raise RequestFailed(503, self.dead)
+        if n > self.max_inflight:
+            raise RequestFailed(400, f"a request may hold at most {self.max_inflight} sequences (prompts x n); it has {n}")
+        if len(self.tracks) + len(self.aborting) + n > self.max_inflight:
+            raise RequestFailed(
+                429, f"the server has {self.max_inflight} sequences in flight at most and no room for {n} more; retry later"
+            )
+
+    def submit(self, reqs: list[GenerateReq]) -> Call:
+        """Track and send every sequence of one call (all or none)."""
+        self.check_room(len(reqs))
         if taken := [r.rid for r in reqs if r.rid in self.tracks]:
             raise RequestFailed(400, f"request id {taken[0]!r} is already in use")
         if len({r.rid for r in reqs}) < len(reqs):
             raise RequestFailed(400, "the request ids of one call must be distinct")
         call = Call(self, reqs)
         self.tracks.update(call.tracks)
-        try:
-            for r in reqs:
-                self.send(r)
-        except RequestFailed:
-            call.close()
-            raise
+        for r in reqs:
+            self.send(r)
         self.metrics.requests_received.inc(len(reqs))
         return call
+
+    def abort_untracked(self, rid: str) -> None:
+        """Abort a sequence whose client left; it counts as in flight until the scheduler
+        confirms it ended (a finished output or an error)."""
+        self.aborting.add(rid)
+        self.send(AbortReq(rid))
+        self.metrics.requests_finished.labels("abort").inc()
 
     def abort(self, rid: str) -> bool:
         """Abort `rid` or, for n > 1, every `rid-j`; False if none is in flight."""
@@ -221,6 +247,8 @@ class TokenizerManager:
             for out in msg.outputs:
                 track = self.tracks.get(out.rid)
                 if track is None:
+                    if out.finish_reason is not None:
+                        self.aborting.discard(out.rid)
                     continue
                 status = (out.finish_reason or {}).get("status_code")
                 if status is not None:  # the scheduler refused the request itself (e.g. a bad grammar)
@@ -234,10 +262,13 @@ class TokenizerManager:
                     self.metrics.observe_finished(out.finish_reason, now - track.created)
                 track.updates.put_nowait(out.rid)
         elif isinstance(msg, RequestError):
+            self.aborting.discard(msg.rid)
             track = self.tracks.get(msg.rid)
             if track is not None:
                 self._fail(track, msg.rid, RequestFailed(msg.status, msg.message))
-                self.try_send(AbortReq(msg.rid))  # in case a later stage failed: free its slots
+                self.send(AbortReq(msg.rid))  # in case a later stage failed: free its slots
+        elif isinstance(msg, Heartbeat):
+            self.heartbeats[msg.name] = time.monotonic()
         elif isinstance(msg, StatsReport):
             self.stats = msg
             self.metrics.observe_stats(msg)
@@ -255,10 +286,30 @@ class TokenizerManager:
     def _child_exited(self, name: str, proc: BaseProcess) -> None:
         asyncio.get_running_loop().remove_reader(proc.sentinel)
         proc.join(0.1)  # the sentinel fires as the child exits; reap it for its exit code
-        self.dead = f"the {name} process (pid {proc.pid}) exited with code {proc.exitcode}; the server cannot serve"
-        log.error("%s; failing %d requests in flight", self.dead, len(self.tracks))
+        self._fatal(f"the {name} process (pid {proc.pid}) exited with code {proc.exitcode}; the server cannot serve")
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(WATCHDOG_POLL_S)
+            now = time.monotonic()
+            for name, last in self.heartbeats.items():
+                if now - last > self.watchdog_timeout:
+                    pid = self.children[name].pid
+                    self._fatal(f"the {name} process (pid {pid}) has shown no sign of life for {now - last:.0f} s "
+                                f"(stuck or stopped); the server cannot serve")
+                    return
+
+    def _fatal(self, message: str) -> None:
+        """A child is gone or stuck: fail everything, answer 503 from now on, then exit."""
+        if self.dead is not None:
+            return
+        self.dead = message
+        self.aborting.clear()
+        log.error("%s; failing %d requests in flight", message, len(self.tracks))
         for rid, track in list(self.tracks.items()):
-            self._fail(track, rid, RequestFailed(503, self.dead))
+            self._fail(track, rid, RequestFailed(503, message))
         for future in self._controls.values():
             if not future.done():
-                future.set_exception(RequestFailed(503, self.dead))
+                future.set_exception(RequestFailed(503, message))
+        if self.on_fatal is not None:
+            asyncio.get_running_loop().call_later(FATAL_EXIT_GRACE_S, self.on_fatal, message)

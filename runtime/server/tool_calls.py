@@ -23,7 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sprig.runtime import json_limits
 from sprig.runtime.constrained.json_schema import schema_to_regex
+from sprig.runtime.json_limits import MAX_JSON_DEPTH, json_depth
 from sprig.runtime.server.errors import ApiError
 
 _DECODER = json.JSONDecoder()
@@ -130,7 +132,9 @@ def _objects(body: str, separator: str) -> list[Any] | None:
             i = len(body) - len(body[i:].lstrip())
         try:
             value, i = _DECODER.raw_decode(body, i)
-        except ValueError:
+        except (ValueError, RecursionError):
+            return None
+        if json_depth(value) > MAX_JSON_DEPTH:
             return None
         values.append(value)
 
@@ -161,7 +165,7 @@ def _call(obj: Any, args_key: str) -> ToolCall | None:
     args = obj.get(args_key, obj.get("arguments", {}))
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            args = json.loads(args)
+            args = json_limits.loads(args, "tool call arguments")
         except ValueError:
             return None
     if not isinstance(args, dict):

@@ -81,6 +81,21 @@ def test_slow_grammar_times_out_without_holding_back_others(compiler):
     assert compiler.get(GrammarSpec.regex("[0-9]+"), timeout=30) is not None  # a fresh worker
 
 
+def test_slow_grammars_cannot_starve_the_pool(backend):
+    """Two slow patterns on a pool of two: each is moved to the slow lane after its first
+    0.3 s, so an ordinary grammar compiles while both are still pending (it used to wait
+    for one to time out)."""
+    config = CompilerConfig(timeout_s=4, slow_after_s=0.3, num_workers=2)
+    with GrammarCompiler(backend, config) as c:
+        slow = [c.submit(GrammarSpec.regex(f"(a|b)*a(a|b){{{n}}}")) for n in (18, 19)]
+        assert c.get(GrammarSpec.regex("(yes|no)"), timeout=30).regex == "(yes|no)"
+        assert not any(f.done() for f in slow)
+        for f in slow:
+            with pytest.raises(GrammarTimeoutError, match="longer than 4 s"):
+                f.result(timeout=60)
+        assert c.submit(GrammarSpec.regex("(a|b)*a(a|b){18}")).done()  # remembered: fails at once
+
+
 def test_invalid_spec_fails_its_future_with_a_value_error(compiler):
     future = compiler.submit(GrammarSpec.regex("(unclosed"))
     with pytest.raises(ValueError, match="missing \\)"):

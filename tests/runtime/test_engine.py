@@ -92,14 +92,19 @@ def test_stats_count_extend_and_decode_steps(engine) -> None:
     assert after.steps - before.steps >= 5
 
 
-def test_n_samples_share_the_prompt_prefill(engine) -> None:
+@pytest.mark.parametrize("n", [4, 32])
+def test_n_samples_share_the_prompt_prefill(engine, n: int) -> None:
+    """The prompt is prefilled once; the other samples reuse it together in one more
+    extend step, each computing its last token (its own logits)."""
     engine.flush_cache()
-    before = engine.scheduler.stats.prefill_tokens
-    outs = engine.generate(PROMPT, {"max_new_tokens": 6, "temperature": 1.0, "n": 4, "seed": 3})
-    assert len(outs) == 4 and len({tuple(o["output_ids"]) for o in outs}) > 1
+    stats = engine.scheduler.stats
+    before, steps = stats.prefill_tokens, stats.extend_steps
+    outs = engine.generate(PROMPT, {"max_new_tokens": 6, "temperature": 1.0, "n": n, "seed": 3})
+    assert len(outs) == n and len({tuple(o["output_ids"]) for o in outs}) > 1
     prompt_len = outs[0]["meta_info"]["prompt_tokens"]
-    assert engine.scheduler.stats.prefill_tokens - before == prompt_len + 3  # one token each after the first
-    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0] + [prompt_len - 1] * 3
+    assert stats.prefill_tokens - before == prompt_len + n - 1  # one token each after the first
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0] + [prompt_len - 1] * (n - 1)
+    assert stats.extend_steps - steps == 2
 
 
 def test_seeded_sampling_is_independent_of_the_batch(engine) -> None:

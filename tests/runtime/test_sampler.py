@@ -90,6 +90,14 @@ def test_top_p_never_leaves_the_nucleus() -> None:
     assert frequencies(SKEWED, top_p=1.0)[2:].sum() > 0.1
 
 
+@pytest.mark.parametrize("top_p", [1e-300, 1e-45, 1e-9])
+def test_a_vanishing_top_p_keeps_the_most_likely_token(top_p: float) -> None:
+    """top_p below float32's smallest value rounds to 0 there: the top token still stays
+    (it used to leave nothing, and the argmax of all -inf picked token 0)."""
+    row = SKEWED.roll(2)  # the most likely token is 2, not 0
+    assert frequencies(row, top_p=top_p).tolist() == [0.0, 0.0, 1.0, 0.0, 0.0]
+
+
 def test_top_p_applies_to_the_top_k_renormalized_distribution() -> None:
     # top-3 renormalized: [0.556, 0.333, 0.111]; mass before token 2 is 0.889 > 0.85
     freq = frequencies(SKEWED, top_k=3, top_p=0.85)

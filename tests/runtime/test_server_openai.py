@@ -158,7 +158,8 @@ def test_a_client_that_gives_up_aborts_its_request(server: Server, path: str, bo
 
 def test_models(server: Server, tiny_llama: Path) -> None:
     data = server.get("/v1/models").json()["data"]
-    assert data[0]["id"] == str(tiny_llama) and data[0]["object"] == "model" and data[0]["max_model_len"] == 1024
+    assert data[0]["id"] == tiny_llama.name and data[0]["object"] == "model" and data[0]["max_model_len"] == 1024
+    assert str(tiny_llama.parent) not in server.get("/v1/models").text  # no server path in responses
 
 
 @pytest.mark.parametrize(
