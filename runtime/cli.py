@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import types
 import typing
@@ -24,11 +25,13 @@ if TYPE_CHECKING:
 HELP = {
     "host": "address to listen on",
     "port": "port to listen on; 0 picks a free port (the 'ready at' log line names it)",
-    "api_key": "require 'Authorization: Bearer API_KEY' on every route but /health and /metrics",
+    "api_key": "require 'Authorization: Bearer API_KEY' on every route but /health and /metrics "
+               "(visible to other users in `ps`: prefer SPRIG_API_KEY or --api-key-file)",
     "served_model_name": "model id in /v1/models and OpenAI responses (default: the checkpoint directory's name; sprig-demo for the demo model)",
     "max_request_bytes": "larger request bodies get 413",
     "chat_template": "a Jinja chat template file to use instead of the model's",
     "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never parse)",
+    "read_timeout": "seconds a client has to send a request's headers, and again its body (408 / closed after)",
     "watchdog_timeout": "seconds a child process may show no sign of life (a step longer than this counts as stuck) before the server exits non-zero",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",
     "log_interval": "seconds between activity log lines (only when there is activity)",
@@ -128,10 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", "--model-path", dest="model_path", default=None, metavar="PATH",
                        help="a local Hugging Face checkpoint directory (weights, config, tokenizer); "
                        "default: sprig's embedded demo model")
+    serve.add_argument("--api-key-file", default=None, metavar="PATH",
+                       help="read the API key from this file (its first line) instead of --api-key")
     choices = _choices()
     for title, cls in _sections():
         _add_fields(serve.add_argument_group(f"{title} options"), cls, choices)
     return parser
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key-file, else --api-key, else the SPRIG_API_KEY environment variable."""
+    if args.api_key_file is not None:
+        lines = Path(args.api_key_file).read_text().splitlines()
+        return lines[0].strip() if lines else ""
+    return args.api_key if args.api_key is not None else os.environ.get("SPRIG_API_KEY")
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig]:
@@ -158,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         args.model_path = str(ensure_demo_model())
     if not Path(args.model_path).is_dir():
         parser.error(f"--model {args.model_path!r} is not a directory")
+    try:
+        args.api_key = _api_key(args)
+    except OSError as e:
+        parser.error(f"--api-key-file: {e}")
     try:
         server, engine = configs_from_args(args)
     except (TypeError, ValueError) as e:

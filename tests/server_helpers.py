@@ -93,8 +93,10 @@ def running_server(model: Path, *args: str, api_key: str | None = None, exit_cod
     fd, log_name = tempfile.mkstemp(prefix="sprig-test-server-", suffix=".log")
     log = Path(log_name)
     cmd = [sys.executable, "-m", "sprig.runtime", "serve", "--model", str(model), "--port", "0",
-           "--dtype", "float32", "--log-interval", "1", *(["--api-key", api_key] if api_key else []), *args]
+           "--dtype", "float32", "--log-interval", "1", *args]
     env = os.environ | {"OMP_NUM_THREADS": "1"}  # 2 shared cores: threads only contend
+    if api_key:
+        env["SPRIG_API_KEY"] = api_key  # not on the command line, where `ps` shows it
     proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
     os.close(fd)
     server = Server(proc, _wait_ready(proc, log), log, {"Authorization": f"Bearer {api_key}"} if api_key else {})

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any, TypeVar
 
 import orjson
@@ -26,6 +27,7 @@ from sprig.runtime.json_limits import check_depth
 from sprig.runtime.server.config import ServerConfig
 from sprig.runtime.server.errors import ApiError, error_body, error_response
 from sprig.runtime.server.inputs import InputBuilder
+from sprig.runtime.server.openapi import openapi_document
 from sprig.runtime.server.tokenizer_manager import RequestFailed, TokenizerManager
 from sprig.runtime.server.tool_calls import ToolFormat
 
@@ -94,15 +96,23 @@ async def prepare(request: Request, build: Callable[[Any], T], *, new_work: bool
 
 
 async def read_body(request: Request) -> bytes:
-    """The body; 413 past `max_request_bytes` (stops reading); 499 (logged at debug
-    level, nobody reads it) if the client leaves before the body is complete."""
-    limit = state_of(request).config.max_request_bytes
+    """The body; 413 past `max_request_bytes` (stops reading); 408 if it takes longer
+    than `read_timeout`; 499 (logged at debug level, nobody reads it) if the client
+    leaves before the body is complete."""
+    config = state_of(request).config
+    limit = config.max_request_bytes
     body = bytearray()
-    try:
+
+    async def read() -> None:
         async for chunk in request.stream():
-            body += chunk
+            body.extend(chunk)
             if len(body) > limit:
                 raise ApiError(413, f"the request body exceeds {limit} bytes")
+
+    try:
+        await asyncio.wait_for(read(), config.read_timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {config.read_timeout:g} s") from None
     except ClientDisconnect:
         log.debug("client left while sending %s", request.url.path)
         raise ApiError(499, "the client disconnected before the request body was complete") from None
@@ -195,6 +205,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def health(request: Request) -> Response:
         dead = state.manager.dead
         return error_response(503, dead) if dead else Response(status_code=200)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        return json_response(openapi_document(app, version("sprig"), state.config.api_key is not None))
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -23,8 +23,9 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# what the server itself passes the template: a client's variables may not replace these
-RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+# what the server itself passes the template, and the template itself (fixed at start-up):
+# a client's variables may not name these
+RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "chat_template"})
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
 
@@ -90,7 +91,8 @@ class ChatRenderer:
         variables = variables or {}
         taken = [k for k in variables if k in RESERVED or k in SPECIAL_TOKENS]
         if taken:
-            raise ValueError(f"chat_template_kwargs may not set {taken[0]!r}: the server passes it")
+            raise ValueError(f"chat_template_kwargs may not set {taken[0]!r}: the server sets it "
+                             "(the template is fixed at start-up: --chat-template)")
         context = {**self.special_tokens, **variables, "messages": messages, "tools": tools,
                    "add_generation_prompt": True}
         parts, size = [], 0

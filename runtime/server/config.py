@@ -25,6 +25,8 @@ class ServerConfig:
     - `tool_call_parser`: how chat answers are searched for tool calls: a format of
       `sprig.runtime.server.tool_calls`, "auto" (the one the chat template writes, if
       any) or "none" (answers are always plain content).
+    - `read_timeout`: seconds a client has to send a request's headers, and again its
+      body (slow clients hold connections and memory otherwise).
     - `watchdog_timeout`: seconds a child may go without a heartbeat (its main loop turns
       about once a second, and once per scheduler step) before the server counts it
       stuck, answers 503 and exits non-zero.
@@ -39,6 +41,7 @@ class ServerConfig:
     chat_template: str | None = None
     tool_call_parser: str = "auto"
     max_request_bytes: int = 32 * 1024 * 1024
+    read_timeout: float = 30.0
     watchdog_timeout: float = 300.0
     stats_interval: float = 0.5
     log_interval: float = 5.0
@@ -54,6 +57,8 @@ class ServerConfig:
             raise ValueError(f"max_request_bytes must be >= 1024, got {self.max_request_bytes}")
         if self.stats_interval <= 0 or self.log_interval <= 0:
             raise ValueError("stats_interval and log_interval must be > 0")
+        if self.read_timeout <= 0:
+            raise ValueError(f"read_timeout must be > 0, got {self.read_timeout}")
         if self.watchdog_timeout < 2:
             raise ValueError(f"watchdog_timeout must be >= 2 s (children send a heartbeat each second), got {self.watchdog_timeout}")
         if self.chat_template is not None and not Path(self.chat_template).is_file():

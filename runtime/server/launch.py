@@ -125,6 +125,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
     import uvicorn
 
     from sprig.runtime.server.app import ServerState, create_app
+    from sprig.runtime.server.http_protocol import with_header_timeout
     from sprig.runtime.server.inputs import InputBuilder
     from sprig.runtime.server.metrics import Metrics
     from sprig.runtime.server.tokenizer_manager import TokenizerManager
@@ -158,7 +159,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     config = uvicorn.Config(
         create_app(state), loop=loop, log_config=None, log_level=server.log_level,
-        access_log=server.access_log, timeout_graceful_shutdown=5,
+        access_log=server.access_log, timeout_graceful_shutdown=5, http=with_header_timeout(server.read_timeout),
     )
     http = uvicorn.Server(config)
     try:

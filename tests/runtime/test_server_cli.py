@@ -65,6 +65,20 @@ def test_invalid_flags_exit_with_a_message(tmp_path, capsys, flags: list[str], m
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_the_api_key_comes_from_a_file_or_the_environment(tmp_path, monkeypatch) -> None:
+    from sprig.runtime.cli import _api_key
+
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    args = build_parser().parse_args(["serve", "--api-key-file", str(key_file), "--api-key", "flag"])
+    assert _api_key(args) == "from-file"
+    monkeypatch.setenv("SPRIG_API_KEY", "from-env")
+    assert _api_key(build_parser().parse_args(["serve"])) == "from-env"
+    assert _api_key(build_parser().parse_args(["serve", "--api-key", "flag"])) == "flag"
+    monkeypatch.delenv("SPRIG_API_KEY")
+    assert _api_key(build_parser().parse_args(["serve"])) is None
+
+
 def test_missing_model_directory(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--model", "/nonexistent/model"])

@@ -130,4 +130,5 @@ def test_a_rid_in_flight_cannot_be_reused(server: Server) -> None:
 def test_unknown_route_and_method_use_the_error_format(server: Server) -> None:
     r = server.get("/v2/nothing")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    assert server.get("/generate").json()["error"]["code"] == 405
+    wrong = server.get("/generate")
+    assert wrong.json()["error"]["code"] == 405 and wrong.headers["allow"] == "POST"

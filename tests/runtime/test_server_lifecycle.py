@@ -35,6 +35,11 @@ def test_api_key_is_required_except_for_health(limited: Server) -> None:
     limited.wait_idle()
 
 
+def test_the_api_key_shows_in_no_process_command_line(limited: Server) -> None:
+    for pid in limited.pids.values():
+        assert KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 def test_body_size_limit(limited: Server) -> None:
     big = {"text": "x" * 5000}
     assert limited.post("/generate", big).status_code == 413

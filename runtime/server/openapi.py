@@ -1,0 +1,54 @@
+"""The server's OpenAPI document (`/openapi.json`): FastAPI's description of the routes,
+with each JSON body's schema taken from the pydantic model its route validates it
+against (the routes read bodies themselves, to answer errors in OpenAI's format), and
+the API key as a bearer scheme. Clients and fuzzers (schemathesis) read it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from sprig.runtime.server.protocol import (
+    AbortRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+)
+
+BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's model
+    "/generate": GenerateRequest,
+    "/abort_request": AbortRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+}
+ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
+          "408": "the body arrived too slowly", "413": "the body is too large",
+          "429": "the server is full; retry after Retry-After seconds", "503": "the server cannot serve"}
+
+
+def openapi_document(app: FastAPI, version: str, api_key: bool) -> dict[str, Any]:
+    """The document, built once and kept on `app`."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    doc = get_openapi(title="sprig", version=version, routes=app.routes)
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for path, model in BODIES.items():
+        schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        op = doc["paths"][path]["post"]
+        op["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+    for item in doc["paths"].values():
+        for op in item.values():
+            op.setdefault("responses", {}).update(
+                {code: {"description": text} for code, text in ERRORS.items()}
+            )
+    if api_key:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    app.openapi_schema = doc
+    return doc
