@@ -79,14 +79,13 @@ class Runtime:
             model_path = str(ensure_demo_model())
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
-        if api_key:
-            server_args["api_key"] = api_key
         self.command = server_command(model_path, host, self.port, launcher, **server_args)
         log = tempfile.NamedTemporaryFile(prefix="sprig-server-", suffix=".log", delete=False)  # noqa: SIM115
         self.log_path = log.name
+        env = os.environ | ({"SPRIG_API_KEY": api_key} if api_key else {})  # not on argv, where `ps` shows it
         process = subprocess.Popen(
             self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )
         log.close()
         self._process: subprocess.Popen[bytes] | None = process

@@ -27,6 +27,7 @@ from sprig.runtime.server.child import (
     HeartbeatClock,
     ParentWatch,
     leave_orphaned,
+    release_free_heap,
     report_startup,
     setup_child,
 )
@@ -157,6 +158,7 @@ class SchedulerLoop:
             self._last_idle_check = now
             error = self._integrity_error()
             self.stats.integrity = "ok" if error is None else error
+            release_free_heap()
 
     def _recover(self, exc: Exception) -> None:
         rids = sorted(self.live)
