@@ -22,11 +22,10 @@ if TYPE_CHECKING:
     from sprig.runtime.engine_config import EngineConfig
     from sprig.runtime.server.config import ServerConfig
 
+OWN_FLAGS = frozenset({"model_path", "api_keys"})  # config fields whose flags `build_parser` spells out
 HELP = {
     "host": "address to listen on",
     "port": "port to listen on; 0 picks a free port (the 'ready at' log line names it)",
-    "api_key": "require 'Authorization: Bearer API_KEY' on every route but /health and /metrics "
-               "(visible to other users in `ps`: prefer SPRIG_API_KEY or --api-key-file)",
     "served_model_name": "model id in /v1/models and OpenAI responses (default: the checkpoint directory's name; sprig-demo for the demo model)",
     "max_request_bytes": "larger request bodies get 413",
     "chat_template": "a Jinja chat template file to use instead of the model's",
@@ -101,7 +100,7 @@ def _optional(kind: type) -> Any:
 def _add_fields(group: argparse._ArgumentGroup, cls: type, choices: dict[str, tuple[str, ...]]) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name == "model_path":
+        if f.name in OWN_FLAGS:
             continue
         hint = hints[f.name]
         args = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(hint, types.UnionType) else [hint]
@@ -131,20 +130,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", "--model-path", dest="model_path", default=None, metavar="PATH",
                        help="a local Hugging Face checkpoint directory (weights, config, tokenizer); "
                        "default: sprig's embedded demo model")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every route but /health and /metrics "
+                       "(visible to other users in `ps`: prefer SPRIG_API_KEY or --api-key-file)")
     serve.add_argument("--api-key-file", default=None, metavar="PATH",
-                       help="read the API key from this file (its first line) instead of --api-key")
+                       help="read the API keys from this file, one per line, instead of --api-key; each key is "
+                       "a client of its own (/abort_request aborts only requests sent with the same key)")
     choices = _choices()
     for title, cls in _sections():
         _add_fields(serve.add_argument_group(f"{title} options"), cls, choices)
     return parser
 
 
-def _api_key(args: argparse.Namespace) -> str | None:
-    """--api-key-file, else --api-key, else the SPRIG_API_KEY environment variable."""
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key-file's lines (blank ones skipped), else --api-key, else the SPRIG_API_KEY
+    environment variable; `OSError` if the file cannot be read, `ValueError` if it holds no key."""
     if args.api_key_file is not None:
-        lines = Path(args.api_key_file).read_text().splitlines()
-        return lines[0].strip() if lines else ""
-    return args.api_key if args.api_key is not None else os.environ.get("SPRIG_API_KEY")
+        keys = tuple(line.strip() for line in Path(args.api_key_file).read_text().splitlines() if line.strip())
+        if not keys:
+            raise ValueError(f"--api-key-file {args.api_key_file!r} holds no key")
+        return keys
+    key = args.api_key if args.api_key is not None else os.environ.get("SPRIG_API_KEY")
+    return () if key is None else (key,)
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig]:
@@ -155,9 +162,9 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
     from sprig.runtime.server.config import ServerConfig
 
     def pick(cls: type) -> dict[str, Any]:
-        return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name != "model_path"}
+        return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in OWN_FLAGS}
 
-    server = ServerConfig(**pick(ServerConfig))
+    server = ServerConfig(**pick(ServerConfig), api_keys=_api_keys(args))
     engine = EngineConfig.from_kwargs(args.model_path, **pick(RunnerConfig), **pick(SchedulerConfig))
     return server, engine
 
@@ -172,11 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.model_path).is_dir():
         parser.error(f"--model {args.model_path!r} is not a directory")
     try:
-        args.api_key = _api_key(args)
+        server, engine = configs_from_args(args)
     except OSError as e:
         parser.error(f"--api-key-file: {e}")
-    try:
-        server, engine = configs_from_args(args)
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     from sprig.runtime.server.launch import launch_server

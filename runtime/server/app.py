@@ -142,19 +142,26 @@ async def client_gone(request: Request) -> None:
 
 class Guard:
     """Pure ASGI middleware (streams pass untouched): the API key on every path but
-    `OPEN_PATHS`, and a 413 for a declared Content-Length over the limit."""
+    `OPEN_PATHS`, and a 413 for a declared Content-Length over the limit. A request that
+    passes carries its key's index as `request.state.client` (`client_of`)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...], max_bytes: int) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = [f"Bearer {key}".encode() for key in api_keys]
         self.max_bytes = max_bytes
+
+    def _client(self, authorization: bytes) -> int | None:
+        """The index of the key `authorization` carries (every key compared, in constant time)."""
+        matches = [i for i, e in enumerate(self.expected) if hmac.compare_digest(authorization, e)]
+        return matches[0] if matches else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
             refusal = None
-            authorized = hmac.compare_digest(headers.get(b"authorization", b""), self.expected or b"")
-            if self.expected and scope["path"] not in OPEN_PATHS and not authorized:
+            client = self._client(headers.get(b"authorization", b""))
+            scope.setdefault("state", {})["client"] = client
+            if self.expected and scope["path"] not in OPEN_PATHS and client is None:
                 refusal = error_response(401, "missing or invalid API key (Authorization: Bearer <key>)")
             length = headers.get(b"content-length", b"0")
             if refusal is None and length.isdigit() and int(length) > self.max_bytes:
@@ -163,6 +170,11 @@ class Guard:
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def client_of(request: Request) -> int | None:
+    """Which API key the request came with (its index), None when the server has none."""
+    return request.state.client
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -177,7 +189,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="sprig", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sprig = state
-    app.add_middleware(Guard, api_key=state.config.api_key, max_bytes=state.config.max_request_bytes)
+    app.add_middleware(Guard, api_keys=state.config.api_keys, max_bytes=state.config.max_request_bytes)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
@@ -208,7 +220,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> Response:
-        return json_response(openapi_document(app, version("sprig"), state.config.api_key is not None))
+        return json_response(openapi_document(app, version("sprig"), bool(state.config.api_keys)))
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

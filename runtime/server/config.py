@@ -14,8 +14,9 @@ class ServerConfig:
     """Where and how the HTTP server listens.
 
     - `port`: 0 picks a free port (the log line "ready at http://..." names it).
-    - `api_key`: when set, every route but /health and /metrics needs
-      `Authorization: Bearer <api_key>`.
+    - `api_keys`: when any is set, every route but /health and /metrics needs
+      `Authorization: Bearer <key>` with one of them. Each key is a client of its own:
+      `/abort_request` aborts only requests sent with the same key.
     - `max_request_bytes`: a larger body gets 413 without being read.
     - `served_model_name`: the model id in /v1/models and OpenAI responses (default:
       `default_model_name`, the checkpoint directory's name, so responses never carry a
@@ -36,7 +37,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()
     served_model_name: str | None = None
     chat_template: str | None = None
     tool_call_parser: str = "auto"
@@ -51,8 +52,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key must not be empty when given")
+        if not all(self.api_keys) or len(set(self.api_keys)) < len(self.api_keys):
+            raise ValueError("api_keys must be non-empty and distinct")
         if self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes must be >= 1024, got {self.max_request_bytes}")
         if self.stats_interval <= 0 or self.log_interval <= 0:

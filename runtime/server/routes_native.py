@@ -18,6 +18,7 @@ from sprig.runtime.server.app import (
     SSE_DONE,
     SSEResponse,
     client_gone,
+    client_of,
     error_event,
     json_response,
     prepare,
@@ -47,7 +48,7 @@ async def generate(request: Request) -> Response:
         return req, batch, st.inputs.requests(prompts, params, req.rid, logprobs, stream=req.stream)
 
     req, batch, reqs = await prepare(request, build)
-    call = st.manager.submit(reqs)
+    call = st.manager.submit(reqs, client_of(request))
     many = batch or len(call.rids) > 1
     if req.stream:
         return SSEResponse(_events(call, many), call.close)
@@ -70,7 +71,7 @@ async def _events(call: Call, many: bool) -> AsyncIterator[bytes]:
 @router.post("/abort_request")
 async def abort_request(request: Request) -> Response:
     req: AbortRequest = await prepare(request, lambda body: parse(AbortRequest, body), new_work=False)
-    return json_response({"rid": req.rid, "aborted": state_of(request).manager.abort(req.rid)})
+    return json_response({"rid": req.rid, "aborted": state_of(request).manager.abort(req.rid, client_of(request))})
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
@@ -105,14 +106,14 @@ async def model_info(request: Request) -> Response:
 async def server_info(request: Request) -> Response:
     st = state_of(request)
     manager, stats = st.manager, st.manager.stats
-    server = {k: v for k, v in dataclasses.asdict(st.config).items() if k != "api_key"}
+    server = {k: v for k, v in dataclasses.asdict(st.config).items() if k != "api_keys"}
     runner = dataclasses.asdict(st.engine.runner) | {"model_path": str(st.engine.runner.model_path)}
     return json_response(
         {
             "model_path": st.model_path,
             "served_model_name": st.model_name,
             "url": st.url,
-            "server": server | {"api_key_set": st.config.api_key is not None},
+            "server": server | {"api_keys": len(st.config.api_keys)},
             "runner": runner,
             "scheduler": dataclasses.asdict(st.engine.scheduler),
             "model": st.model_info,
@@ -137,7 +138,7 @@ async def health_generate(request: Request) -> Response:
         [[bos if bos is not None else 0]], [params], None, LogprobArgs(), stream=False
     )
     try:
-        call = st.manager.submit(reqs)
+        call = st.manager.submit(reqs, client_of(request))
         await asyncio.wait_for(call.collect(), HEALTH_GENERATE_TIMEOUT_S)
     except (RequestFailed, TimeoutError) as e:
         return error_response(503, f"health check generation failed: {str(e) or 'timed out'}")

@@ -17,6 +17,7 @@ from sprig.runtime.server.app import (
     ServerState,
     SSEResponse,
     client_gone,
+    client_of,
     error_event,
     json_response,
     now_s,
@@ -95,7 +96,7 @@ async def completions(request: Request) -> Response:
 
     req, texts, reqs = await prepare(request, build)
     want = req.logprobs is not None
-    call = st.manager.submit(reqs)
+    call = st.manager.submit(reqs, client_of(request))
     env = _Envelope(f"cmpl-{uuid.uuid4().hex}", "text_completion", now_s(), st.model_name)
     sent: dict[int, tuple[int, int, int, bool]] = {}  # index -> chars, logprobs, offset, echoed input
 
@@ -146,7 +147,7 @@ async def chat_completions(request: Request) -> Response:
         return req, tools, st.inputs.requests([ids], params, None, logprobs, stream=req.stream)
 
     req, tools, reqs = await prepare(request, build)
-    call = st.manager.submit(reqs)
+    call = st.manager.submit(reqs, client_of(request))
     env = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", now_s(), st.model_name)
     fmt = tools.parse_format
     sent: dict[int, tuple[int, int]] = {}  # index -> (content chars, output logprobs)

@@ -67,6 +67,7 @@ class _Track:
     index: int
     state: ResponseState
     updates: asyncio.Queue[str | None]
+    client: int | None  # the API key it was sent with (`app.client_of`)
     created: float = field(default_factory=time.monotonic)
     last_token: float | None = None
     error: RequestFailed | None = None
@@ -75,12 +76,12 @@ class _Track:
 class Call:
     """The sequences of one HTTP request, in output order."""
 
-    def __init__(self, manager: TokenizerManager, reqs: list[GenerateReq]) -> None:
+    def __init__(self, manager: TokenizerManager, reqs: list[GenerateReq], client: int | None) -> None:
         self.manager = manager
         self.rids = [r.rid for r in reqs]
         self.updates: asyncio.Queue[str | None] = asyncio.Queue()  # None: the client is gone
         self.tracks = {
-            r.rid: _Track(i, ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.return_logprob), self.updates)
+            r.rid: _Track(i, ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.return_logprob), self.updates, client)
             for i, r in enumerate(reqs)
         }
 
@@ -190,14 +191,14 @@ class TokenizerManager:
                 429, f"the server has {self.max_inflight} sequences in flight at most and no room for {n} more; retry later"
             )
 
-    def submit(self, reqs: list[GenerateReq]) -> Call:
-        """Track and send every sequence of one call (all or none)."""
+    def submit(self, reqs: list[GenerateReq], client: int | None) -> Call:
+        """Track and send every sequence of one call (all or none), sent with API key `client`."""
         self.check_room(len(reqs))
         if taken := [r.rid for r in reqs if r.rid in self.tracks]:
             raise RequestFailed(400, f"request id {taken[0]!r} is already in use")
         if len({r.rid for r in reqs}) < len(reqs):
             raise RequestFailed(400, "the request ids of one call must be distinct")
-        call = Call(self, reqs)
+        call = Call(self, reqs, client)
         self.tracks.update(call.tracks)
         for r in reqs:
             self.send(r)
@@ -211,9 +212,13 @@ class TokenizerManager:
         self.send(AbortReq(rid))
         self.metrics.requests_finished.labels("abort").inc()
 
-    def abort(self, rid: str) -> bool:
-        """Abort `rid` or, for n > 1, every `rid-j`; False if none is in flight."""
-        found = [r for r in self.tracks if r == rid or (r.startswith(f"{rid}-") and r[len(rid) + 1 :].isdigit())]
+    def abort(self, rid: str, client: int | None) -> bool:
+        """Abort `rid` or, for n > 1, every `rid-j`, if sent with the same API key;
+        False if none such is in flight."""
+        found = [
+            r for r, track in self.tracks.items()
+            if track.client == client and (r == rid or (r.startswith(f"{rid}-") and r[len(rid) + 1 :].isdigit()))
+        ]
         for r in found:
             self.send(AbortReq(r))
         return bool(found)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sprig.runtime.cli import build_parser, configs_from_args, main
+from sprig.runtime.cli import OWN_FLAGS, build_parser, configs_from_args, main
 from sprig.runtime.model_runner import RunnerConfig
 from sprig.runtime.scheduler import SchedulerConfig
 from sprig.runtime.server.config import ServerConfig
@@ -32,8 +32,9 @@ def test_every_field_has_a_flag(capsys) -> None:
     help_text = capsys.readouterr().out
     for cls in (ServerConfig, RunnerConfig, SchedulerConfig):
         for f in dataclasses.fields(cls):
-            if f.name != "model_path":
+            if f.name not in OWN_FLAGS:
                 assert "--" + f.name.replace("_", "-") in help_text, f.name
+    assert "--model PATH" in help_text and "--api-key KEY" in help_text and "--api-key-file PATH" in help_text
 
 
 def test_flags_reach_their_configs() -> None:
@@ -42,7 +43,7 @@ def test_flags_reach_their_configs() -> None:
         "--chunked-prefill-size", "none", "--disable-radix-cache", "--schedule-policy", "lpm",
         "--max-queued-requests", "3", "--cpu-threads", "1",
     )
-    assert (server.port, server.api_key) == (0, "k")
+    assert (server.port, server.api_keys) == (0, ("k",))
     assert (engine.runner.dtype, engine.runner.max_total_tokens, engine.runner.cpu_threads) == ("float32", 512, 1)
     s = engine.scheduler
     assert (s.chunked_prefill_size, s.disable_radix_cache, s.schedule_policy, s.max_queued_requests) == (
@@ -65,18 +66,21 @@ def test_invalid_flags_exit_with_a_message(tmp_path, capsys, flags: list[str], m
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_the_api_key_comes_from_a_file_or_the_environment(tmp_path, monkeypatch) -> None:
-    from sprig.runtime.cli import _api_key
+def test_the_api_keys_come_from_a_file_or_the_environment(tmp_path, monkeypatch) -> None:
+    from sprig.runtime.cli import _api_keys
 
     key_file = tmp_path / "key"
-    key_file.write_text("from-file\n")
+    key_file.write_text("from-file\n\n second \n")
     args = build_parser().parse_args(["serve", "--api-key-file", str(key_file), "--api-key", "flag"])
-    assert _api_key(args) == "from-file"
+    assert _api_keys(args) == ("from-file", "second")
     monkeypatch.setenv("SPRIG_API_KEY", "from-env")
-    assert _api_key(build_parser().parse_args(["serve"])) == "from-env"
-    assert _api_key(build_parser().parse_args(["serve", "--api-key", "flag"])) == "flag"
+    assert _api_keys(build_parser().parse_args(["serve"])) == ("from-env",)
+    assert _api_keys(build_parser().parse_args(["serve", "--api-key", "flag"])) == ("flag",)
     monkeypatch.delenv("SPRIG_API_KEY")
-    assert _api_key(build_parser().parse_args(["serve"])) is None
+    assert _api_keys(build_parser().parse_args(["serve"])) == ()
+    key_file.write_text("\n \n")
+    with pytest.raises(ValueError, match="holds no key"):
+        _api_keys(build_parser().parse_args(["serve", "--api-key-file", str(key_file)]))
 
 
 def test_missing_model_directory(capsys) -> None:
