@@ -8,6 +8,7 @@ from .activation import silu_and_mul, silu_and_mul_ref
 from .decode_attention import decode_attention, decode_attention_ref
 from .extend_attention import extend_attention, extend_attention_ref
 from .logit_mask import apply_token_bitmask, apply_token_bitmask_ref
+from .quant_matmul import pack_codes, quant_matmul, quant_matmul_ref
 from .rmsnorm import rms_norm, rms_norm_ref
 from .rotary import apply_rotary, apply_rotary_ref, rope_cos_sin
 from .store_kv import store_kv, store_kv_ref
@@ -21,6 +22,9 @@ __all__ = [
     "decode_attention_ref",
     "extend_attention",
     "extend_attention_ref",
+    "pack_codes",
+    "quant_matmul",
+    "quant_matmul_ref",
     "rms_norm",
     "rms_norm_ref",
     "rope_cos_sin",
