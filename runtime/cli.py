@@ -60,6 +60,10 @@ HELP = {
     "in_batch_prefix_min": "shared uncached prefix length that defers a request by a step",
     "check_integrity": "check the KV accounting after every step (slow; for debugging)",
     "grammar_compile_timeout_s": "seconds a regex or JSON schema may take to compile; longer is a 400",
+    "dp_size": "data parallelism: start this many workers (each a full server on 127.0.0.1) behind SGLang's "
+               "Model Gateway, which listens on --host/--port (needs: pip install 'sprig[gateway]')",
+    "router_policy": "how the gateway picks a worker; cache_aware: the one whose cache most likely holds the "
+                     "prompt's prefix, unless it is far busier than the others",
 }
 
 
@@ -67,8 +71,10 @@ def _sections() -> tuple[tuple[str, type], ...]:
     from sprig.runtime.model_runner import RunnerConfig
     from sprig.runtime.scheduler.config import SchedulerConfig
     from sprig.runtime.server.config import ServerConfig
+    from sprig.runtime.server.dp import DataParallelConfig
 
-    return ("server", ServerConfig), ("model runner", RunnerConfig), ("scheduler", SchedulerConfig)
+    return (("server", ServerConfig), ("model runner", RunnerConfig), ("scheduler", SchedulerConfig),
+            ("data parallelism", DataParallelConfig))
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
@@ -77,9 +83,11 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from sprig.runtime.model_runner import DTYPES
     from sprig.runtime.scheduler.config import SCHEDULE_POLICIES
     from sprig.runtime.server.config import LOG_LEVELS, TOOL_CALL_PARSERS
+    from sprig.runtime.server.gateway import ROUTER_POLICIES
 
     return {
         "dtype": ("auto", *DTYPES),
+        "router_policy": ROUTER_POLICIES,
         "attention_backend": ("auto", *ATTENTION_BACKENDS),
         "schedule_policy": SCHEDULE_POLICIES,
         "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
@@ -139,7 +147,61 @@ def build_parser() -> argparse.ArgumentParser:
     choices = _choices()
     for title, cls in _sections():
         _add_fields(serve.add_argument_group(f"{title} options"), cls, choices)
+    _add_router(commands)
     return parser
+
+
+def _add_router(commands: argparse._SubParsersAction) -> None:
+    from sprig.runtime.server.config import LOG_LEVELS
+    from sprig.runtime.server.gateway import ROUTER_POLICIES, GatewayConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
+    router = commands.add_parser(
+        "router",
+        help="start SGLang's Model Gateway in front of running sprig servers (data parallelism across machines)",
+        description="Start SGLang's Model Gateway (pip install 'sprig[gateway]') in front of sprig servers "
+        "started elsewhere ('sprig serve --host 0.0.0.0' on each machine). It logs 'ready at URL' once it "
+        "routes to every worker; SIGINT or SIGTERM stops it. The API key (--api-key-file, SPRIG_API_KEY or "
+        "--api-key) is checked on clients and sent to the workers.",
+    )
+    router.add_argument("--worker-urls", nargs="+", required=True, metavar="URL", help="the servers, http://host:port")
+    router.add_argument("--host", default=defaults["host"], help=f"{HELP['host']} (default: %(default)s)")
+    router.add_argument("--port", type=int, default=defaults["port"], help=f"{HELP['port']} (default: %(default)s)")
+    router.add_argument("--policy", choices=ROUTER_POLICIES, default=defaults["policy"],
+                        help=f"{HELP['router_policy']} (default: %(default)s)")
+    router.add_argument("--health-check-interval", type=int, default=defaults["health_check_interval"],
+                        metavar="SECONDS", help="seconds between health probes of each worker; two failed probes in "
+                        "a row take it out of rotation (default: %(default)s)")
+    router.add_argument("--api-key", default=None, metavar="KEY", help="visible to other users in `ps`")
+    router.add_argument("--api-key-file", default=None, metavar="PATH", help="a file holding the API key")
+    router.add_argument("--log-level", choices=LOG_LEVELS, default=defaults["log_level"])
+    router.add_argument("gateway_args", nargs=argparse.REMAINDER, metavar="-- GATEWAY_ARGS",
+                        help="more flags for the gateway, as `smg launch --help` lists them (e.g. -- --cache-threshold 0.5)")
+
+
+def _router(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from sprig.runtime.server import gateway
+
+    if not gateway.gateway_installed():
+        parser.error(gateway.INSTALL_HINT)
+    try:
+        keys = _api_keys(args)
+        if len(keys) > 1:
+            raise ValueError("the gateway checks one API key; --api-key-file holds several")
+        extra = args.gateway_args[1:] if args.gateway_args[:1] == ["--"] else args.gateway_args
+        config = gateway.GatewayConfig(tuple(args.worker_urls), args.host, args.port, args.policy,
+                                       args.health_check_interval, keys[0] if keys else None, args.log_level,
+                                       tuple(extra))
+    except OSError as e:
+        parser.error(f"--api-key-file: {e}")
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        gateway.serve_gateway(config)
+    except RuntimeError as e:
+        print(f"sprig: error: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -172,22 +234,35 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "router":
+        return _router(parser, args)
     if args.model_path is None:
         from sprig.runtime.demo import ensure_demo_model
 
         args.model_path = str(ensure_demo_model())
     if not Path(args.model_path).is_dir():
         parser.error(f"--model {args.model_path!r} is not a directory")
+    from sprig.runtime.server.dp import DataParallelConfig, launch_data_parallel
+    from sprig.runtime.server.gateway import INSTALL_HINT, gateway_installed
+
     try:
         server, engine = configs_from_args(args)
+        dp = DataParallelConfig(args.dp_size, args.router_policy)
     except OSError as e:
         parser.error(f"--api-key-file: {e}")
     except (TypeError, ValueError) as e:
         parser.error(str(e))
+    if dp.dp_size > 1 and not gateway_installed():
+        parser.error(f"--dp-size: {INSTALL_HINT}")
+    if dp.dp_size > 1 and len(server.api_keys) > 1:
+        parser.error("--dp-size takes one API key: the gateway checks one")
     from sprig.runtime.server.launch import launch_server
 
     try:
-        launch_server(args.model_path, server, engine)
+        if dp.dp_size > 1:
+            launch_data_parallel(args.model_path, server, engine, dp)
+        else:
+            launch_server(args.model_path, server, engine)
     except (RuntimeError, ValueError, OSError) as e:  # startup failures; details are in the log
         print(f"sprig: error: {e}", file=sys.stderr)
         return 1

@@ -18,7 +18,6 @@ import importlib.util
 import logging
 import multiprocessing as mp
 import os
-import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from sprig.runtime.server.detokenizer_process import run_detokenizer_process
 from sprig.runtime.server.ipc import IpcPaths
 from sprig.runtime.server.messages import StartupReport, decode
 from sprig.runtime.server.scheduler_process import run_scheduler_process
+from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
 
 log = logging.getLogger("sprig.launch")
 CHILD_STOP_TIMEOUT_S = 5.0
@@ -41,8 +41,7 @@ def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -
     """Serve until SIGINT or SIGTERM. Raises `RuntimeError` if the server cannot start, or
     stopped because a child process died or got stuck."""
     setup_logging(server.log_level)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _exit_on_signal)
+    exit_on_stop_signals()
     sock = _listen(server.host, server.port)
     ipc = IpcPaths.create()
     children: dict[str, BaseProcess] = {}
@@ -54,17 +53,11 @@ def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -
         info = _await_startup(startup, children)["scheduler"].info
         _serve(sock, model_path, server, engine, ipc, children, tokenizer, info)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+        ignore_stop_signals()
         _stop_children(children)
         ipc.remove()
         sock.close()
         log.info("server stopped")
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    log.info("received %s; shutting down", signal.Signals(signum).name)
-    raise SystemExit(0)
 
 
 def _listen(host: str, port: int) -> socket.socket:
