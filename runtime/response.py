@@ -49,6 +49,7 @@ def detokenize_config(req: Req) -> DetokenizeConfig:
         spaces_between_special_tokens=p.spaces_between_special_tokens,
         stop=p.stop,
         no_stop_trim=p.no_stop_trim,
+        stop_regex=p.stop_regex,
     )
 
 
@@ -127,7 +128,8 @@ class ResponseState:
         }
         if return_logprob:
             meta.update(
-                input_token_logprobs=[], output_token_logprobs=[], input_top_logprobs=[], output_top_logprobs=[]
+                input_token_logprobs=[], output_token_logprobs=[], input_top_logprobs=[], output_top_logprobs=[],
+                output_token_logprobs_length=0,
             )
         self.response: dict[str, Any] = {"text": "", "output_ids": [], "meta_info": meta}
 
@@ -149,6 +151,7 @@ class ResponseState:
         )
         if "output_token_logprobs" in meta:
             meta["output_token_logprobs"] += out.output_logprobs
+            meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
             meta["output_top_logprobs"] += out.output_top_logprobs
             if out.input_logprobs is not None:
                 meta["input_token_logprobs"] = out.input_logprobs

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sprig.runtime import json_limits
+from sprig.runtime import json_limits, stop_regex
 
 GREEDY_TEMPERATURE = 1e-6  # temperatures below this decode greedily (as SGLang)
 MAX_N = 128
@@ -83,7 +83,8 @@ def _token_id(name: str, value: object) -> int:
 class SamplingParams:
     """How one request is decoded.
 
-    Invariants after construction: ints are ints, floats are finite floats, `stop` and
+    Invariants after construction: ints are ints, floats are finite floats, `stop`,
+    `stop_regex` (compiling patterns, see `sprig.runtime.stop_regex`) and
     `stop_token_ids` are de-duplicated tuples, `top_k` is -1 (off) or >= 1 (0 is accepted
     as off and stored as -1, as vLLM and OpenAI-style clients send it), `logit_bias` has
     int keys, `json_schema` is a JSON string. Greedy decoding is `temperature` below
@@ -100,6 +101,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
+    stop_regex: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     n: int = 1
@@ -125,6 +127,7 @@ class SamplingParams:
         for name in _BOOL_FIELDS:
             self._put(name, _bool(name, getattr(self, name)))
         self._put("stop", self._stop_strings(self.stop))
+        self._put("stop_regex", stop_regex.check_patterns(self.stop_regex))
         self._put("stop_token_ids", self._stop_token_ids(self.stop_token_ids))
         if self.seed is not None:
             self._put("seed", _int("seed", self.seed, _SEED_RULE, _seed_ok))
@@ -234,6 +237,7 @@ class SamplingParams:
         """A JSON-safe dict (lists, str keys) with `from_dict(p.to_dict()) == p`."""
         d = dataclasses.asdict(self)
         d["stop"] = list(self.stop)
+        d["stop_regex"] = list(self.stop_regex)
         d["stop_token_ids"] = list(self.stop_token_ids)
         if self.logit_bias is not None:
             d["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}

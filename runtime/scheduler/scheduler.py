@@ -13,7 +13,7 @@ import torch
 
 from sprig.radix import ReqToTokenPool, SlotAllocator, make_prefix_cache
 from sprig.runtime.constrained import CompilerConfig
-from sprig.runtime.detokenizer import DetokenizeConfig, RequestDetokenizer
+from sprig.runtime.detokenizer import DecodeDelta, DetokenizeConfig, RequestDetokenizer
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.sampling import SamplingBatch, sample
@@ -36,6 +36,13 @@ class RequestRejected(ValueError):
 
 class QueueFull(RuntimeError):
     """More requests are queued than `max_queued_requests` allows."""
+
+
+def _text_stop(delta: DecodeDelta) -> FinishReason | None:
+    """How a stop string or `stop_regex` ends the request, if this step's text does."""
+    if delta.stop_error is not None:
+        return FinishReason("abort", message=delta.stop_error, status_code=400)
+    return None if delta.stop_matched is None else FinishReason("stop", matched=delta.stop_matched)
 
 
 @dataclass
@@ -113,14 +120,15 @@ class Scheduler:
             raise RequestRejected(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num}")
         if len(self.waiting) >= self.config.max_queued_requests:
             raise QueueFull(f"{len(self.waiting)} requests are queued (max_queued_requests); retry later")
-        if p.stop:
+        if p.stop or p.stop_regex:
             if self.tokenizer is None:
-                raise RequestRejected("stop strings need the scheduler to have a tokenizer")
+                raise RequestRejected("stop strings and stop_regex need the scheduler to have a tokenizer")
             config = DetokenizeConfig(
                 skip_special_tokens=p.skip_special_tokens,
                 spaces_between_special_tokens=p.spaces_between_special_tokens,
                 stop=p.stop,
                 no_stop_trim=p.no_stop_trim,
+                stop_regex=p.stop_regex,
             )
             self._stop_checkers[req.rid] = RequestDetokenizer(self.tokenizer, req.prompt_ids, config)
         try:
@@ -347,9 +355,7 @@ class Scheduler:
         elif req.grammar is not None and req.grammar.is_finished():
             reason = FinishReason("stop", matched=None)
         elif (checker := self._stop_checkers.get(req.rid)) is not None:
-            matched = checker.step([token]).stop_matched
-            if matched is not None:
-                reason = FinishReason("stop", matched=matched)
+            reason = _text_stop(checker.step([token]))
         if reason is None and n_out >= p.max_new_tokens:
             reason = FinishReason("length", length=n_out)
         if reason is None and len(req.prompt_ids) + n_out >= self.context_len:
@@ -384,9 +390,9 @@ class Scheduler:
         req.jump_forward_tokens += len(new)
         self.stats.jump_forward_tokens += len(new)
         checker = self._stop_checkers.get(req.rid)
-        matched = checker.step(new).stop_matched if checker is not None else None
-        if matched is not None:
-            self._finish(req, FinishReason("stop", matched=matched))
+        reason = _text_stop(checker.step(new)) if checker is not None else None
+        if reason is not None:
+            self._finish(req, reason)
         elif req.grammar.is_finished() or len(req.output_ids) >= req.params.max_new_tokens:
             self._finish(req, FinishReason("stop" if req.grammar.is_finished() else "length",
                                            matched=None, length=len(req.output_ids)))

@@ -52,6 +52,7 @@ class DetokenizerLoop:
                 spaces_between_special_tokens=msg.spaces_between_special_tokens,
                 stop=tuple(msg.stop),
                 no_stop_trim=msg.no_stop_trim,
+                stop_regex=tuple(msg.stop_regex),
             )
             self.decoders[msg.rid] = OutputDecoder(
                 self.tokenizer,

@@ -69,6 +69,7 @@ class DetokRegister:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
+    stop_regex: list[str] = field(default_factory=list)
     logprob_text: bool = False
     incremental: bool = True
 

@@ -56,12 +56,24 @@ async def generate(request: Request) -> Response:
     return json_response(outs if many else outs[0])
 
 
+_STREAMED_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
+
+
 async def _events(call: Call, many: bool) -> AsyncIterator[bytes]:
-    """Cumulative responses (with "index" for a batch), then `[DONE]`."""
+    """Responses (with "index" for a batch), then `[DONE]`. As SGLang's frontend reads
+    them: `text` and `output_ids` are cumulative, while the output-side logprob lists hold
+    only the tokens new in this event (`meta_info.output_token_logprobs_length` is the
+    cumulative count, equal to `completion_tokens`)."""
+    sent: dict[int, int] = {}
     try:
         async for index, response in call.stream():
             if many:
                 response["index"] = index
+            meta = response["meta_info"]
+            if "output_token_logprobs" in meta:
+                start = sent.get(index, 0)
+                response["meta_info"] = meta | {k: meta[k][start:] for k in _STREAMED_LOGPROBS}
+                sent[index] = len(meta["output_token_logprobs"])
             yield sse(response)
     except RequestFailed as e:
         yield error_event(e)

@@ -106,6 +106,7 @@ class SchedulerLoop:
                 skip_special_tokens=params.skip_special_tokens,
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
                 no_stop_trim=params.no_stop_trim,
+                stop_regex=list(params.stop_regex),
                 logprob_text=msg.return_text_in_logprobs,
                 incremental=msg.stream,
             )

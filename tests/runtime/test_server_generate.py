@@ -1,10 +1,11 @@
 """The real server's native routes: /generate (single, batch, input_ids, n, logprobs,
-streaming, stop strings, aborts), equal to the offline Engine; the info, cache and health
+streaming, stop strings and stop_regex, aborts), equal to the offline Engine; the info, cache and health
 routes. After every test the scheduler is idle with its KV accounting intact."""
 
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import httpx
@@ -102,6 +103,48 @@ def test_stop_string_is_trimmed(server: Server) -> None:
     out = server.generate({**body, "sampling_params": {**body["sampling_params"], "stop": stop}})
     assert out["text"] == full[: full.index(stop)]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
+def test_stop_regex_ends_at_the_match(server: Server) -> None:
+    body = {"text": PROMPTS[2], "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}}
+    full = server.generate(body)["text"]
+    piece = full[len(full) // 2 : len(full) // 2 + 2]
+    pattern = re.escape(piece[0]) + "[" + re.escape(piece[1]) + "]"
+
+    def with_params(**extra: object) -> dict:
+        return {**body, "sampling_params": {**body["sampling_params"], **extra}}
+
+    out = server.generate(with_params(stop_regex=pattern))
+    assert out["text"] == full[: full.index(piece)]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    kept = server.generate(with_params(stop_regex=[pattern], no_stop_trim=True))
+    assert kept["text"] == full[: full.index(piece) + 2] and kept["output_ids"] == out["output_ids"]
+    events = server.stream("/generate", {**with_params(stop_regex=pattern), "stream": True})
+    assert events[-2]["text"] == out["text"] and events[-2]["output_ids"] == out["output_ids"]
+    batch = server.generate({"text": [PROMPTS[0], PROMPTS[2]], "sampling_params": [GREEDY, with_params(
+        stop_regex=pattern)["sampling_params"]]})
+    assert batch[1]["output_ids"] == out["output_ids"] and batch[0]["text"] != ""
+    for none in (None, []):  # what SGLang's frontend sends when a gen has no pattern
+        assert server.generate(with_params(stop_regex=none))["text"] == full
+    bad = server.post("/generate", with_params(stop_regex="(unclosed"))
+    assert bad.status_code == 400 and "stop_regex" in bad.json()["error"]["message"]
+
+
+def test_streamed_logprobs_hold_each_events_new_tokens(server: Server) -> None:
+    body = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True, "top_logprobs_num": 2}
+    final = server.generate(body)["meta_info"]
+    events = server.stream("/generate", {**body, "stream": True})[:-1]
+    assert len(events) > 2
+    seen = 0
+    for event in events:
+        meta = event["meta_info"]
+        assert meta["output_token_logprobs_length"] == meta["completion_tokens"] == len(event["output_ids"])
+        assert len(meta["output_token_logprobs"]) == len(meta["output_top_logprobs"]) == meta["completion_tokens"] - seen
+        seen = meta["completion_tokens"]
+    assert [e for ev in events for e in ev["meta_info"]["output_token_logprobs"]] == final["output_token_logprobs"]
+    assert [r for ev in events for r in ev["meta_info"]["output_top_logprobs"]] == final["output_top_logprobs"]
+    assert final["output_token_logprobs_length"] == 12
 
 
 def test_abort_request_ends_a_running_request(server: Server) -> None:
