@@ -8,7 +8,18 @@ from typing import Any
 
 from sprig.backend.base import resolve_backend
 from sprig.choices import ChoicesSamplingMethod, token_length_normalized
-from sprig.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+from sprig.ir import (
+    Expr,
+    ExprList,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    as_expr,
+    generated_names,
+)
+from sprig.reasoning import reasoning_format
 from sprig.sampling import SamplingParams
 
 
@@ -19,6 +30,7 @@ def gen(
     n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -39,9 +51,11 @@ def gen(
 ) -> Gen | Select:
     """Generate text into variable `name`; unset arguments fall back to the run's
     defaults, then the server's. With `choices` this is `select`; with `dtype` (int,
-    float, str, bool) the text is regex-constrained and bound as that Python type.
+    float, str, bool) the text is regex-constrained, and a number or bool is bound as
+    that Python type (a str stays the text as generated, quotes included, as SGLang).
     `seed` (sent as SGLang's `sampling_seed`) makes a sampled gen reproducible: the same
-    text, parameters and seed give the same output whatever else the server runs."""
+    text, parameters and seed give the same output whatever else the server runs.
+    `stop_regex` ends the gen where its text matches a pattern (trimmed like `stop`)."""
     if choices:
         return select(name, choices, 0.0 if temperature is None else temperature,
                       choices_method or token_length_normalized)
@@ -49,7 +63,7 @@ def gen(
         re.compile(regex)
     return Gen(name, SamplingParams(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
-        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
+        stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
         ignore_eos=ignore_eos, seed=seed, regex=regex, json_schema=json_schema, dtype=dtype,
         return_logprob=return_logprob, logprob_start_len=logprob_start_len,
@@ -63,7 +77,7 @@ def gen_int(name: str | None = None, **kwargs: Any) -> Gen | Select:
 
 
 def gen_string(name: str | None = None, **kwargs: Any) -> Gen | Select:
-    """`gen(name, dtype=str, ...)`: a double-quoted string, bound without its quotes."""
+    """`gen(name, dtype=str, ...)`: a double-quoted string, bound as generated."""
     return gen(name, dtype=str, **kwargs)
 
 
@@ -80,6 +94,16 @@ def select(
     if temperature > 1e-5:
         raise ValueError("select picks the most likely choice; temperature must be 0")
     return Select(name, tuple(choices), choices_method)
+
+
+def separate_reasoning(expr: Expr, model_type: str | None = None) -> ExprList:
+    """`expr` (a named gen or select, or several), then each one's output split into its
+    reasoning, bound to `<name>_reasoning_content`, and its answer, bound to `<name>` and
+    left in the text; `model_type` names the format (see `sprig.reasoning`)."""
+    names = tuple(generated_names(expr))
+    if not names:
+        raise ValueError("separate_reasoning needs a named gen or select, e.g. gen('answer')")
+    return expr + SeparateReasoning(names, reasoning_format(model_type))
 
 
 def _role(role: str, expr: Expr | str | None) -> ExprList:

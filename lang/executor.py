@@ -23,7 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sprig.backend.base import Backend, Prompt
+from sprig.backend.base import STREAMED_LOGPROB_KEYS, Backend, Prompt
 from sprig.chat_template import ChatTemplate
 from sprig.cost import Ledger
 from sprig.ir import (
@@ -35,10 +35,12 @@ from sprig.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
     VarScopeBegin,
     VarScopeEnd,
     bound_names,
 )
+from sprig.reasoning import reasoning_name
 from sprig.sampling import SamplingParams, parse_typed
 
 Site = tuple[types.FrameType, int, int]  # (frame, f_lasti, f_lineno) where an expr was queued
@@ -55,6 +57,17 @@ def user_site() -> Site | None:
             return frame, frame.f_lasti, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+def _since(meta: dict[str, Any] | None, taken: dict[str, int]) -> dict[str, Any] | None:
+    """`meta` with its streamed logprob lists cut to the entries after `taken` (updated)."""
+    if meta is None:
+        return None
+    out = dict(meta)
+    for key in STREAMED_LOGPROB_KEYS:
+        if key in meta:
+            out[key], taken[key] = meta[key][taken[key]:], len(meta[key])
+    return out
 
 
 def _with_site(exc: BaseException, site: Site | None) -> BaseException:
@@ -144,18 +157,21 @@ class StreamExecutor:
         for child in list(self._children):
             child.wait_finished()
 
-    def iter_text(self, var: str | None = None) -> Iterator[str]:
+    def iter_text(self, var: str | None = None, *, with_meta: bool = False) -> Iterator[Any]:
         """Pieces of the text (or of variable `var`) as they are appended, then raise the
-        program's error if it failed."""
-        pos = 0
+        program's error if it failed. With `with_meta`, `(piece, meta)` pairs: `var`'s
+        meta_info as of that piece (None without `var`), whose output-side logprob lists
+        hold the entries since the previous piece only, as SGLang streams them."""
+        pos, taken = 0, dict.fromkeys(STREAMED_LOGPROB_KEYS, 0)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda seen=pos: len(self._source(var)) > seen or self._drained(var))
                 piece = self._source(var)[pos:]
                 pos += len(piece)
+                meta = self.meta_info.get(var) if with_meta and var is not None else None
                 done = self._drained(var)
             if piece:
-                yield piece
+                yield (piece, _since(meta, taken)) if with_meta else piece
             if done:
                 break
         self._raise_error()
@@ -232,11 +248,14 @@ class StreamExecutor:
     def _execute(self, expr: Expr) -> None:
         _HANDLERS[type(expr)](self, expr)
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, meta: Any = None) -> None:
+        """Append `text` (streamed into `var`, whose meta_info so far is `meta`)."""
         with self._cond:
             self.text_ += text
             if var is not None:
                 self.var_text[var] = self.var_text.get(var, "") + text
+                if meta is not None:
+                    self.meta_info[var] = meta
             self._cond.notify_all()
 
     def _bind(self, name: str | None, value: Any, meta: Any, raw: str) -> None:
@@ -263,12 +282,12 @@ class StreamExecutor:
         if self.stream and (params.n or 1) == 1:
             with self._cond:
                 if expr.name is not None:
-                    self.var_text[expr.name] = ""
+                    self.var_text[expr.name], self.meta_info[expr.name] = "", {}
             meta: dict[str, Any] = {}
             raw = ""
             cost = None
             for chunk in self.backend.generate_stream(self.prompt(), params):
-                self._append(chunk.text, expr.name)
+                self._append(chunk.text, expr.name, chunk.meta)
                 raw, meta, cost = raw + chunk.text, chunk.meta, chunk.cost
             if cost is not None:
                 self.ledger.add(cost)
@@ -319,6 +338,24 @@ class StreamExecutor:
         text = self.text_[self._scopes.pop(expr.name):]
         self._bind(expr.name, text, None, text)
 
+    def _run_separate(self, expr: SeparateReasoning) -> None:
+        split = expr.format.split
+        for name in expr.names:
+            with self._cond:
+                value, raw = self.variables[name], self.var_text[name]
+                texts = value if isinstance(value, list) else [value]
+                parts = [split(str(t)) for t in texts]
+                answers, reasonings = [a for _, a in parts], [r for r, _ in parts]
+                many = isinstance(value, list)
+                self.variables[name] = answers if many else answers[0]
+                self.variables[reasoning_name(name)] = reasonings if many else reasonings[0]
+                at = self.text_.rfind(raw)
+                if not self.stream and at >= 0:
+                    self.text_ = self.text_[:at] + split(raw)[1] + self.text_[at + len(raw):]
+                self._pending[name] -= 1
+                self._pending[reasoning_name(name)] -= 1
+                self._cond.notify_all()
+
     def _run_commit(self, expr: CommitLazy) -> None:
         if self.text_:
             self.ledger.add(self.backend.commit(self.prompt()))
@@ -334,4 +371,5 @@ _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {
     VarScopeBegin: StreamExecutor._run_scope_begin,
     VarScopeEnd: StreamExecutor._run_scope_end,
     CommitLazy: StreamExecutor._run_commit,
+    SeparateReasoning: StreamExecutor._run_separate,
 }

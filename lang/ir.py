@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sprig.choices import ChoicesSamplingMethod
+from sprig.reasoning import ReasoningFormat, reasoning_name
 from sprig.sampling import SamplingParams
 
 
@@ -38,11 +39,21 @@ def _items(expr: Expr) -> tuple[Expr, ...]:
 
 
 def bound_names(expr: Expr) -> list[str]:
-    """Names of the variables that executing `expr` binds, in order."""
+    """Names of the variables that executing `expr` binds, in order (a name bound twice,
+    as `SeparateReasoning` rebinds its gens, counts twice)."""
     if isinstance(expr, ExprList):
         return [n for item in expr.items for n in bound_names(item)]
+    if isinstance(expr, SeparateReasoning):
+        return [n for name in expr.names for n in (name, reasoning_name(name))]
     name = getattr(expr, "name", None)
     return [name] if isinstance(expr, (Gen, Select, VarScopeEnd)) and name is not None else []
+
+
+def generated_names(expr: Expr) -> list[str]:
+    """Names bound by the gens and selects in `expr`."""
+    if isinstance(expr, ExprList):
+        return [n for item in expr.items for n in generated_names(item)]
+    return [expr.name] if isinstance(expr, (Gen, Select)) and expr.name is not None else []
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,16 @@ class VarScopeEnd(Expr):
     """Binds `name` to the text appended since the matching `VarScopeBegin`."""
 
     name: str
+
+
+@dataclass(frozen=True)
+class SeparateReasoning(Expr):
+    """Split what the gens or selects `names` generated into reasoning and answer: each
+    name is rebound to its answer, `<name>_reasoning_content` to its reasoning, and the
+    state's text keeps the answer only (a streamed run's text, already sent, is kept)."""
+
+    names: tuple[str, ...]
+    format: ReasoningFormat
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ left at `None` is unset: `merged` takes the override's set fields over the defau
 `to_native` sends only set fields, so the server's own defaults apply to the rest.
 `dtype` is not a server field: `resolve_dtype` turns it into SGLang's regex (and, for
 numbers, the stop strings SGLang adds) before a request is built, and `parse_typed`
-turns the generated text back into the Python value.
+turns the generated text of a number or bool back into the Python value.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _stop_tuple(stop: str | list[str] | tuple[str, ...] | None) -> tuple[str, ..
 class SamplingParams:
     """One gen's sampling parameters; every field `None` means "not set".
 
-    Invariants: `stop` is a tuple; `dtype` is a canonical name or None; `json_schema` is a
+    Invariants: `stop` and `stop_regex` are tuples; `dtype` is a canonical name or None; `json_schema` is a
     JSON string; `regex` and `dtype` are not both set (dtype *is* a regex).
     """
 
@@ -62,6 +62,7 @@ class SamplingParams:
     n: int | None = None
     stop: tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
+    stop_regex: tuple[str, ...] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -81,6 +82,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _stop_tuple(self.stop))
+        object.__setattr__(self, "stop_regex", _stop_tuple(self.stop_regex))
         if self.stop_token_ids is not None:
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
@@ -137,12 +139,14 @@ class SamplingParams:
 
 
 def parse_typed(text: str, dtype: str | None) -> Any:
-    """The Python value of a gen constrained by `dtype` (the text itself if None).
+    """The Python value of a gen constrained by `dtype`: an int, float or bool parsed
+    from the text; for `str` (as for None) the text as generated, quotes included, as
+    SGLang binds it (a `stop` may have cut it before its closing quote).
 
-    Raises ValueError when the text does not match the dtype, which happens only when a
-    backend did not enforce the regex.
+    Raises ValueError when the text of an int, float or bool gen does not parse, which
+    happens only when a backend did not enforce the regex or a limit cut it short.
     """
-    if dtype is None:
+    if dtype in (None, "str"):
         return text
     value = text.strip()
     try:
@@ -152,8 +156,6 @@ def parse_typed(text: str, dtype: str | None) -> Any:
             return float(value)
         if dtype == "bool" and value in ("True", "False"):
             return value == "True"
-        if dtype == "str" and len(value) >= 2 and value[0] == value[-1] == '"':
-            return value[1:-1]
     except ValueError:
         pass
     raise ValueError(f"a gen with dtype={dtype} produced {text!r}, which is not a {dtype}")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -108,12 +109,28 @@ class ProgramState:
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """The text (or variable `var_name`) piece by piece as a streamed run produces
         it; for a run without `stream=True`, the finished value in one piece."""
+        yield from self._pieces(var_name, False)
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """`text_iter` for asyncio (waits in a worker thread). With `return_meta_data`,
+        `(piece, meta_info)` pairs: the meta_info of `var_name` as of that piece, whose
+        `output_token_logprobs` / `output_top_logprobs` hold only the piece's new entries
+        while `completion_tokens` and `output_token_logprobs_length` count them all so far
+        (SGLang's form; meta_info is None without `var_name`)."""
+        loop = asyncio.get_running_loop()
+        pieces, end = self._pieces(var_name, return_meta_data), object()
+        while (item := await loop.run_in_executor(None, next, pieces, end)) is not end:
+            yield item
+
+    def _pieces(self, var_name: str | None, with_meta: bool) -> Iterator[Any]:
         if self.stream_executor.stream:
-            yield from self.stream_executor.iter_text(var_name)
-        elif var_name is None:
-            yield self.text()
-        else:
-            yield str(self.get_var(var_name))
+            yield from self.stream_executor.iter_text(var_name, with_meta=with_meta)
+            return
+        text = self.text() if var_name is None else str(self.get_var(var_name))
+        meta = self.get_meta_info(var_name) if var_name is not None else None
+        yield (text, meta) if with_meta else text
 
     def __getitem__(self, name: str) -> Any:
         return self.get_var(name)
@@ -145,6 +162,11 @@ class ProgramStateGroup:
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """`forks[i] += expr` stores the child back in its place; no other state may be."""
+        if value is not self.states[i]:
+            raise ValueError("a fork's state cannot be replaced; append to it with forks[i] += ...")
 
     def __iadd__(
         self, other: Expr | str | Sequence[Expr | str] | Callable[[int], Expr | str]

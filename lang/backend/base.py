@@ -50,10 +50,14 @@ class Generation:
     cost: Cost
 
 
+STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
+
+
 @dataclass(frozen=True)
 class StreamChunk:
     """A piece of a streamed generation. `meta` and `cost` are cumulative: the last
-    chunk's are those of the whole request."""
+    chunk's are those of the whole request (a backend whose server streams only each
+    event's new logprob entries, `STREAMED_LOGPROB_KEYS`, gathers them)."""
 
     text: str
     meta: dict[str, Any]

@@ -25,7 +25,7 @@ from sprig.sampling import SamplingParams
 
 _RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 _PASSED = ("n", "temperature", "top_p", "frequency_penalty", "presence_penalty", "top_k", "min_p",
-           "repetition_penalty", "ignore_eos", "regex", "stop_token_ids", "seed")
+           "repetition_penalty", "ignore_eos", "regex", "stop_token_ids", "stop_regex", "seed")
 
 
 def _usage_meta(answer: dict[str, Any]) -> dict[str, Any]:

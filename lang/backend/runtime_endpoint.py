@@ -15,7 +15,8 @@ What the server must provide:
 Requests (all `POST /generate`):
 - gen: `{"text", "sampling_params": <set fields>, <set logprob fields>}`; with `n > 1`
   the server answers a list, one response per sample;
-- stream: the same with `"stream": true`; SSE events carry cumulative `text`;
+- stream: the same with `"stream": true`; SSE events carry cumulative `text` and each
+  event's new output logprob entries (`gather_logprobs` makes them cumulative);
 - commit (a fork, and the first step of select): `{"text", "sampling_params":
   {"max_new_tokens": 0}}` — prefills the prefix into the radix cache and reports its
   token count as `meta_info.prompt_tokens`;
@@ -32,7 +33,14 @@ from typing import Any
 
 import httpx
 
-from sprig.backend.base import Backend, ChoiceLogprobs, Generation, Prompt, StreamChunk
+from sprig.backend.base import (
+    STREAMED_LOGPROB_KEYS,
+    Backend,
+    ChoiceLogprobs,
+    Generation,
+    Prompt,
+    StreamChunk,
+)
 from sprig.backend.http import HttpClient, ServerError
 from sprig.chat_template import ChatTemplate
 from sprig.choices import TokenEntry
@@ -54,6 +62,24 @@ def own_tokens(prefix: str, entries: Sequence[TokenEntry]) -> list[list[Any]]:
     while rows and rows[0][0] is None:
         rows = rows[1:]
     return rows
+
+
+def gather_logprobs(gathered: dict[str, list[Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` of one streamed event with its output-side logprob lists made cumulative
+    (`gathered` holds them so far and is extended). A sprig or current SGLang server
+    sends each event's new entries with the cumulative count in
+    `output_token_logprobs_length`; without that count the lists are taken as cumulative
+    already (older servers)."""
+    total = meta.get("output_token_logprobs_length")
+    out = dict(meta)
+    for key in STREAMED_LOGPROB_KEYS:
+        if key not in meta:
+            continue
+        have, entries = gathered.setdefault(key, []), meta[key]
+        new = len(entries) - len(have) if total is None else min(len(entries), total - len(have))
+        have += entries[len(entries) - new :] if new > 0 else []
+        out[key] = list(have)
+    return out
 
 
 class RuntimeEndpoint(Backend):
@@ -120,8 +146,9 @@ class RuntimeEndpoint(Backend):
 
     def generate_stream(self, prompt: Prompt, params: SamplingParams) -> Iterator[StreamChunk]:
         sent = 0
+        gathered: dict[str, list[Any]] = {}
         for event, waited in self.http.stream("/generate", {**self._payload(prompt, params), "stream": True}):
-            text, meta = event["text"], event.get("meta_info", {})
+            text, meta = event["text"], gather_logprobs(gathered, event.get("meta_info", {}))
             yield StreamChunk(text[sent:], meta, Cost.of_call(meta, waited))
             sent = len(text)
 

@@ -4,7 +4,9 @@ verified through the server's `cached_tokens`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 
 import pytest
 
@@ -160,6 +162,46 @@ def test_streaming(backend) -> None:
     state = few_shot_qa.run(question="Which?", stream=True)
     pieces = list(state.text_iter("answer"))
     assert "".join(pieces) == state["answer"]
+
+
+@sgl.function
+def qa_logprobs(s, question):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", return_logprob=True, max_tokens=16, temperature=0, ignore_eos=True))
+
+
+def test_stream_logprobs_arrive_per_piece(backend) -> None:
+    """SGLang's `test_stream_logprobs`: each piece's meta_info holds its own tokens'
+    logprobs, and the counts are cumulative; the bound meta_info holds them all."""
+
+    async def collect(state):
+        return [item async for item in state.text_async_iter("answer", return_meta_data=True)]
+
+    state = qa_logprobs.run(question="Tell me about Hawaii.", stream=True)
+    pieces = asyncio.run(collect(state))
+    seen = 0
+    for text, info in pieces:
+        assert text and info["completion_tokens"] == info["output_token_logprobs_length"]
+        assert len(info["output_token_logprobs"]) == info["completion_tokens"] - seen
+        seen = info["completion_tokens"]
+    assert "".join(text for text, _ in pieces) == state["answer"]
+    whole = qa_logprobs.run(question="Tell me about Hawaii.").get_meta_info("answer")
+    streamed = state.get_meta_info("answer")
+    assert streamed["output_token_logprobs"] == whole["output_token_logprobs"]
+    assert len(whole["output_token_logprobs"]) == 16
+
+
+@sgl.function
+def until_pattern(s, pattern):
+    s += LONG_CONTEXT + sgl.gen("out", max_tokens=24, temperature=0, ignore_eos=True, stop_regex=pattern)
+
+
+def test_gen_stops_at_stop_regex(backend) -> None:
+    full = until_pattern.run(pattern=[])["out"]
+    piece = full[8:10]
+    state = until_pattern.run(pattern=re.escape(piece))
+    assert state["out"] == full[: full.index(piece)]
+    assert state.get_meta_info("out")["finish_reason"] == {"type": "stop", "matched": re.escape(piece)}
 
 
 def test_run_batch_sends_a_shared_prefix_once(backend, server) -> None:

@@ -147,8 +147,9 @@ def test_default_backend_and_runtime_like_endpoint_attribute(echo_backend: Scrip
         (lambda: sgl.gen("v", dtype=int), "-7 ", sgl.REGEX_INT, (" ", "\n"), -7),
         (lambda: sgl.gen("v", dtype=float), "2.5", sgl.REGEX_FLOAT, (" ", "\n"), 2.5),
         (lambda: sgl.gen("v", dtype=bool), "False", sgl.REGEX_BOOL, None, False),
-        (lambda: sgl.gen_string("v"), '"hi there"', sgl.REGEX_STR, None, "hi there"),
-        (lambda: sgl.gen("v", dtype="str"), '"x"', sgl.REGEX_STR, None, "x"),
+        (lambda: sgl.gen_string("v"), '"hi there"', sgl.REGEX_STR, None, '"hi there"'),
+        (lambda: sgl.gen("v", dtype="str"), '"x"', sgl.REGEX_STR, None, '"x"'),
+        (lambda: sgl.gen("v", dtype=str, stop="\n"), '"cut by', sgl.REGEX_STR, ("\n",), '"cut by'),
     ],
 )
 def test_dtype_gens_send_the_regex_and_bind_the_python_type(make, reply, regex, stop, value) -> None:

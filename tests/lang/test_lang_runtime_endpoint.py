@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -189,6 +190,61 @@ def test_streaming_reads_cumulative_sse_text() -> None:
                                      "stream": True}
     assert state.text() == ">Hello!"
     assert state.cost().completion_tokens == 3 and state.cost().calls == 1
+
+
+def _lp(*ids: int) -> list[list[Any]]:
+    return [[-0.1 * i, i, None] for i in ids]
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_streamed_logprobs_incremental_or_cumulative_reach_text_async_iter(incremental) -> None:
+    """Current servers send each event's new logprob entries (with the cumulative count);
+    older ones the whole list so far. Either way the bound meta_info is cumulative and
+    `text_async_iter(return_meta_data=True)` gives each piece its own entries."""
+    ids = [[1], [2, 3], [4], []]  # the last event brings no token (e.g. a finish with no text)
+    texts = ["A", "ABC", "ABCD", "ABCD"]
+    events, total = [], []
+    for new, text in zip(ids, texts, strict=True):
+        total += new
+        entries = _lp(*(new if incremental else total))
+        events.append({"text": text, "meta_info": meta(2, len(total), output_token_logprobs=entries,
+                                                      output_token_logprobs_length=len(total))})
+    server = FakeServer(lambda body: sse(*events))
+
+    @sgl.function
+    def program(s):
+        s += ">" + sgl.gen("g", max_tokens=8, return_logprob=True)
+
+    async def collect(state):
+        return [item async for item in state.text_async_iter("g", return_meta_data=True)]
+
+    state = program.run(backend=server.endpoint(), stream=True)
+    pieces = asyncio.run(collect(state))
+    assert "".join(p for p, _ in pieces) == "ABCD"
+    seen = 0
+    for _, m in pieces:
+        assert m["output_token_logprobs_length"] == m["completion_tokens"]
+        assert len(m["output_token_logprobs"]) == m["completion_tokens"] - seen
+        seen = m["completion_tokens"]
+    assert state.get_meta_info("g")["output_token_logprobs"] == _lp(1, 2, 3, 4)
+    assert all(piece for piece, _ in pieces)
+
+
+def test_text_async_iter_of_a_run_without_streaming() -> None:
+    server = FakeServer(lambda body: {"text": "hi", "meta_info": meta(2, 1)})
+
+    @sgl.function
+    def program(s):
+        s += ">" + sgl.gen("g", max_tokens=8)
+
+    async def collect(state, **kw):
+        return [item async for item in state.text_async_iter(**kw)]
+
+    state = program.run(backend=server.endpoint())
+    assert asyncio.run(collect(state, var_name="g")) == ["hi"]
+    [(text, info)] = asyncio.run(collect(state, var_name="g", return_meta_data=True))
+    assert text == "hi" and info["completion_tokens"] == 1
+    assert asyncio.run(collect(state)) == [">hi"] == list(state.text_iter())
 
 
 def test_server_errors_surface_with_the_server_message() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from scripted_backend import ScriptedBackend
 
 import sprig as sgl
@@ -70,3 +71,61 @@ def test_fork_without_join_and_tool_selection() -> None:
     state = tool_use.run(question="What is 2 + 2", backend=ScriptedBackend(reply_by_prompt, logprob=prefers_calculator))
     assert state["tool"] == "calculator"
     assert state.text().endswith("I need to use a calculator. The math expression isANSWER")
+
+
+@sgl.function
+def expand_tips(s, n):
+    s += "Tips:\n"
+    forks = s.fork(n)
+    for i in range(n):
+        forks[i] += f"Now, expand tip {i + 1} into a paragraph:\n"  # item assignment, as SGLang writes it
+        forks[i] += sgl.gen("detailed_tip", max_tokens=16)
+    with pytest.raises(ValueError, match="cannot be replaced"):
+        forks[0] = forks[1]
+    forks.join()
+
+
+def test_fork_items_take_augmented_assignment() -> None:
+    state = expand_tips.run(n=2, backend=ScriptedBackend(reply_by_prompt))
+    assert state["detailed_tip"] == ["Eat well.", "Move daily."]
+
+
+def test_dtype_str_keeps_the_text_as_generated() -> None:
+    @sgl.function
+    def name(s):
+        s += "Full name: " + sgl.gen("str_res", dtype=str, stop="\n") + "\n"
+        s += "Year: " + sgl.gen("int_res", dtype=int)
+
+    state = name.run(backend=ScriptedBackend(['"Domain Name', "1983"]))  # a stop cut the string
+    assert state["str_res"] == '"Domain Name' and state["int_res"] == 1983
+    assert state.text() == 'Full name: "Domain Name\nYear: 1983'
+
+
+@pytest.mark.parametrize(
+    ("model_type", "reply", "reasoning", "answer"),
+    [
+        ("deepseek-r1", "weigh it up</think>\n\nParis", "weigh it up", "Paris"),
+        ("qwen3", "<think>\nhmm\n</think>\n\nParis", "hmm", "Paris"),
+        ("qwen3", "Paris", "", "Paris"),
+        ("deepseek-r1", "<think>cut short", "cut short", ""),
+    ],
+)
+def test_separate_reasoning_binds_reasoning_and_answer(model_type, reply, reasoning, answer) -> None:
+    @sgl.function
+    def ask(s):
+        s += sgl.user("Capital of France?")
+        s += sgl.assistant(sgl.separate_reasoning(sgl.gen("answer", max_tokens=32), model_type=model_type))
+        s += sgl.user("Sure?")
+
+    backend = ScriptedBackend([reply])
+    state = ask.run(backend=backend)
+    assert state["answer"] == answer and state["answer_reasoning_content"] == reasoning
+    assert state.messages()[1] == {"role": "assistant", "content": answer}  # later turns see no thinking
+    assert reply not in state.text() or reply == answer
+
+
+def test_separate_reasoning_needs_a_known_format_and_a_named_gen() -> None:
+    with pytest.raises(ValueError, match="model_type"):
+        sgl.separate_reasoning(sgl.gen("a"), model_type="nope")
+    with pytest.raises(ValueError, match="named gen"):
+        sgl.separate_reasoning(sgl.gen(), model_type="qwen3")
