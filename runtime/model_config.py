@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sprig.runtime.quantization.formats import WeightFormat
 
 # rope types sprig computes exactly as transformers does (see sprig.kernels.rotary)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -23,7 +26,8 @@ class ModelConfig:
     llama3 `original_max_position_embeddings` is always present); `context_len` is the
     longest context sprig computes exactly (capped by a sliding window, which sprig does
     not implement); `eos_token_ids` is the union of config.json's and
-    generation_config.json's, in that order.
+    generation_config.json's, in that order; `quantization` is the format config.json's
+    `quantization_config` names (None for a float checkpoint).
     """
 
     architecture: str
@@ -44,6 +48,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     torch_dtype: str | None = None  # the checkpoint's dtype name, e.g. "bfloat16"
+    quantization: WeightFormat | None = field(default=None, hash=False)  # quantization_config's
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -97,7 +102,19 @@ class ModelConfig:
             eos_token_ids=tuple(dict.fromkeys(eos)),
             bos_token_id=cfg.get("bos_token_id", gen.get("bos_token_id")),
             torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
+            quantization=_quantization(path / "config.json", cfg.get("quantization_config")),
         )
+
+
+def _quantization(file: Path, quantization_config: dict[str, Any] | None) -> WeightFormat | None:
+    if not quantization_config:
+        return None
+    from sprig.runtime.quantization.formats import checkpoint_format
+
+    try:
+        return checkpoint_format(quantization_config)
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
 
 
 def _read_json(file: Path, *, required: bool) -> dict[str, Any]:

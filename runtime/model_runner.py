@@ -13,6 +13,7 @@ from sprig.radix.kv_cache import KVCache, KVShape, slots_for_budget
 from sprig.runtime.attention import ATTENTION_BACKENDS, default_backend, make_backend
 from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.step_input import StepInput, build_forward_batch
 from sprig.runtime.weight_loader import load_model
 
@@ -33,6 +34,9 @@ class RunnerConfig:
     (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
     pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
     weights load, on CPU `CPU_DEFAULT_TOKENS` capped at `CPU_KV_BUDGET_BYTES`.
+    `quantization` ("int8", "int4" or None) quantizes a float checkpoint's linear layers as
+    they load (round-to-nearest; int8 per output channel, int4 in groups of
+    `quantization_group_size` inputs); a quantized checkpoint loads as its config says.
     `cpu_threads` sets torch's intra-op threads for the process. None: on CPU torch's
     default, one per core (on a CPU shared with other processes fewer threads step more
     evenly); on CUDA `CUDA_CPU_THREADS`, since the CPU then only does a step's index math,
@@ -57,6 +61,8 @@ class RunnerConfig:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
     shadow_attention: bool = False
+    quantization: str | None = None
+    quantization_group_size: int = 128
 
     def __post_init__(self) -> None:
         if not str(self.model_path):
@@ -87,6 +93,8 @@ class RunnerConfig:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+        if self.quantization is not None:
+            OnlineFormat.of(self.quantization, self.quantization_group_size)  # validates both
 
 
 class ModelRunner:
@@ -107,7 +115,9 @@ class ModelRunner:
             torch.set_num_threads(CUDA_CPU_THREADS)
         self.dtype = _resolve_dtype(config.dtype, self.model_config)
         self.model = load_model(
-            self.model_config, Path(config.model_path), dtype=self.dtype, device=self.device
+            self.model_config, Path(config.model_path), dtype=self.dtype, device=self.device,
+            quantization=None if config.quantization is None
+            else OnlineFormat.of(config.quantization, config.quantization_group_size),
         )
         shape = KVShape(
             self.model_config.num_layers, self.model_config.num_kv_heads,

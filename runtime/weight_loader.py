@@ -1,16 +1,18 @@
 """Build a model without initialising it, then fill every parameter from the checkpoint's
 safetensors files (one file, or all the shards an index names).
 
-Checked: every parameter (every shard of a fused one) is loaded exactly once, and every
-checkpoint tensor lands somewhere; a missing, unexpected, duplicated or mis-shaped
-tensor is a ValueError naming the file and the tensor. So no uninitialised memory
-survives loading.
+Checked before anything loads: every parameter (every shard of a fused one) and every
+tensor a quantized layer's format requires is in the checkpoint exactly once, and every
+checkpoint tensor lands somewhere; a missing, unexpected or duplicated tensor, and then a
+mis-shaped one, is a ValueError naming the file and the tensor. So no uninitialised
+memory survives loading.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterator
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +23,46 @@ from torch import nn
 from sprig.runtime.layers.linear import MergedLinear
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import model_class
+from sprig.runtime.quantization.formats import WeightFormat
+from sprig.runtime.quantization.install import install_quantized_linears
+from sprig.runtime.quantization.linear import QuantizedLinear
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # derived buffers some old checkpoints saved
 INDEX_FILE = "model.safetensors.index.json"
 
-Target = tuple[str, str | None]  # (sprig parameter name, shard of a MergedLinear or None)
+# (sprig parameter name, or a quantized layer's name + "." + checkpoint leaf; shard or None)
+Target = tuple[str, str | None]
 
 
 def load_model(
-    config: ModelConfig, path: str | Path, *, dtype: torch.dtype, device: torch.device
+    config: ModelConfig,
+    path: str | Path,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: WeightFormat | None = None,
 ) -> nn.Module:
     """The registered model for `config`, in `dtype` on `device`, weights from `path`.
 
     Parameters are allocated uninitialised (built on the meta device, then `to_empty`);
-    modules with derived buffers recompute them through `reset_buffers()`.
+    modules with derived buffers recompute them through `reset_buffers()`. Linear layers
+    are quantized as the checkpoint's `quantization_config` says, or, for a float
+    checkpoint, with the online format `quantization`.
     """
+    fmt = config.quantization
+    if quantization is not None:
+        if fmt is not None:
+            raise ValueError(
+                f"{Path(path)}: the checkpoint is already quantized ({fmt.name}); online "
+                f"quantization ({quantization.name}) applies to float checkpoints"
+            )
+        fmt = quantization
     with torch.device("meta"):
         model = model_class(config.architecture)(config)
+        if fmt is not None:
+            install_quantized_linears(model, fmt)
     model.to(dtype=dtype).to_empty(device=device).requires_grad_(False)
-    load_weights(model, path)
+    load_weights(model, path, dtype=dtype, device=device)
     for module in model.modules():
         reset = getattr(module, "reset_buffers", None)
         if reset is not None:
@@ -64,53 +87,94 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     return files
 
 
-def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Copy every checkpoint tensor into its (slice of a) parameter of `model`."""
-    params = dict(model.named_parameters())
-    expected = _expected_targets(model)
+def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, device: torch.device) -> None:
+    """Copy every checkpoint tensor into its (slice of a) parameter of `model`, or hand it
+    to its quantized layer, which is finalized (built in `dtype` on `device`) as soon as
+    its last tensor is in, so only one layer's staged pieces are held at a time."""
     packed: dict[str, tuple[str, str]] = model.packed_modules
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    plan = _plan(model, path, packed, quantized)
+    pending = Counter(t[0].rpartition(".")[0] for _, _, t in plan)
+    params = dict(model.named_parameters())
+    for file, entries in itertools.groupby(plan, key=lambda entry: entry[0]):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for _, name, target in entries:
+                owner, _, leaf = target[0].rpartition(".")
+                layer = quantized.get(owner)
+                if layer is None:
+                    _copy(model, params, target, file, name, handle)
+                    continue
+                try:
+                    layer.load(leaf, target[1], handle.get_tensor(name))
+                except ValueError as e:
+                    raise ValueError(f"{file}: tensor {name!r}: {e}") from None
+                pending[owner] -= 1
+                if pending[owner] == 0:
+                    layer.finalize(dtype, device)
+
+
+def _plan(
+    model: nn.Module,
+    path: str | Path,
+    packed: dict[str, tuple[str, str]],
+    quantized: dict[str, QuantizedLinear],
+) -> list[tuple[Path, str, Target]]:
+    """(file, tensor name, target) of every checkpoint tensor to load, in file order; a
+    ValueError names an unexpected, duplicated or missing tensor before anything loads."""
+    required, accepted = _expected_targets(model, quantized)
     tied = model.config.tie_word_embeddings
-    loaded: dict[Target, Path] = {}  # -> the file it came from
-    for file, name, handle in _tensors(path):
-        if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
-            continue
-        target = _target(name, packed)
-        if target not in expected:
-            raise ValueError(f"{file}: unexpected tensor {name!r} (no such parameter in the model)")
-        if target in loaded:
-            raise ValueError(f"{file}: tensor {name!r} also in {loaded[target]}")
-        dest = _destination(model, params, target)
-        shape = tuple(handle.get_slice(name).get_shape())
-        if shape != tuple(dest.shape):
-            raise ValueError(
-                f"{file}: tensor {name!r} has shape {list(shape)}, the model expects {list(dest.shape)}"
-            )
-        with torch.no_grad():
-            dest.copy_(handle.get_tensor(name))
-        loaded[target] = file
-    missing = sorted(expected - loaded.keys(), key=str)
-    if missing:
-        names = ", ".join(_hf_name(t, packed) for t in missing)
-        raise ValueError(f"{Path(path)}: checkpoint is missing tensor(s) {names}")
-
-
-def _tensors(path: str | Path) -> Iterator[tuple[Path, str, Any]]:
-    """(file, tensor name, open handle) for every tensor in every checkpoint file."""
+    loaded: dict[Target, Path] = {}  # -> the file it is in
+    plan = []
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                yield file, name, handle
+                if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                    continue
+                target = _target(name, packed)
+                if target not in accepted:
+                    raise ValueError(f"{file}: unexpected tensor {name!r} (no such parameter in the model)")
+                if target in loaded:
+                    raise ValueError(f"{file}: tensor {name!r} also in {loaded[target]}")
+                loaded[target] = file
+                plan.append((file, name, target))
+    missing = sorted(required - loaded.keys(), key=str)
+    if missing:
+        names = ", ".join(_hf_name(t, packed) for t in missing)
+        raise ValueError(f"{Path(path)}: checkpoint is missing tensor(s) {names}")
+    return plan
 
 
-def _expected_targets(model: nn.Module) -> set[Target]:
-    targets: set[Target] = set()
+def _copy(
+    model: nn.Module, params: dict[str, nn.Parameter], target: Target, file: Path, name: str, handle: Any
+) -> None:
+    dest = _destination(model, params, target)
+    shape = tuple(handle.get_slice(name).get_shape())
+    if shape != tuple(dest.shape):
+        raise ValueError(
+            f"{file}: tensor {name!r} has shape {list(shape)}, the model expects {list(dest.shape)}"
+        )
+    with torch.no_grad():
+        dest.copy_(handle.get_tensor(name))
+
+
+def _expected_targets(
+    model: nn.Module, quantized: dict[str, QuantizedLinear]
+) -> tuple[set[Target], set[Target]]:
+    """(required, accepted) targets: every shard of every parameter and every quantized
+    layer's required tensors; accepted adds the quantized layers' optional ones."""
+    required: set[Target] = set()
     for name, _ in model.named_parameters():
         owner = model.get_submodule(name.rpartition(".")[0])
         if isinstance(owner, MergedLinear):
-            targets.update((name, shard) for shard in owner.out_sizes)
+            required.update((name, shard) for shard in owner.out_sizes)
         else:
-            targets.add((name, None))
-    return targets
+            required.add((name, None))
+    optional: set[Target] = set()
+    for name, layer in quantized.items():
+        for shard in layer.out_sizes:
+            required.update((f"{name}.{leaf}", shard) for leaf in layer.required_leaves)
+            optional.update((f"{name}.{leaf}", shard) for leaf in layer.optional_leaves)
+    return required, required | optional
 
 
 def _target(hf_name: str, packed: dict[str, tuple[str, str]]) -> Target:

@@ -1,0 +1,44 @@
+"""The registry of quantized checkpoint formats, keyed by config.json's
+`quantization_config.quant_method`, and the online schemes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sprig.runtime.quantization.formats.awq import AWQFormat
+from sprig.runtime.quantization.formats.base import WeightFormat
+from sprig.runtime.quantization.formats.compressed_tensors import CompressedTensorsFormat
+from sprig.runtime.quantization.formats.gptq import GPTQFormat
+from sprig.runtime.quantization.formats.online import (
+    ONLINE_GROUP_SIZES,
+    ONLINE_SCHEMES,
+    OnlineFormat,
+)
+
+CHECKPOINT_FORMATS: dict[str, Callable[[dict[str, Any]], WeightFormat]] = {
+    "gptq": GPTQFormat.from_config,
+    "awq": AWQFormat.from_config,
+    "compressed-tensors": CompressedTensorsFormat.from_config,
+}
+
+
+def checkpoint_format(quantization_config: dict[str, Any]) -> WeightFormat:
+    """The format a checkpoint's `quantization_config` describes; ValueError naming the
+    method (or the unsupported option) otherwise."""
+    method = quantization_config.get("quant_method")
+    if method not in CHECKPOINT_FORMATS:
+        raise ValueError(
+            f"quantization method {method!r} is not supported; supported: {', '.join(CHECKPOINT_FORMATS)}"
+        )
+    return CHECKPOINT_FORMATS[method](quantization_config)
+
+
+__all__ = [
+    "CHECKPOINT_FORMATS",
+    "ONLINE_GROUP_SIZES",
+    "ONLINE_SCHEMES",
+    "OnlineFormat",
+    "WeightFormat",
+    "checkpoint_format",
+]

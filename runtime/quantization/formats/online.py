@@ -1,0 +1,47 @@
+"""Online quantization of a float checkpoint: each linear layer's `weight` is quantized
+round-to-nearest (`quantize_rtn`) as it loads, so the float weights never all sit in memory.
+
+`--quantization int8`: 8-bit codes, one scale per output channel, symmetric.
+`--quantization int4`: 4-bit codes, one scale per group of `group_size` inputs, symmetric.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sprig.runtime.quantization.formats.base import expect
+from sprig.runtime.quantization.weight import QuantScheme, quantize_rtn
+
+ONLINE_GROUP_SIZES = (32, 64, 128)
+ONLINE_SCHEMES = ("int8", "int4")
+
+
+@dataclass(frozen=True)
+class OnlineFormat:
+    scheme: QuantScheme
+    name: str
+
+    @classmethod
+    def of(cls, name: str, group_size: int) -> OnlineFormat:
+        """The online scheme `name` ("int8" or "int4"); `group_size` applies to int4."""
+        if name not in ONLINE_SCHEMES:
+            raise ValueError(f"quantization must be one of {ONLINE_SCHEMES}, got {name!r}")
+        if group_size not in ONLINE_GROUP_SIZES:
+            raise ValueError(f"quantization_group_size must be one of {ONLINE_GROUP_SIZES}, got {group_size}")
+        scheme = QuantScheme(8) if name == "int8" else QuantScheme(4, group_size)
+        return cls(scheme, name)
+
+    def scheme_for(self, module: str) -> QuantScheme | None:
+        return self.scheme
+
+    def leaves(self, scheme: QuantScheme) -> tuple[frozenset[str], frozenset[str]]:
+        return frozenset({"weight"}), frozenset()
+
+    def convert(
+        self, leaf: str, tensor: torch.Tensor, scheme: QuantScheme, rows: int, cols: int
+    ) -> dict[str, torch.Tensor]:
+        expect(tensor, leaf, (rows, cols))
+        weight = quantize_rtn(tensor, scheme)
+        return {"qweight": weight.qweight, "scales": weight.scales, "zeros": weight.zeros}

@@ -1,0 +1,179 @@
+"""Write quantized checkpoints in the formats users download, from a tiny float checkpoint.
+
+A small reference quantizer (round-to-nearest per row and group, optionally in a random
+activation order) and a packer per format, written from each format's documented
+layout, independently of sprig's loaders:
+
+- GPTQ: `qweight` int32 [K / p, N] (input k in word k // p at bits (k % p) * b),
+  `qzeros` int32 [G, N / p] (v1 "gptq": zero - 1; "gptq_v2": zero), `scales` fp16
+  [G, N], `g_idx` int32 [K].
+- AWQ GEMM: `qweight` int32 [K, N / 8], nibble i of word j = output 8 j + (0 2 4 6 1 3 5
+  7)[i]; `qzeros` int32 [G, N / 8] likewise; `scales` fp16 [G, N].
+- compressed-tensors pack-quantized: `weight_packed` int32 [N, K / p] (signed code +
+  2**(b-1), along the input dim), `weight_scale` bf16 [N, G], `weight_zero_point` int32
+  [ceil(N / p), G] (asymmetric: signed zero + 2**(b-1), along the output dim),
+  `weight_shape` [N, K], `weight_g_idx` [K] (actorder "group").
+
+`quantize_checkpoint` also writes the float checkpoint whose weights are exactly what the
+stored codes stand for (with the scales as stored), for transformers to run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+SCALE_DTYPES = {"gptq": torch.float16, "awq": torch.float16, "compressed-tensors": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One quantized checkpoint to write. group_size None: per output channel."""
+
+    method: str  # gptq | awq | compressed-tensors
+    bits: int = 4
+    group_size: int | None = 32
+    sym: bool = True
+    act_order: bool = False
+    gptq_v2: bool = False
+
+    @property
+    def label(self) -> str:
+        parts = [self.method, f"w{self.bits}", f"g{self.group_size or 'ch'}", "sym" if self.sym else "asym"]
+        parts += ["actorder"] * self.act_order + ["v2"] * self.gptq_v2
+        return "-".join(parts)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    codes: torch.Tensor  # [N, K] int64, unsigned, in 0 .. 2**bits - 1
+    scales: torch.Tensor  # [N, G] in the format's storage dtype
+    zeros: torch.Tensor  # [N, G] int64, unsigned
+    g_idx: torch.Tensor  # [K] int64
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] float32
+        s, z = self.scales.float()[:, self.g_idx], self.zeros[:, self.g_idx].float()
+        return (self.codes.float() - z) * s
+
+
+def quantize(w: torch.Tensor, spec: Spec, order: torch.Tensor | None) -> Quantized:
+    """RTN of w [N, K] per (row, group); `order` (a permutation of the inputs) groups the
+    inputs in that order, as act-order GPTQ does: input order[j] is in group j // G."""
+    n, k = w.shape
+    size = spec.group_size or k
+    position = torch.empty(k, dtype=torch.long)
+    position[order if order is not None else torch.arange(k)] = torch.arange(k)
+    g_idx = position // size
+    top = (1 << spec.bits) - 1
+    groups = k // size
+    scales = torch.empty(n, groups)
+    zeros = torch.empty(n, groups, dtype=torch.long)
+    for g in range(groups):
+        cols = w[:, g_idx == g].double()
+        if spec.sym:
+            s = cols.abs().amax(1) / ((1 << (spec.bits - 1)) - 1)
+            z = torch.full((n,), 1 << (spec.bits - 1), dtype=torch.long)
+        else:
+            lo, hi = cols.amin(1).clamp(max=0), cols.amax(1).clamp(min=0)
+            s = (hi - lo) / top
+            z = torch.round(-lo / torch.where(s > 0, s, 1.0)).long().clamp(0, top)
+            if spec.method == "gptq" and not spec.gptq_v2:
+                z = z.clamp(min=1)  # v1 stores zero - 1: a zero of 0 cannot be written
+        scales[:, g] = torch.where(s > 0, s, 1.0).float()
+        zeros[:, g] = z
+    scales = scales.to(SCALE_DTYPES[spec.method])  # codes are computed with the stored scale
+    s_full, z_full = scales.double()[:, g_idx], zeros[:, g_idx]
+    codes = (torch.round(w.double() / s_full) + z_full).clamp(0, top).long()
+    return Quantized(codes, scales, zeros, g_idx)
+
+
+def pack(values: torch.Tensor, bits: int, dim: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Pack unsigned `values` 32 // bits to an int32 word along `dim`, the lowest bits
+    first; `order[i]` names the element (within its run of 32 // bits) in slot i."""
+    per = 32 // bits
+    v = values.long().movedim(dim, -1)
+    if v.shape[-1] % per:  # pad to whole words
+        v = torch.nn.functional.pad(v, (0, per - v.shape[-1] % per))
+    v = v.reshape(*v.shape[:-1], -1, per)
+    word = torch.zeros(v.shape[:-1], dtype=torch.long)
+    for slot in range(per):
+        word |= v[..., order[slot] if order else slot] << (bits * slot)
+    word = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+    return word.movedim(-1, dim).contiguous()
+
+
+def _tensors(spec: Spec, q: Quantized) -> dict[str, torch.Tensor]:
+    """The format's tensors for one layer (without the module prefix)."""
+    b = spec.bits
+    if spec.method == "gptq":
+        stored = q.zeros if spec.gptq_v2 else (q.zeros - 1) & ((1 << b) - 1)
+        return {"qweight": pack(q.codes.T, b, 0), "qzeros": pack(stored.T, b, 1),
+                "scales": q.scales.T.contiguous(), "g_idx": q.g_idx.to(torch.int32)}
+    if spec.method == "awq":
+        return {"qweight": pack(q.codes.T, 4, 1, AWQ_ORDER), "qzeros": pack(q.zeros.T, 4, 1, AWQ_ORDER),
+                "scales": q.scales.T.contiguous()}
+    out = {"weight_packed": pack(q.codes, b, 1), "weight_scale": q.scales,
+           "weight_shape": torch.tensor(list(q.codes.shape))}
+    if not spec.sym:  # the signed zero points plus 2**(b-1) are the unsigned zeros
+        out["weight_zero_point"] = pack(q.zeros, b, 0)
+    if spec.act_order:
+        out["weight_g_idx"] = q.g_idx.to(torch.int32)
+    return out
+
+
+def _quantization_config(spec: Spec) -> dict:
+    group = spec.group_size or -1
+    if spec.method == "gptq":
+        return {"quant_method": "gptq", "bits": spec.bits, "group_size": group, "desc_act": spec.act_order,
+                "sym": spec.sym, "checkpoint_format": "gptq_v2" if spec.gptq_v2 else "gptq"}
+    if spec.method == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
+                "modules_to_not_convert": None}
+    weights = {"num_bits": spec.bits, "type": "int", "symmetric": spec.sym,
+               "strategy": "group" if spec.group_size else "channel", "group_size": spec.group_size,
+               "actorder": "group" if spec.act_order else None, "dynamic": False}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": None, "output_activations": None}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None}
+
+
+def quantize_checkpoint(src: Path, dst: Path, spec: Spec, *, seed: int = 0) -> tuple[Path, Path]:
+    """Write `spec`'s quantized form of checkpoint `src` to `dst / "quantized"` and the
+    float checkpoint it stands for to `dst / "dequantized"`; returns both paths."""
+    if spec.method == "awq" and (spec.bits != 4 or spec.sym):
+        raise ValueError("AWQ GEMM checkpoints are 4-bit with zero points")
+    quant_dir, deq_dir = dst / "quantized", dst / "dequantized"
+    for d in (quant_dir, deq_dir):
+        shutil.copytree(src, d)
+    tensors = load_file(str(src / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed)
+    orders: dict[str, torch.Tensor] = {}
+    quantized, dequantized = {}, dict(tensors)
+    for name, w in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        proj = module.rpartition(".")[2]
+        if proj not in PROJECTIONS or leaf != "weight":
+            quantized[name] = w
+            continue
+        key = f"{module.rpartition('.')[0]}.{SHARED_INPUT.get(proj, proj)}"
+        if spec.act_order and key not in orders:
+            orders[key] = torch.randperm(w.shape[1], generator=g)
+        q = quantize(w, spec, orders.get(key))
+        dequantized[name] = q.dequantize().to(w.dtype)
+        quantized.update({f"{module}.{k}": v for k, v in _tensors(spec, q).items()})
+    (quant_dir / "model.safetensors").unlink()
+    save_file(quantized, str(quant_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(dequantized, str(deq_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = _quantization_config(spec)
+    (quant_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return quant_dir, deq_dir

@@ -1,0 +1,165 @@
+"""Quantized checkpoints (GPTQ, AWQ, compressed-tensors, written by a reference quantizer
+from each format's documented layout) and online quantization, on every architecture:
+sprig's logits equal transformers' on the float checkpoint the codes stand for, and greedy
+decoding agrees token for token.
+
+Tolerance: float32 activations, so the quantized kernels differ from transformers' dense
+matmul only by summation order: ATOL 1e-4 on logits of magnitude ~5, as for float models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import contexts_step
+from quant_checkpoints import Spec, quantize_checkpoint
+from transformers import AutoModelForCausalLM
+
+from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.quantization.linear import QuantizedLinear
+from sprig.runtime.quantization.weight import QuantScheme, quantize_rtn
+from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
+
+ATOL = 1e-4
+PROMPT_LENS = (7, 1, 12)
+DECODE_STEPS = 6
+EVERY_ARCH = [  # one of each format's families on every architecture
+    Spec("gptq", 4, 32, sym=False, act_order=True),
+    Spec("gptq", 8, None),
+    Spec("awq", 4, 32, sym=False),
+    Spec("compressed-tensors", 4, 32),
+    Spec("compressed-tensors", 8, None, sym=False),
+]
+LLAMA_ONLY = [  # the other variants
+    Spec("gptq", 4, 32),
+    Spec("gptq", 4, 64, sym=False),
+    Spec("gptq", 8, 32, sym=False, act_order=True, gptq_v2=True),
+    Spec("gptq", 4, 32, sym=False, gptq_v2=True),
+    Spec("awq", 4, 64, sym=False),
+    Spec("compressed-tensors", 4, 64, sym=False),
+    Spec("compressed-tensors", 4, 32, act_order=True),
+    Spec("compressed-tensors", 8, None),
+]
+CASES = [(arch, spec) for spec in EVERY_ARCH for arch in ARCHITECTURES] + [("llama", s) for s in LLAMA_ONLY]
+ONLINE = [(arch, m, 32) for m in ("int8", "int4") for arch in ARCHITECTURES] + [("llama", "int4", 64)]
+
+
+@pytest.fixture(scope="module")
+def sharp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny checkpoint per architecture with weights large enough that a wrong code,
+    scale or zero moves the logits far past the tolerance (GQA; qwen2 has q/k/v biases)."""
+    root = tmp_path_factory.mktemp("quant-float")
+    return {arch: build_tiny_checkpoint(root / arch, arch, seed=5, initializer_range=0.2) for arch in ARCHITECTURES}
+
+
+def _prompts(vocab: int, lens: tuple[int, ...] = PROMPT_LENS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+def _check(runner: ModelRunner, hf: torch.nn.Module) -> None:
+    """Prefill logits of a batch within ATOL of transformers, then greedy decoding equal."""
+    batch = _prompts(runner.model_config.vocab_size)
+    slots, next_slot = [], runner.kv_cache.page_size
+    for p in batch:
+        slots.append(torch.arange(next_slot, next_slot + len(p), dtype=torch.int32))
+        next_slot += len(p)
+    logits = runner.forward(contexts_step(
+        ForwardMode.EXTEND, [t for p in batch for t in p], [len(p) for p in batch], slots, [0] * len(batch)
+    ))
+    for got, ids in zip(logits.split(PROMPT_LENS), batch, strict=True):
+        with torch.no_grad():
+            want = hf(torch.tensor([ids])).logits[0].float()
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    outputs = [[int(rows[-1].argmax())] for rows in logits.split(PROMPT_LENS)]
+    for _ in range(DECODE_STEPS - 1):
+        slots = [torch.cat([s, torch.tensor([next_slot + i], dtype=torch.int32)]) for i, s in enumerate(slots)]
+        next_slot += len(batch)
+        step = contexts_step(ForwardMode.DECODE, [o[-1] for o in outputs], [1] * len(batch), slots, [0] * len(batch))
+        for out, tok in zip(outputs, runner.forward(step).argmax(-1).tolist(), strict=True):
+            out.append(tok)
+    for ids, got in zip(batch, outputs, strict=True):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([ids]), max_new_tokens=DECODE_STEPS, do_sample=False,
+                               pad_token_id=hf.config.eos_token_id)[0, len(ids):].tolist()
+        assert got[: len(want)] == want
+
+
+def _runner(path: Path, **kwargs) -> ModelRunner:
+    return ModelRunner(RunnerConfig(path, dtype="float32", device="cpu", max_total_tokens=256, **kwargs))
+
+
+@pytest.mark.parametrize(("arch", "spec"), CASES, ids=[f"{s.label}-{a}" for a, s in CASES])
+def test_checkpoint_format_matches_transformers(arch: str, spec: Spec, sharp: dict[str, Path], tmp_path: Path) -> None:
+    quantized, dequantized = quantize_checkpoint(sharp[arch], tmp_path, spec)
+    runner = _runner(quantized)
+    layers = [m for m in runner.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 4 * runner.model_config.num_layers  # qkv, o, gate_up, down
+    assert all(m.scheme == QuantScheme(spec.bits, spec.group_size, spec.sym) for m in layers)
+    assert all((m.perm is not None) == (spec.act_order and m.num_groups > 1) for m in layers)
+    hf = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval()
+    float_hf = AutoModelForCausalLM.from_pretrained(sharp[arch], dtype=torch.float32).eval()
+    ids = torch.tensor([_prompts(runner.model_config.vocab_size)[0]])
+    with torch.no_grad():  # the codes are really quantized: the float model differs
+        assert (hf(ids).logits - float_hf(ids).logits).abs().max() > 100 * ATOL
+    _check(runner, hf)
+
+
+def _rtn_hf(path: Path, scheme: QuantScheme) -> torch.nn.Module:
+    """transformers on `path` with every projection's weight replaced by its RTN codes'."""
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, module in hf.named_modules():
+            if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+                module.weight.copy_(quantize_rtn(module.weight, scheme).dequantize())
+    return hf
+
+
+@pytest.mark.parametrize(("arch", "method", "group"), ONLINE, ids=[f"{m}-g{g}-{a}" if m == "int4" else f"{m}-{a}" for a, m, g in ONLINE])
+def test_online_quantization_matches_transformers(arch: str, method: str, group: int, sharp: dict[str, Path]) -> None:
+    runner = _runner(sharp[arch], quantization=method, quantization_group_size=group)
+    scheme = QuantScheme(8) if method == "int8" else QuantScheme(4, group)
+    _check(runner, _rtn_hf(sharp[arch], scheme))
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Hidden 128, so that groups of 128 inputs fit every layer."""
+    return build_tiny_checkpoint(
+        tmp_path_factory.mktemp("quant-wide") / "qwen2", "qwen2", seed=6, hidden_size=128,
+        intermediate_size=256, initializer_range=0.1,
+    )
+
+
+@pytest.mark.parametrize(
+    "spec", [Spec("gptq", 4, 128, sym=False, act_order=True), Spec("compressed-tensors", 4, 128)],
+    ids=lambda s: s.label,
+)
+def test_groups_of_128(spec: Spec, wide: Path, tmp_path: Path) -> None:
+    quantized, dequantized = quantize_checkpoint(wide, tmp_path, spec)
+    _check(_runner(quantized), AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval())
+
+
+def test_online_groups_of_128(wide: Path) -> None:
+    runner = _runner(wide, quantization="int4", quantization_group_size=128)
+    _check(runner, _rtn_hf(wide, QuantScheme(4, 128)))
+
+
+@pytest.mark.parametrize("spec", [Spec("gptq", 4, 32), Spec("compressed-tensors", 8, None, sym=False)],
+                         ids=lambda s: s.label)
+def test_bfloat16_activations_run_close_to_transformers(spec: Spec, sharp: dict[str, Path], tmp_path: Path) -> None:
+    """The fast CPU path (bfloat16 activations) is no worse than transformers' own bfloat16."""
+    quantized, dequantized = quantize_checkpoint(sharp["llama"], tmp_path, spec)
+    runner = ModelRunner(RunnerConfig(quantized, dtype="bfloat16", device="cpu", max_total_tokens=64))
+    ids = _prompts(runner.model_config.vocab_size, lens=(9,))[0]
+    logits = runner.forward(contexts_step(
+        ForwardMode.EXTEND, ids, [9], [torch.arange(1, 10, dtype=torch.int32)], [0]
+    ))
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32)(torch.tensor([ids])).logits[0]
+        hf_bf16 = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.bfloat16)(torch.tensor([ids])).logits[0]
+    hf_error = (hf_bf16.float() - ref).abs().max()
+    assert (logits - ref).abs().max() <= 2 * hf_error + 1e-3
