@@ -15,7 +15,9 @@ layout, independently of sprig's loaders:
   `weight_shape` [N, K], `weight_g_idx` [K] (actorder "group").
 
 `quantize_checkpoint` also writes the float checkpoint whose weights are exactly what the
-stored codes stand for (with the scales as stored), for transformers to run.
+stored codes stand for (with the scales as stored), for transformers to run, and
+`check_matches_transformers` compares a runner with transformers on such a checkpoint;
+`rtn_transformers` is transformers with the weights that online quantization computes.
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from engine_helpers import contexts_step
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.quantization.weight import QuantScheme, quantize_rtn
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+ATOL = 1e-4  # on logits of magnitude ~5: float32 paths that differ in summation order
+PROMPT_LENS = (7, 1, 12)
+DECODE_STEPS = 6
 SCALE_DTYPES = {"gptq": torch.float16, "awq": torch.float16, "compressed-tensors": torch.bfloat16}
 
 
@@ -44,11 +55,12 @@ class Spec:
     sym: bool = True
     act_order: bool = False
     gptq_v2: bool = False
+    keep_float: tuple[str, ...] = ()  # projections left in float (compressed-tensors, AWQ)
 
     @property
     def label(self) -> str:
         parts = [self.method, f"w{self.bits}", f"g{self.group_size or 'ch'}", "sym" if self.sym else "asym"]
-        parts += ["actorder"] * self.act_order + ["v2"] * self.gptq_v2
+        parts += ["actorder"] * self.act_order + ["v2"] * self.gptq_v2 + list(self.keep_float)
         return "-".join(parts)
 
 
@@ -136,14 +148,14 @@ def _quantization_config(spec: Spec) -> dict:
                 "sym": spec.sym, "checkpoint_format": "gptq_v2" if spec.gptq_v2 else "gptq"}
     if spec.method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
-                "modules_to_not_convert": None}
+                "modules_to_not_convert": list(spec.keep_float) or None}
     weights = {"num_bits": spec.bits, "type": "int", "symmetric": spec.sym,
                "strategy": "group" if spec.group_size else "channel", "group_size": spec.group_size,
                "actorder": "group" if spec.act_order else None, "dynamic": False}
     return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
                                           "input_activations": None, "output_activations": None}},
-            "ignore": ["lm_head"], "kv_cache_scheme": None}
+            "ignore": ["lm_head", *(f"re:.*{p}$" for p in spec.keep_float)], "kv_cache_scheme": None}
 
 
 def quantize_checkpoint(src: Path, dst: Path, spec: Spec, *, seed: int = 0) -> tuple[Path, Path]:
@@ -151,6 +163,8 @@ def quantize_checkpoint(src: Path, dst: Path, spec: Spec, *, seed: int = 0) -> t
     float checkpoint it stands for to `dst / "dequantized"`; returns both paths."""
     if spec.method == "awq" and (spec.bits != 4 or spec.sym):
         raise ValueError("AWQ GEMM checkpoints are 4-bit with zero points")
+    if spec.method == "gptq" and spec.keep_float:
+        raise ValueError("GPTQ configs name no float layers")
     quant_dir, deq_dir = dst / "quantized", dst / "dequantized"
     for d in (quant_dir, deq_dir):
         shutil.copytree(src, d)
@@ -161,7 +175,7 @@ def quantize_checkpoint(src: Path, dst: Path, spec: Spec, *, seed: int = 0) -> t
     for name, w in tensors.items():
         module, _, leaf = name.rpartition(".")
         proj = module.rpartition(".")[2]
-        if proj not in PROJECTIONS or leaf != "weight":
+        if proj not in PROJECTIONS or proj in spec.keep_float or leaf != "weight":
             quantized[name] = w
             continue
         key = f"{module.rpartition('.')[0]}.{SHARED_INPUT.get(proj, proj)}"
@@ -177,3 +191,47 @@ def quantize_checkpoint(src: Path, dst: Path, spec: Spec, *, seed: int = 0) -> t
     config["quantization_config"] = _quantization_config(spec)
     (quant_dir / "config.json").write_text(json.dumps(config, indent=2))
     return quant_dir, deq_dir
+
+
+def prompts(vocab: int, lens: tuple[int, ...] = PROMPT_LENS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+def check_matches_transformers(runner: ModelRunner, hf: torch.nn.Module) -> None:
+    """Prefill logits of a batch of prompts within `ATOL` of transformers' (float32), then
+    greedy decoding token for token equal to `hf.generate`."""
+    batch = prompts(runner.model_config.vocab_size)
+    slots, next_slot = [], runner.kv_cache.page_size
+    for p in batch:
+        slots.append(torch.arange(next_slot, next_slot + len(p), dtype=torch.int32))
+        next_slot += len(p)
+    logits = runner.forward(contexts_step(
+        ForwardMode.EXTEND, [t for p in batch for t in p], [len(p) for p in batch], slots, [0] * len(batch)
+    ))
+    for got, ids in zip(logits.split(PROMPT_LENS), batch, strict=True):
+        with torch.no_grad():
+            want = hf(torch.tensor([ids])).logits[0].float()
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    outputs = [[int(rows[-1].argmax())] for rows in logits.split(PROMPT_LENS)]
+    for _ in range(DECODE_STEPS - 1):
+        slots = [torch.cat([s, torch.tensor([next_slot + i], dtype=torch.int32)]) for i, s in enumerate(slots)]
+        next_slot += len(batch)
+        step = contexts_step(ForwardMode.DECODE, [o[-1] for o in outputs], [1] * len(batch), slots, [0] * len(batch))
+        for out, tok in zip(outputs, runner.forward(step).argmax(-1).tolist(), strict=True):
+            out.append(tok)
+    for ids, got in zip(batch, outputs, strict=True):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([ids]), max_new_tokens=DECODE_STEPS, do_sample=False,
+                               pad_token_id=hf.config.eos_token_id)[0, len(ids):].tolist()
+        assert got[: len(want)] == want
+
+
+def rtn_transformers(path: Path, scheme: QuantScheme) -> torch.nn.Module:
+    """transformers on `path` with every projection's weight replaced by its RTN codes'."""
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, module in hf.named_modules():
+            if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+                module.weight.copy_(quantize_rtn(module.weight, scheme).dequantize())
+    return hf

@@ -14,18 +14,22 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import contexts_step
-from quant_checkpoints import Spec, quantize_checkpoint
+from quant_checkpoints import (
+    ATOL,
+    Spec,
+    check_matches_transformers,
+    prompts,
+    quantize_checkpoint,
+    rtn_transformers,
+)
 from transformers import AutoModelForCausalLM
 
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 from sprig.runtime.quantization.linear import QuantizedLinear
-from sprig.runtime.quantization.weight import QuantScheme, quantize_rtn
+from sprig.runtime.quantization.weight import QuantScheme
 from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
 
-ATOL = 1e-4
-PROMPT_LENS = (7, 1, 12)
-DECODE_STEPS = 6
 EVERY_ARCH = [  # one of each format's families on every architecture
     Spec("gptq", 4, 32, sym=False, act_order=True),
     Spec("gptq", 8, None),
@@ -55,39 +59,6 @@ def sharp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {arch: build_tiny_checkpoint(root / arch, arch, seed=5, initializer_range=0.2) for arch in ARCHITECTURES}
 
 
-def _prompts(vocab: int, lens: tuple[int, ...] = PROMPT_LENS) -> list[list[int]]:
-    g = torch.Generator().manual_seed(0)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lens]
-
-
-def _check(runner: ModelRunner, hf: torch.nn.Module) -> None:
-    """Prefill logits of a batch within ATOL of transformers, then greedy decoding equal."""
-    batch = _prompts(runner.model_config.vocab_size)
-    slots, next_slot = [], runner.kv_cache.page_size
-    for p in batch:
-        slots.append(torch.arange(next_slot, next_slot + len(p), dtype=torch.int32))
-        next_slot += len(p)
-    logits = runner.forward(contexts_step(
-        ForwardMode.EXTEND, [t for p in batch for t in p], [len(p) for p in batch], slots, [0] * len(batch)
-    ))
-    for got, ids in zip(logits.split(PROMPT_LENS), batch, strict=True):
-        with torch.no_grad():
-            want = hf(torch.tensor([ids])).logits[0].float()
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-    outputs = [[int(rows[-1].argmax())] for rows in logits.split(PROMPT_LENS)]
-    for _ in range(DECODE_STEPS - 1):
-        slots = [torch.cat([s, torch.tensor([next_slot + i], dtype=torch.int32)]) for i, s in enumerate(slots)]
-        next_slot += len(batch)
-        step = contexts_step(ForwardMode.DECODE, [o[-1] for o in outputs], [1] * len(batch), slots, [0] * len(batch))
-        for out, tok in zip(outputs, runner.forward(step).argmax(-1).tolist(), strict=True):
-            out.append(tok)
-    for ids, got in zip(batch, outputs, strict=True):
-        with torch.no_grad():
-            want = hf.generate(torch.tensor([ids]), max_new_tokens=DECODE_STEPS, do_sample=False,
-                               pad_token_id=hf.config.eos_token_id)[0, len(ids):].tolist()
-        assert got[: len(want)] == want
-
-
 def _runner(path: Path, **kwargs) -> ModelRunner:
     return ModelRunner(RunnerConfig(path, dtype="float32", device="cpu", max_total_tokens=256, **kwargs))
 
@@ -102,27 +73,17 @@ def test_checkpoint_format_matches_transformers(arch: str, spec: Spec, sharp: di
     assert all((m.perm is not None) == (spec.act_order and m.num_groups > 1) for m in layers)
     hf = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval()
     float_hf = AutoModelForCausalLM.from_pretrained(sharp[arch], dtype=torch.float32).eval()
-    ids = torch.tensor([_prompts(runner.model_config.vocab_size)[0]])
+    ids = torch.tensor([prompts(runner.model_config.vocab_size)[0]])
     with torch.no_grad():  # the codes are really quantized: the float model differs
         assert (hf(ids).logits - float_hf(ids).logits).abs().max() > 100 * ATOL
-    _check(runner, hf)
-
-
-def _rtn_hf(path: Path, scheme: QuantScheme) -> torch.nn.Module:
-    """transformers on `path` with every projection's weight replaced by its RTN codes'."""
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, module in hf.named_modules():
-            if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
-                module.weight.copy_(quantize_rtn(module.weight, scheme).dequantize())
-    return hf
+    check_matches_transformers(runner, hf)
 
 
 @pytest.mark.parametrize(("arch", "method", "group"), ONLINE, ids=[f"{m}-g{g}-{a}" if m == "int4" else f"{m}-{a}" for a, m, g in ONLINE])
 def test_online_quantization_matches_transformers(arch: str, method: str, group: int, sharp: dict[str, Path]) -> None:
     runner = _runner(sharp[arch], quantization=method, quantization_group_size=group)
     scheme = QuantScheme(8) if method == "int8" else QuantScheme(4, group)
-    _check(runner, _rtn_hf(sharp[arch], scheme))
+    check_matches_transformers(runner, rtn_transformers(sharp[arch], scheme))
 
 
 @pytest.fixture(scope="module")
@@ -140,12 +101,12 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
 )
 def test_groups_of_128(spec: Spec, wide: Path, tmp_path: Path) -> None:
     quantized, dequantized = quantize_checkpoint(wide, tmp_path, spec)
-    _check(_runner(quantized), AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval())
+    check_matches_transformers(_runner(quantized), AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval())
 
 
 def test_online_groups_of_128(wide: Path) -> None:
     runner = _runner(wide, quantization="int4", quantization_group_size=128)
-    _check(runner, _rtn_hf(wide, QuantScheme(4, 128)))
+    check_matches_transformers(runner, rtn_transformers(wide, QuantScheme(4, 128)))
 
 
 @pytest.mark.parametrize("spec", [Spec("gptq", 4, 32), Spec("compressed-tensors", 8, None, sym=False)],
@@ -154,7 +115,7 @@ def test_bfloat16_activations_run_close_to_transformers(spec: Spec, sharp: dict[
     """The fast CPU path (bfloat16 activations) is no worse than transformers' own bfloat16."""
     quantized, dequantized = quantize_checkpoint(sharp["llama"], tmp_path, spec)
     runner = ModelRunner(RunnerConfig(quantized, dtype="bfloat16", device="cpu", max_total_tokens=64))
-    ids = _prompts(runner.model_config.vocab_size, lens=(9,))[0]
+    ids = prompts(runner.model_config.vocab_size, lens=(9,))[0]
     logits = runner.forward(contexts_step(
         ForwardMode.EXTEND, ids, [9], [torch.arange(1, 10, dtype=torch.int32)], [0]
     ))
