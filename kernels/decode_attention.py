@@ -1,17 +1,18 @@
 """Decode attention over a paged KV pool: one new query token per request.
 
 Request b attends, without a mask, over the slots kv_indices[kv_indptr[b]:kv_indptr[b+1]]
-of k_buffer / v_buffer. GQA: query head h reads kv head h // (Hq // Hkv). Softmax is
+of k_buffer / v_buffer (of a quantized pool: dequantized on load by `k_scale` / `v_scale`,
+`kv_quant`'s rule). GQA: query head h reads kv head h // (Hq // Hkv). Softmax is
 computed in float32; the output has q's dtype. A request with no context gets zeros.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from ._dispatch import dot_in_f32, next_pow2, use_triton
+from ._triton import tl, triton
+from .kv_quant import dequantize_tile, kernel_scales
 from .paged import request_attention_ref
 
 
@@ -22,6 +23,8 @@ def _decode_stage1_kernel(
     v_ptr,  # [S, Hkv, D]
     kv_indptr_ptr,  # [B+1]
     kv_indices_ptr,  # [N]
+    k_scale_ptr,  # [S, Hkv] float16 (read when KV_QUANT)
+    v_scale_ptr,  # [S, Hkv] float16
     part_o_ptr,  # [B, Hq, NUM_SPLITS, BLOCK_D] float32: split-normalised partial output
     part_lse_ptr,  # [B, Hq, NUM_SPLITS] float32: log-sum-exp of the split (-inf if empty)
     sm_scale,
@@ -31,6 +34,7 @@ def _decode_stage1_kernel(
     stride_kh,
     stride_vs,
     stride_vh,
+    stride_scale,  # slot stride of the scales (their head stride is 1)
     num_splits,
     GROUP: tl.constexpr,  # Hq // Hkv
     D: tl.constexpr,
@@ -39,6 +43,7 @@ def _decode_stage1_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,  # upcast tl.dot operands (the interpreter mis-multiplies bf16)
+    KV_QUANT: tl.constexpr,  # the pool is quantized: dequantize K and V to q's dtype on load
 ):
     """One program: request b, one KV head with all its query heads, one split of the context."""
     b = tl.program_id(0)
@@ -72,6 +77,9 @@ def _decode_stage1_kernel(
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
                     mask=kv_mask, other=0.0)  # [BN, BD]
+        if KV_QUANT:
+            k_scale = tl.load(k_scale_ptr + slot * stride_scale + kvh, mask=nmask, other=0.0)  # [BN]
+            k = dequantize_tile(k, k_scale, q_ptr.dtype.element_ty)
         if DOT_F32:
             k = k.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale  # [BH, BN]
@@ -81,6 +89,9 @@ def _decode_stage1_kernel(
         p = tl.exp(qk - m_new[:, None])
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0)  # [BN, BD]
+        if KV_QUANT:
+            v_scale = tl.load(v_scale_ptr + slot * stride_scale + kvh, mask=nmask, other=0.0)  # [BN]
+            v = dequantize_tile(v, v_scale, q_ptr.dtype.element_ty)
         if DOT_F32:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -151,6 +162,8 @@ def decode_attention_triton(
     sm_scale: float,
     num_kv_splits: int | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D]
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous: a quantized pool's
+    v_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous
 ) -> torch.Tensor:  # [B, Hq, D]
     """Split-KV flash decoding: stage 1 per (request, KV head, split), stage 2 merges.
 
@@ -173,14 +186,16 @@ def decode_attention_triton(
     splits = max(1, num_kv_splits)
     part_o = torch.empty((B, Hq, splits, block_d), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
+    k_scale_arg, v_scale_arg, quantized = kernel_scales(k_buffer, v_buffer, k_scale, v_scale)
     _decode_stage1_kernel[(B, Hkv, splits)](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, part_o, part_lse, sm_scale,
+        q, k_buffer, v_buffer, kv_indptr, kv_indices,
+        k_scale_arg, v_scale_arg, part_o, part_lse, sm_scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1), splits,
+        v_buffer.stride(0), v_buffer.stride(1), Hkv, splits,
         GROUP=group, D=D, BLOCK_H=max(16, next_pow2(group)), BLOCK_D=block_d,
         BLOCK_N=32 if block_d > 128 else 64,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_F32=dot_in_f32(q.dtype),
+        DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized,
         num_warps=4, num_stages=2,
     )
     _decode_stage2_kernel[(B, Hq)](
@@ -198,6 +213,8 @@ def decode_attention_ref(
     kv_indices: torch.Tensor,  # [N] int
     *,
     sm_scale: float,
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
+    v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
 ) -> torch.Tensor:  # [B, Hq, D]
     """Torch reference: request by request, its one query token attends to its whole
     context (`request_attention_ref`), in float32. A request with no context gets zeros."""
@@ -207,7 +224,9 @@ def decode_attention_ref(
         start, end = bounds[b], bounds[b + 1]
         if end > start:
             slots = kv_indices[start:end].to(torch.int64)
-            out[b] = request_attention_ref(q[b : b + 1], k_buffer, v_buffer, slots, sm_scale=sm_scale)[0]
+            out[b] = request_attention_ref(
+                q[b : b + 1], k_buffer, v_buffer, slots, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale
+            )[0]
     return out
 
 
@@ -221,14 +240,18 @@ def decode_attention(
     sm_scale: float,
     num_kv_splits: int | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D]
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
+    v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
 ) -> torch.Tensor:  # [B, Hq, D]
     """Decode attention; Triton split-KV flash-decoding on CUDA, the reference otherwise."""
     if use_triton(q, k_buffer, v_buffer, kv_indptr, kv_indices):
         return decode_attention_triton(
             q, k_buffer, v_buffer, kv_indptr, kv_indices,
-            sm_scale=sm_scale, num_kv_splits=num_kv_splits, out=out,
+            sm_scale=sm_scale, num_kv_splits=num_kv_splits, out=out, k_scale=k_scale, v_scale=v_scale,
         )
-    o = decode_attention_ref(q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale=sm_scale)
+    o = decode_attention_ref(
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale
+    )
     if out is None:
         return o
     out.copy_(o)

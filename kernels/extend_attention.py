@@ -4,16 +4,17 @@ Request b has q_len = qo_indptr[b+1]-qo_indptr[b] new tokens and kv_len =
 kv_indptr[b+1]-kv_indptr[b] context slots (prefix then new tokens, in position order;
 kv_len >= q_len). New token i sits at position kv_len - q_len + i and attends to context
 positions 0 .. kv_len - q_len + i inclusive. GQA: query head h reads kv head
-h // (Hq // Hkv). Softmax in float32; output in q's dtype.
+h // (Hq // Hkv). Softmax in float32; output in q's dtype. A quantized pool's K/V are
+dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule).
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from ._dispatch import dot_in_f32, next_pow2, use_triton
+from ._triton import tl, triton
+from .kv_quant import dequantize_tile, kernel_scales
 from .paged import request_attention_ref
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
@@ -25,6 +26,7 @@ def _attend_range(
     q,  # [BM, BD]
     k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
     stride_ks, stride_kh, stride_vs, stride_vh,
+    k_scale_ptr, v_scale_ptr, stride_scale,  # a quantized pool's scales [S, Hkv] (KV_QUANT)
     lo, hi,  # context positions [lo, hi) to visit
     row_pos,  # [BM] position of each query row (used when CAUSAL)
     qk_scale,  # sm_scale * log2(e): scores in base 2, so the softmax uses exp2
@@ -34,6 +36,8 @@ def _attend_range(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    KV_QUANT: tl.constexpr,
+    KV_DTYPE: tl.constexpr,  # what quantized K/V dequantize to: q's dtype
 ):
     """Online-softmax accumulation over one range of context positions; m_i is the running
     max of the base-2 scores."""
@@ -46,6 +50,9 @@ def _attend_range(
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
                     mask=kv_mask, other=0.0)  # [BN, BD]
+        if KV_QUANT:
+            k_scale = tl.load(k_scale_ptr + slot * stride_scale + kvh, mask=nmask, other=0.0)  # [BN]
+            k = dequantize_tile(k, k_scale, KV_DTYPE)
         if DOT_F32:
             k = k.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN]
@@ -58,6 +65,9 @@ def _attend_range(
         p = tl.exp2(qk - m_new[:, None])
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0)  # [BN, BD]
+        if KV_QUANT:
+            v_scale = tl.load(v_scale_ptr + slot * stride_scale + kvh, mask=nmask, other=0.0)  # [BN]
+            v = dequantize_tile(v, v_scale, KV_DTYPE)
         if DOT_F32:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -75,6 +85,8 @@ def _extend_kernel(
     qo_indptr_ptr,  # [B+1]
     kv_indptr_ptr,  # [B+1]
     kv_indices_ptr,  # [N]
+    k_scale_ptr,  # [S, Hkv] float16 (read when KV_QUANT)
+    v_scale_ptr,  # [S, Hkv] float16
     qk_scale,
     stride_qt,
     stride_qh,
@@ -84,6 +96,7 @@ def _extend_kernel(
     stride_vh,
     stride_ot,
     stride_oh,
+    stride_scale,  # slot stride of the scales (their head stride is 1)
     GROUP: tl.constexpr,  # Hq // Hkv
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -91,6 +104,7 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    KV_QUANT: tl.constexpr,  # the pool is quantized: dequantize K and V to q's dtype on load
 ):
     """One program: request b, query head h, BLOCK_M consecutive new tokens."""
     b = tl.program_id(0)
@@ -120,16 +134,17 @@ def _extend_kernel(
         diag = prefix + m_start
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
-            stride_ks, stride_kh, stride_vs, stride_vh, 0, diag, row_pos, qk_scale,
+            stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
+            0, diag, row_pos, qk_scale,
             CAUSAL=False, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-            PRECISION=PRECISION, DOT_F32=DOT_F32,
+            PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
-            stride_ks, stride_kh, stride_vs, stride_vh, diag,
-            tl.minimum(diag + BLOCK_M, kv_len), row_pos, qk_scale,
+            stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
+            diag, tl.minimum(diag + BLOCK_M, kv_len), row_pos, qk_scale,
             CAUSAL=True, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-            PRECISION=PRECISION, DOT_F32=DOT_F32,
+            PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
         o = acc / l_i[:, None]
         tl.store(o_ptr + (q_start + m[:, None]) * stride_ot + h * stride_oh + d[None, :],
@@ -147,6 +162,8 @@ def extend_attention_triton(
     sm_scale: float,
     max_q_len: int,
     out: torch.Tensor | None = None,  # [T, Hq, D]
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous: a quantized pool's
+    v_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous
 ) -> torch.Tensor:  # [T, Hq, D]
     """Flash-attention launcher: grid (requests, query heads, blocks of max_q_len).
 
@@ -167,13 +184,15 @@ def extend_attention_triton(
     block = 32 if block_d > 128 else 64
     # 3 stages measured fastest for D=128 bf16 on an H200 (benchmarks/RESULTS.md)
     stages = 3 if block_d <= 128 else 2
+    k_scale_arg, v_scale_arg, quantized = kernel_scales(k_buffer, v_buffer, k_scale, v_scale)
     _extend_kernel[(B, Hq, triton.cdiv(max_q_len, block))](
-        q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices, sm_scale * LOG2E,
+        q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices,
+        k_scale_arg, v_scale_arg, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1), Hkv,
         GROUP=Hq // Hkv, D=D, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_F32=dot_in_f32(q.dtype), num_warps=4, num_stages=stages,
+        DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized, num_warps=4, num_stages=stages,
     )
     return out
 
@@ -187,6 +206,8 @@ def extend_attention_ref(
     kv_indices: torch.Tensor,  # [N] int32
     *,
     sm_scale: float,
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
+    v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
 ) -> torch.Tensor:  # [T, Hq, D]
     """Torch reference (the CPU path): per request, gather K/V and one masked SDPA."""
     out = torch.empty_like(q)
@@ -199,7 +220,9 @@ def extend_attention_ref(
         if k1 - k0 < q1 - q0:
             raise ValueError(f"request {b}: kv_len {k1 - k0} < q_len {q1 - q0}")
         slots = kv_indices[k0:k1].to(torch.int64)  # [L]
-        out[q0:q1] = request_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale)
+        out[q0:q1] = request_attention_ref(
+            q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale
+        )
     return out
 
 
@@ -214,15 +237,18 @@ def extend_attention(
     sm_scale: float,
     max_q_len: int,
     out: torch.Tensor | None = None,  # [T, Hq, D]
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
+    v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
 ) -> torch.Tensor:  # [T, Hq, D]
     """Extend attention; Triton flash attention on CUDA, the reference otherwise."""
     if use_triton(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices):
         return extend_attention_triton(
             q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-            sm_scale=sm_scale, max_q_len=max_q_len, out=out,
+            sm_scale=sm_scale, max_q_len=max_q_len, out=out, k_scale=k_scale, v_scale=v_scale,
         )
     o = extend_attention_ref(
-        q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale=sm_scale
+        q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale,
     )
     if out is None:
         return o

@@ -6,11 +6,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .kv_quant import dequantize_kv_ref
+
 
 def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:  # [n, *buffer.shape[1:]]
     """`buffer[slots]` for a pool buffer [S, ...] and int64 slots [n]: one row copy per
     slot (indexing the 2-D view copies whole rows, about twice as fast on the CPU)."""
     return buffer.view(buffer.shape[0], -1).index_select(0, slots).view(-1, *buffer.shape[1:])
+
+
+def gather_kv(
+    buffer: torch.Tensor,  # [S, ..., D] a pool buffer (or a view of one with rows flattened)
+    slots: torch.Tensor,  # [n] int64
+    scale: torch.Tensor | None,  # [S, ...] float16: the rows' scales in a quantized pool
+    dtype: torch.dtype,  # the model's dtype
+) -> torch.Tensor:  # [n, ..., D]
+    """Rows `slots` of a K or V pool buffer as attention reads them: dequantized by their
+    scales (`dequantize_kv_ref`, in `dtype`) in a quantized pool, else as stored."""
+    rows = gather_rows(buffer, slots)
+    return rows if scale is None else dequantize_kv_ref(rows, gather_rows(scale, slots), dtype)
 
 
 def request_attention_ref(
@@ -20,16 +34,18 @@ def request_attention_ref(
     slots: torch.Tensor,  # [L] int64, L >= Lq: the context's slots in position order
     *,
     sm_scale: float,
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] float16 for a quantized pool
+    v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
 ) -> torch.Tensor:  # [Lq, Hq, D] in q.dtype
     """One request's attention: new token i attends to context positions
     `0 ..= L - Lq + i`, in float32 (one SDPA call; the fused causal kernel when nothing
-    is cached). GQA: query head h reads KV head h // (Hq // Hkv). The inputs carry a batch
-    dimension: on the CPU, 3-D GQA inputs take SDPA's unfused path (6x slower for 544
-    tokens, 8 query and 4 KV heads)."""
+    is cached) over the K/V as `gather_kv` reads them. GQA: query head h reads KV head
+    h // (Hq // Hkv). The inputs carry a batch dimension: on the CPU, 3-D GQA inputs take
+    SDPA's unfused path (6x slower for 544 tokens, 8 query and 4 KV heads)."""
     Hq, Hkv = q.shape[1], k_buffer.shape[1]
     q_len, kv_len = q.shape[0], slots.numel()
-    k = gather_rows(k_buffer, slots).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
-    v = gather_rows(v_buffer, slots).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
+    k = gather_kv(k_buffer, slots, k_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
+    v = gather_kv(v_buffer, slots, v_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
     qb = q.float().transpose(0, 1)[None]  # [1, Hq, Lq, D]
     if kv_len == q_len:
         mask, causal = None, True

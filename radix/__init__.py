@@ -2,14 +2,15 @@
 
 - `SlotAllocator`: free list of KV slot indices (slot/page 0 reserved as padding).
 - `ReqToTokenPool`: `[max_running_requests, max_context_len]` int32 request→slot table.
-- `KVCache`, `KVShape`, `slots_for_budget`: per-layer K/V buffers and their sizing.
+- `KVCache`, `KVShape`, `LayerKV`, `slots_for_budget`: per-layer K/V buffers (float, or
+  int8 / fp8 with per token-head scales: `KV_CACHE_DTYPES`) and their sizing.
 - `RadixCache` / `DisabledCache`: prefix caches with one interface; `make_prefix_cache`.
 """
 
 from sprig.radix.allocator import AllocatorError, SlotAllocator
 from sprig.radix.disabled_cache import DisabledCache
 from sprig.radix.eviction import EVICTION_POLICIES, EvictionPolicy, LFUPolicy, LRUPolicy
-from sprig.radix.kv_cache import KVCache, KVShape, slots_for_budget
+from sprig.radix.kv_cache import KV_CACHE_DTYPES, KVCache, KVShape, LayerKV, slots_for_budget
 from sprig.radix.radix_cache import CachedPrefix, IntegrityError, MatchResult, RadixCache
 from sprig.radix.req_to_token import ReqToTokenPool
 from sprig.radix.tree import TreeNode
@@ -27,6 +28,7 @@ def make_prefix_cache(
 
 __all__ = [
     "EVICTION_POLICIES",
+    "KV_CACHE_DTYPES",
     "AllocatorError",
     "CachedPrefix",
     "DisabledCache",
@@ -36,6 +38,7 @@ __all__ = [
     "KVShape",
     "LFUPolicy",
     "LRUPolicy",
+    "LayerKV",
     "MatchResult",
     "PrefixCache",
     "RadixCache",

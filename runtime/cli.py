@@ -47,6 +47,8 @@ HELP = {
     "disable_cuda_graph": "run every decode step eagerly instead of replaying captured CUDA graphs",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger batches run eagerly",
     "shadow_attention": "check every layer's attention against the plain reference backend (slow; for debugging)",
+    "kv_cache_dtype": "KV cache storage: auto (the model's dtype), int8, or fp8_e4m3 (CUDA only), quantized "
+                      "with a scale per token and KV head; the same memory then holds more tokens",
     "max_running_requests": "most requests decoding at once",
     "max_prefill_tokens": "most new prompt tokens in one prefill step",
     "chunked_prefill_size": "most prompt tokens one request computes per step; 'none' disables chunking",
@@ -78,7 +80,7 @@ def _sections() -> tuple[tuple[str, type], ...]:
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
-    from sprig.radix import EVICTION_POLICIES
+    from sprig.radix import EVICTION_POLICIES, KV_CACHE_DTYPES
     from sprig.runtime.attention import ATTENTION_BACKENDS
     from sprig.runtime.model_runner import DTYPES
     from sprig.runtime.scheduler.config import SCHEDULE_POLICIES
@@ -89,6 +91,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
         "dtype": ("auto", *DTYPES),
         "router_policy": ROUTER_POLICIES,
         "attention_backend": ("auto", *ATTENTION_BACKENDS),
+        "kv_cache_dtype": tuple(KV_CACHE_DTYPES),
         "schedule_policy": SCHEDULE_POLICIES,
         "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
         "log_level": LOG_LEVELS,

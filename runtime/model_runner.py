@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from sprig.radix.kv_cache import KVCache, KVShape, slots_for_budget
+from sprig.radix.kv_cache import KV_CACHE_DTYPES, KVCache, KVShape, slots_for_budget
 from sprig.runtime.attention import ATTENTION_BACKENDS, default_backend, make_backend
 from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.model_config import ModelConfig
@@ -34,6 +34,10 @@ class RunnerConfig:
     (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
     pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
     weights load, on CPU `CPU_DEFAULT_TOKENS` capped at `CPU_KV_BUDGET_BYTES`.
+    `kv_cache_dtype` (`KV_CACHE_DTYPES`): "auto" stores K/V in the model's dtype; "int8"
+    (any device) and "fp8_e4m3" (CUDA only) store them quantized with a float16 scale per
+    token and KV head, which every attention backend dequantizes on load; a byte budget
+    then holds as many more tokens as the bytes per token shrink.
     `quantization` ("int8", "int4" or None) quantizes a float checkpoint's linear layers as
     they load (round-to-nearest; int8 per output channel, int4 in groups of
     `quantization_group_size` inputs); a quantized checkpoint loads as its config says.
@@ -61,6 +65,7 @@ class RunnerConfig:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
     shadow_attention: bool = False
+    kv_cache_dtype: str = "auto"
     quantization: str | None = None
     quantization_group_size: int = 128
 
@@ -93,6 +98,10 @@ class RunnerConfig:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype == "fp8_e4m3" and self.device != "auto" and torch.device(self.device).type != "cuda":
+            raise ValueError(f"kv_cache_dtype 'fp8_e4m3' needs a CUDA device, got device {self.device!r} (use 'int8')")
         if self.quantization is not None:
             OnlineFormat.of(self.quantization, self.quantization_group_size)  # validates both
 
@@ -121,7 +130,7 @@ class ModelRunner:
         )
         shape = KVShape(
             self.model_config.num_layers, self.model_config.num_kv_heads,
-            self.model_config.head_dim, self.dtype,
+            self.model_config.head_dim, self.dtype, _kv_storage(config.kv_cache_dtype, self.device),
         )
         self.kv_cache = KVCache(
             shape, _num_slots(config, shape, self.device), page_size=config.page_size,
@@ -194,6 +203,17 @@ def _resolve_dtype(name: str, model_config: ModelConfig) -> torch.dtype:
             f"the checkpoint's dtype {checkpoint!r} is not supported; pass one of {list(DTYPES)}"
         )
     return DTYPES[checkpoint]
+
+
+def _kv_storage(name: str, device: torch.device) -> torch.dtype | None:
+    """What the KV pool stores for `kv_cache_dtype` `name` on `device` (None: the model's
+    dtype); fp8 needs a CUDA device that converts to it (compute capability 8.9+)."""
+    if name == "fp8_e4m3":
+        if device.type != "cuda":
+            raise ValueError(f"kv_cache_dtype 'fp8_e4m3' needs a CUDA device, not {device} (use 'int8')")
+        if torch.cuda.get_device_capability(device) < (8, 9):
+            raise ValueError("kv_cache_dtype 'fp8_e4m3' needs a GPU of compute capability 8.9 or newer (use 'int8')")
+    return KV_CACHE_DTYPES[name]
 
 
 def _num_slots(config: RunnerConfig, shape: KVShape, device: torch.device) -> int:

@@ -1,7 +1,8 @@
 """The plain attention backend: each request gathers its own context from the paged pool
-and attends over it (`decode_attention_ref`, `extend_attention_ref`). Nothing is shared
-between requests or kept between steps; it is what every other backend must equal, and
-what shadow mode (`shadow.py`) checks them against."""
+(a quantized pool's K/V dequantized as they are gathered) and attends over it
+(`decode_attention_ref`, `extend_attention_ref`). Nothing is shared between requests or
+kept between steps; it is what every other backend must equal, and what shadow mode
+(`shadow.py`) checks them against."""
 
 from __future__ import annotations
 
@@ -35,13 +36,14 @@ class ReferenceAttentionBackend:
         *,
         sm_scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
-        k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
-        store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
+        kv = batch.kv_cache.layers[layer]
+        scales = {"k_scale": kv.k_scale, "v_scale": kv.v_scale}
+        store_kv_ref(kv.k, kv.v, batch.out_cache_loc, k, v, **scales)
         if batch.mode is ForwardMode.DECODE:
             return decode_attention_ref(
-                q, k_buffer, v_buffer, batch.kv_indptr, batch.kv_indices, sm_scale=sm_scale
+                q, kv.k, kv.v, batch.kv_indptr, batch.kv_indices, sm_scale=sm_scale, **scales
             )
         return extend_attention_ref(
-            q, k_buffer, v_buffer, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-            sm_scale=sm_scale,
+            q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+            sm_scale=sm_scale, **scales,
         )

@@ -27,7 +27,8 @@ class _StepPlan:
 
 class TritonAttentionBackend:
     """Stores new K/V with `store_kv_triton`, then `extend_attention_triton` or
-    `decode_attention_triton` by the batch's mode.
+    `decode_attention_triton` by the batch's mode (a quantized pool: quantized on store,
+    dequantized on load, by the kernels' `KV_QUANT` variants).
 
     Invariants: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
     step (forward raises otherwise). The tensor `forward` returns is the step's shared
@@ -69,15 +70,16 @@ class TritonAttentionBackend:
         if plan is None or plan.batch is not batch:
             raise RuntimeError("TritonAttentionBackend.forward: call begin_step(batch) first")
         if q.dtype != plan.out.dtype:
-            raise ValueError(f"q is {q.dtype} but the KV cache is {plan.out.dtype}")
-        k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
-        store_kv_triton(k_buffer, v_buffer, batch.out_cache_loc, k, v)
+            raise ValueError(f"q is {q.dtype} but the KV cache reads as {plan.out.dtype}")
+        kv = batch.kv_cache.layers[layer]
+        scales = {"k_scale": kv.k_scale, "v_scale": kv.v_scale}
+        store_kv_triton(kv.k, kv.v, batch.out_cache_loc, k, v, **scales)
         if batch.mode is ForwardMode.DECODE:
             return decode_attention_triton(
-                q, k_buffer, v_buffer, batch.kv_indptr, batch.kv_indices,
-                sm_scale=sm_scale, num_kv_splits=plan.num_kv_splits, out=plan.out,
+                q, kv.k, kv.v, batch.kv_indptr, batch.kv_indices,
+                sm_scale=sm_scale, num_kv_splits=plan.num_kv_splits, out=plan.out, **scales,
             )
         return extend_attention_triton(
-            q, k_buffer, v_buffer, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-            sm_scale=sm_scale, max_q_len=batch.max_q_len, out=plan.out,
+            q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+            sm_scale=sm_scale, max_q_len=batch.max_q_len, out=plan.out, **scales,
         )

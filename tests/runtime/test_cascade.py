@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from sprig.kernels.decode_attention import decode_attention_ref
 from sprig.kernels.extend_attention import extend_attention_ref
+from sprig.radix.kv_cache import LayerKV
 from sprig.runtime import Engine
 from sprig.runtime.attention.cpu import cascade
 from sprig.runtime.attention.cpu.buckets import gather_bucket_kv, gather_prefix_kv
@@ -23,8 +24,8 @@ def plain_decode(q, k_buf, v_buf, plan: DecodePlan, scale: float) -> torch.Tenso
     """Cascade decode with every K/V gathered from the pool (nothing kept)."""
     return cascade.decode_attention(
         q, plan,
-        lambda _, bucket: gather_bucket_kv(k_buf, v_buf, bucket),
-        lambda _, bucket: gather_prefix_kv(k_buf, v_buf, bucket),
+        lambda _, bucket: gather_bucket_kv(LayerKV(k_buf, v_buf, k_buf.dtype), bucket),
+        lambda _, bucket: gather_prefix_kv(LayerKV(k_buf, v_buf, k_buf.dtype), bucket),
         sm_scale=scale,
     )
 
@@ -79,7 +80,7 @@ def test_extend_equals_the_plain_reference(hq: int, hkv: int, dtype: torch.dtype
     q = torch.randn(sum(new_tokens), hq, D).to(dtype)
     plan = SharingPlan.build(indptr, indices)
     assert plan.groups
-    got = cascade.extend_attention(q, k_buf, v_buf, qo_indptr, plan, sm_scale=D**-0.5)
+    got = cascade.extend_attention(q, LayerKV(k_buf, v_buf, k_buf.dtype), qo_indptr, plan, sm_scale=D**-0.5)
     want = extend_attention_ref(q, k_buf, v_buf, qo_indptr, indptr, indices, sm_scale=D**-0.5)
     assert got.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -99,7 +100,7 @@ def test_extend_of_equal_tails_is_batched_and_equals_the_reference(new: int) -> 
     q = torch.randn(sum(new_tokens), 4, 16)
     plan = SharingPlan.build(indptr, indices)
     assert [g.members.tolist() for g in plan.groups] == [[0, 1, 2, 3, 4, 5]]
-    got = cascade.extend_attention(q, k_buf, v_buf, qo_indptr, plan, sm_scale=0.25)
+    got = cascade.extend_attention(q, LayerKV(k_buf, v_buf, k_buf.dtype), qo_indptr, plan, sm_scale=0.25)
     want = extend_attention_ref(q, k_buf, v_buf, qo_indptr, indptr, indices, sm_scale=0.25)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 

@@ -10,6 +10,7 @@ import torch
 from attention_helpers import POOL, build_batch, contexts_with_sharing, decode_step, fresh
 
 from sprig.kernels.decode_attention import decode_attention_ref
+from sprig.radix.kv_cache import LayerKV
 from sprig.runtime.attention.cpu import cascade
 from sprig.runtime.attention.cpu.kept_kv import ROOM, KeptKV, PrefixKV, TailKV
 from sprig.runtime.attention.cpu.plan import DecodePlan
@@ -21,8 +22,8 @@ def kept_decode(q, k_buf, v_buf, plan: DecodePlan, kept: KeptKV, scale: float, l
     """Cascade decode as the backend runs it: K/V from the kept stores."""
     return cascade.decode_attention(
         q, plan,
-        lambda i, bucket: kept.tails.get((layer, i), bucket, k_buf, v_buf),
-        lambda i, bucket: kept.prefixes.get((layer, i), bucket, k_buf, v_buf),
+        lambda i, bucket: kept.tails.get((layer, i), bucket, LayerKV(k_buf, v_buf, k_buf.dtype)),
+        lambda i, bucket: kept.prefixes.get((layer, i), bucket, LayerKV(k_buf, v_buf, k_buf.dtype)),
         sm_scale=scale,
     )
 
@@ -43,8 +44,8 @@ def test_kept_prefix_kv_serves_decode_steps_until_cleared() -> None:
     torch.testing.assert_close(kept_decode(q, k_buf, v_buf, plan, kept, scale), plain())
     assert len(kept.prefixes) == len(plan.prefixes) == 2
     bucket = plan.prefixes[0]
-    first = kept.prefixes.get((0, 0), bucket, k_buf, v_buf)
-    assert all(a is b for a, b in zip(first, kept.prefixes.get((0, 0), bucket, k_buf, v_buf), strict=True))
+    first = kept.prefixes.get((0, 0), bucket, LayerKV(k_buf, v_buf, k_buf.dtype))
+    assert all(a is b for a, b in zip(first, kept.prefixes.get((0, 0), bucket, LayerKV(k_buf, v_buf, k_buf.dtype)), strict=True))
     kept_decode(q, k_buf, v_buf, plan, kept, scale, layer=1)
     assert len(kept.prefixes) == 4  # one entry per layer and bucket
     k_buf[plan.sharing.groups[0].slots] += 1.0  # an extend rewrote a shared prefix's slots
@@ -52,8 +53,8 @@ def test_kept_prefix_kv_serves_decode_steps_until_cleared() -> None:
     kept.clear()
     torch.testing.assert_close(kept_decode(q, k_buf, v_buf, plan, kept, scale), plain())
     other = PrefixKV(budget_bytes=0)  # over budget: gathered every time, nothing kept
-    got = other.get((0, 0), bucket, k_buf, v_buf)
-    assert len(other) == 0 and got[0] is not other.get((0, 0), bucket, k_buf, v_buf)[0]
+    got = other.get((0, 0), bucket, LayerKV(k_buf, v_buf, k_buf.dtype))
+    assert len(other) == 0 and got[0] is not other.get((0, 0), bucket, LayerKV(k_buf, v_buf, k_buf.dtype))[0]
 
 
 def test_kept_remainders_grow_by_each_decode_step() -> None:
@@ -129,7 +130,7 @@ def test_kept_remainders_within_the_budget_only() -> None:
     for _ in range(2):
         decode_step(contexts, set(), c)
         bucket = DecodePlan.build(*build_batch(contexts), 2, 1).rests[0]
-        k, v = tails.get((0, 0), bucket, k_buf, v_buf)
+        k, v = tails.get((0, 0), bucket, LayerKV(k_buf, v_buf, k_buf.dtype))
         assert len(tails) == 0
         torch.testing.assert_close(k, k_buf[bucket.slots].transpose(1, 2).float())
         torch.testing.assert_close(v, v_buf[bucket.slots].transpose(1, 2).float())

@@ -59,19 +59,19 @@ class TorchAttentionBackend:
         if self._plan is None or self._plan[0] is not batch:
             raise RuntimeError("TorchAttentionBackend.forward: call begin_step(batch) first")
         plan = self._plan[1]
-        k_buffer, v_buffer = batch.kv_cache.k[layer], batch.kv_cache.v[layer]
-        store_kv_ref(k_buffer, v_buffer, batch.out_cache_loc, k, v)
+        kv = batch.kv_cache.layers[layer]
+        store_kv_ref(kv.k, kv.v, batch.out_cache_loc, k, v, k_scale=kv.k_scale, v_scale=kv.v_scale)
         if isinstance(plan, DecodePlan):
             kept = self.kept_kv
             return cascade.decode_attention(
                 q, plan,
-                lambda i, bucket: kept.tails.get((layer, i), bucket, k_buffer, v_buffer),
-                lambda i, bucket: kept.prefixes.get((layer, i), bucket, k_buffer, v_buffer),
+                lambda i, bucket: kept.tails.get((layer, i), bucket, kv),
+                lambda i, bucket: kept.prefixes.get((layer, i), bucket, kv),
                 sm_scale=sm_scale,
             )
         if plan.groups:
-            return cascade.extend_attention(q, k_buffer, v_buffer, batch.qo_indptr, plan, sm_scale=sm_scale)
+            return cascade.extend_attention(q, kv, batch.qo_indptr, plan, sm_scale=sm_scale)
         return extend_attention_ref(
-            q, k_buffer, v_buffer, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-            sm_scale=sm_scale,
+            q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+            sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale,
         )

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from sprig.kernels.attention_lse import attention_lse
-from sprig.kernels.paged import gather_rows
+from sprig.kernels.paged import gather_kv
+from sprig.radix.kv_cache import LayerKV
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,12 @@ BucketKV = Callable[[int, PaddedRows], tuple[torch.Tensor, torch.Tensor]]
 """(bucket index, bucket) -> its K and V, [b, Hkv, L, D] each, any strides and dtype."""
 
 
+def gather_layer(kv: LayerKV, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [n, Hkv, D] x2
+    """K and V of the layer's rows `slots` (int64 `[n]`) as attention reads them: a
+    quantized pool's dequantized (`gather_kv`)."""
+    return gather_kv(kv.k, slots, kv.k_scale, kv.dtype), gather_kv(kv.v, slots, kv.v_scale, kv.dtype)
+
+
 def attend_padded(
     q: torch.Tensor,  # [B, Hq, D]
     buckets: list[PaddedRows],
@@ -84,18 +91,12 @@ def attend_padded(
     return out, lse
 
 
-def gather_bucket_kv(
-    k_buffer: torch.Tensor,  # [S, Hkv, D]
-    v_buffer: torch.Tensor,  # [S, Hkv, D]
-    bucket: PaddedRows,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [b, Hkv, L, D] x2, views of fresh copies
-    """The bucket's K and V, gathered from the pool."""
+def gather_bucket_kv(kv: LayerKV, bucket: PaddedRows) -> tuple[torch.Tensor, torch.Tensor]:  # [b, Hkv, L, D] x2
+    """The bucket's K and V, gathered from the pool (views of fresh copies)."""
     b, L = bucket.slots.shape
-    Hkv, D = k_buffer.shape[1:]
-    flat = bucket.slots.reshape(-1)
-    k = gather_rows(k_buffer, flat).view(b, L, Hkv, D).transpose(1, 2)
-    v = gather_rows(v_buffer, flat).view(b, L, Hkv, D).transpose(1, 2)
-    return k, v
+    Hkv, D = kv.k.shape[1:]
+    k, v = gather_layer(kv, bucket.slots.reshape(-1))
+    return k.view(b, L, Hkv, D).transpose(1, 2), v.view(b, L, Hkv, D).transpose(1, 2)
 
 
 @dataclass(frozen=True)
@@ -171,15 +172,12 @@ def _pad_to(x: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([x, x[:1].expand(n - x.numel())]) if x.numel() < n else x
 
 
-def gather_prefix_kv(
-    k_buffer: torch.Tensor,  # [S, Hkv, D]
-    v_buffer: torch.Tensor,  # [S, Hkv, D]
-    bucket: PaddedGroups,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [g, Hkv, L, D] x2 float32, contiguous
-    """The bucket's shared K and V, per group and KV head."""
+def gather_prefix_kv(kv: LayerKV, bucket: PaddedGroups) -> tuple[torch.Tensor, torch.Tensor]:  # [g, Hkv, L, D] x2
+    """The bucket's shared K and V, per group and KV head: float32, contiguous."""
     g, L = bucket.slots.shape
-    Hkv, D = k_buffer.shape[1:]
-    flat = bucket.slots.flatten()
-    k = gather_rows(k_buffer, flat).float().view(g, L, Hkv, D).transpose(1, 2).contiguous()
-    v = gather_rows(v_buffer, flat).float().view(g, L, Hkv, D).transpose(1, 2).contiguous()
-    return k, v
+    Hkv, D = kv.k.shape[1:]
+    k, v = gather_layer(kv, bucket.slots.flatten())
+    return (
+        k.float().view(g, L, Hkv, D).transpose(1, 2).contiguous(),
+        v.float().view(g, L, Hkv, D).transpose(1, 2).contiguous(),
+    )

@@ -16,11 +16,13 @@ from collections.abc import Callable
 import torch
 
 from sprig.kernels.attention_lse import attention_lse
-from sprig.kernels.paged import gather_rows, request_attention_ref
+from sprig.kernels.paged import request_attention_ref
+from sprig.radix.kv_cache import LayerKV
 from sprig.runtime.attention.cpu.buckets import (
     BucketKV,
     PaddedGroups,
     attend_padded,
+    gather_layer,
     gather_prefix_kv,
     pad_groups,
 )
@@ -48,8 +50,7 @@ def decode_attention(
 
 def extend_attention(
     q: torch.Tensor,  # [T, Hq, D]
-    k_buffer: torch.Tensor,  # [S, Hkv, D]
-    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    kv: LayerKV,
     qo_indptr: torch.Tensor,  # [B+1] int
     plan: SharingPlan,
     *,
@@ -75,13 +76,14 @@ def extend_attention(
         if b in grouped:
             tails.setdefault((q1 - q0, slots.numel()), []).append(b)
         else:
-            out[q0:q1] = request_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale)
+            out[q0:q1] = request_attention_ref(
+                q[q0:q1], kv.k, kv.v, slots, sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale
+            )
     for (n_new, _), members in tails.items():
         token_rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(q.device)
         slots = torch.stack([plan.rest(b) for b in members])  # [m, R]
         o, s = _tail_attention(
-            q.index_select(0, token_rows).view(len(members), n_new, Hq, D), k_buffer, v_buffer,
-            slots, sm_scale,
+            q.index_select(0, token_rows).view(len(members), n_new, Hq, D), kv, slots, sm_scale,
         )
         out.index_copy_(0, token_rows, o.reshape(-1, Hq, D))
         lse.index_copy_(0, token_rows, s.reshape(-1, Hq))
@@ -89,8 +91,8 @@ def extend_attention(
         torch.cat([torch.arange(qo[b], qo[b + 1]) for b in g.members.tolist()]).to(q.device)
         for g in plan.groups
     ]
-    for bucket in pad_groups(rows, [g.slots for g in plan.groups], Hq, k_buffer.shape[1]):
-        _merge_prefix(q, gather_prefix_kv(k_buffer, v_buffer, bucket), bucket, out, lse, sm_scale)
+    for bucket in pad_groups(rows, [g.slots for g in plan.groups], Hq, kv.k.shape[1]):
+        _merge_prefix(q, gather_prefix_kv(kv, bucket), bucket, out, lse, sm_scale)
     return out.to(q.dtype)
 
 
@@ -138,8 +140,7 @@ def _prefix_attention(
 
 def _tail_attention(
     q: torch.Tensor,  # [m, Lq, Hq, D]: each request's last Lq tokens
-    k_buffer: torch.Tensor,  # [S, Hkv, D]
-    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    kv: LayerKV,
     slots: torch.Tensor,  # [m, R] int64, R >= Lq: each request's remainder
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [m, Lq, Hq, D], [m, Lq, Hq] float32
@@ -147,11 +148,12 @@ def _tail_attention(
     log-sum-exp, in one call: token i sees positions `0 ..= R - Lq + i` of its request's
     `slots`. A KV head's query rows are its G query heads times the Lq tokens."""
     m, Lq, Hq, D = q.shape
-    Hkv = k_buffer.shape[1]
+    Hkv = kv.k.shape[1]
     G = Hq // Hkv
     R = slots.shape[1]
-    k = gather_rows(k_buffer, slots.flatten()).view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
-    v = gather_rows(v_buffer, slots.flatten()).view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
+    k, v = gather_layer(kv, slots.flatten())
+    k = k.view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
+    v = v.view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
     qh = q.view(m, Lq, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(m, Hkv, G * Lq, D)
     seen = torch.arange(R, device=q.device)[None, :] <= torch.arange(Lq, device=q.device)[:, None] + (R - Lq)
     o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=seen.repeat(G, 1))  # [m, Hkv, G*Lq, D], [m, Hkv, G*Lq]

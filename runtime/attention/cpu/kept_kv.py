@@ -1,5 +1,9 @@
 """K/V that the torch backend gathers for decode attention, kept across decode steps.
 
+What is kept is what attention reads: float32 copies of the pool's K/V (a quantized
+pool's dequantized as they are gathered, `gather_kv`), so a kept entry equals a fresh
+gather whatever the pool stores.
+
 Why it is valid: a decode step stores K/V only in slots just allocated for its new
 tokens, so the slots a running request holds keep their contents from one decode step to
 the next, and a slot can come to hold other K/V only through an extend step. Every entry
@@ -15,8 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from sprig.kernels.paged import gather_rows
-from sprig.runtime.attention.cpu.buckets import PaddedGroups, PaddedRows, gather_prefix_kv
+from sprig.kernels.paged import gather_kv
+from sprig.radix.kv_cache import LayerKV
+from sprig.runtime.attention.cpu.buckets import (
+    PaddedGroups,
+    PaddedRows,
+    gather_layer,
+    gather_prefix_kv,
+)
 
 ROOM = 64  # decode steps a remainder buffer has room for, at least, when (re)allocated
 
@@ -38,9 +48,7 @@ class PrefixKV:
         self._entries.clear()
         self._bytes = 0
 
-    def get(
-        self, key: tuple[int, int], bucket: PaddedGroups, k_buffer: torch.Tensor, v_buffer: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, key: tuple[int, int], bucket: PaddedGroups, kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of `bucket` (`key`: layer, bucket index), reused when its slots are unchanged."""
         hit = self._entries.get(key)
         if hit is not None and hit[0].shape == bucket.slots.shape and torch.equal(hit[0], bucket.slots):
@@ -48,7 +56,7 @@ class PrefixKV:
         if hit is not None:
             del self._entries[key]
             self._bytes -= hit[1].nbytes + hit[2].nbytes
-        k, v = gather_prefix_kv(k_buffer, v_buffer, bucket)
+        k, v = gather_prefix_kv(kv, bucket)
         if self._bytes + k.nbytes + v.nbytes <= self.budget_bytes:
             self._entries[key] = (bucket.slots, k, v)
             self._bytes += k.nbytes + v.nbytes
@@ -90,21 +98,20 @@ class TailKV:
         self._verdicts.clear()
         self._bytes = 0
 
-    def get(
-        self, key: tuple[int, int], bucket: PaddedRows, k_buffer: torch.Tensor, v_buffer: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [b, Hkv, L, D] x2 float32
-        """K/V of `bucket` (`key`: layer, bucket index): the kept ones extended by a step,
-        or gathered (and kept, within the budget)."""
+    def get(self, key: tuple[int, int], bucket: PaddedRows, kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of `bucket` (`key`: layer, bucket index), `[b, Hkv, L, D]` float32 each: the
+        kept ones extended by a step, or gathered (and kept, within the budget)."""
         L = bucket.slots.shape[1]
         kept = self._entries.pop(key, None)
         if kept is not None:
             self._bytes -= kept.k.nbytes + kept.v.nbytes
             fresh = self._new_slots(key[1], kept.bucket, bucket)
-            kept = None if fresh is None else _extend(kept, bucket, fresh, k_buffer, v_buffer)
+            kept = None if fresh is None else _extend(kept, bucket, fresh, kv)
         if kept is None:
-            rows = _head_major_rows(bucket.slots, k_buffer.shape[1])
+            rows = _head_major_rows(bucket.slots, kv.k.shape[1])
             shape = bucket.slots.shape
-            k, v = _gather(k_buffer, rows, shape), _gather(v_buffer, rows, shape)  # [b, Hkv, L, D]
+            k = _gather(kv.k, kv.k_scale, kv.dtype, rows, shape)  # [b, Hkv, L, D]
+            v = _gather(kv.v, kv.v_scale, kv.dtype, rows, shape)
             kept = _Tails(bucket, _with_room(k), _with_room(v))
         if self._bytes + kept.k.nbytes + kept.v.nbytes <= self.budget_bytes:
             self._entries[key] = kept
@@ -130,9 +137,7 @@ class TailKV:
         return fresh
 
 
-def _extend(
-    kept: _Tails, new: PaddedRows, fresh: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
-) -> _Tails:
+def _extend(kept: _Tails, new: PaddedRows, fresh: torch.Tensor, kv: LayerKV) -> _Tails:
     """Write each row's new token K/V (from its slot in `fresh`) at its old length, growing
     the buffers when they are full (`_with_room`). The room is zeros: a masked position's
     weight is 0, and 0 times uninitialised memory can be NaN."""
@@ -140,8 +145,9 @@ def _extend(
     if v.shape[2] < new.slots.shape[1]:
         k, v = _with_room(k), _with_room(v)
     rows = torch.arange(at.numel(), device=at.device)
-    k[rows, :, at] = gather_rows(k_buffer, fresh).float()
-    v[rows, :, at] = gather_rows(v_buffer, fresh).float()
+    k_new, v_new = gather_layer(kv, fresh)
+    k[rows, :, at] = k_new.float()
+    v[rows, :, at] = v_new.float()
     return _Tails(new, k, v)
 
 
@@ -162,11 +168,19 @@ def _head_major_rows(slots: torch.Tensor, kv_heads: int) -> torch.Tensor:  # [b*
     return (slots[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
 
 
-def _gather(buffer: torch.Tensor, rows: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """`[b, Hkv, L, D]` float32 copy of a pool buffer `[S, Hkv, D]` at `_head_major_rows`."""
+def _gather(
+    buffer: torch.Tensor,  # [S, Hkv, D]
+    scale: torch.Tensor | None,  # [S, Hkv]: a quantized pool's
+    dtype: torch.dtype,
+    rows: torch.Tensor,  # `_head_major_rows`
+    shape: torch.Size,  # [b, L]
+) -> torch.Tensor:  # [b, Hkv, L, D] float32
+    """A float32 copy of a pool buffer's K or V heads at `_head_major_rows`, as attention
+    reads them (`gather_kv`)."""
     S, Hkv, D = buffer.shape
     b, L = shape
-    return buffer.view(S * Hkv, D).index_select(0, rows).view(b, Hkv, L, D).float()
+    flat_scale = None if scale is None else scale.view(S * Hkv)
+    return gather_kv(buffer.view(S * Hkv, D), rows, flat_scale, dtype).view(b, Hkv, L, D).float()
 
 
 class KeptKV:
