@@ -29,7 +29,12 @@ HELP = {
     "served_model_name": "model id in /v1/models and OpenAI responses (default: the checkpoint directory's name; sprig-demo for the demo model)",
     "max_request_bytes": "larger request bodies get 413",
     "chat_template": "a Jinja chat template file to use instead of the model's",
-    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never parse)",
+    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never "
+                        "parse). Without a format, tool_choice auto answers plain text; required or a named "
+                        "function still work on any model: the call is then a bare JSON object constrained to "
+                        "the tool's schema",
+    "reasoning_parser": "split a reasoning model's <think>...</think> into reasoning_content; response_format and "
+                        "forced tool calls then constrain only the answer after it",
     "read_timeout": "seconds a client has to send a request's headers, and again its body (408 / closed after)",
     "watchdog_timeout": "seconds a child process may show no sign of life (a step longer than this counts as stuck) before the server exits non-zero",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",
@@ -84,7 +89,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from sprig.runtime.attention import ATTENTION_BACKENDS
     from sprig.runtime.model_runner import DTYPES
     from sprig.runtime.scheduler.config import SCHEDULE_POLICIES
-    from sprig.runtime.server.config import LOG_LEVELS, TOOL_CALL_PARSERS
+    from sprig.runtime.server.config import LOG_LEVELS, REASONING_PARSERS, TOOL_CALL_PARSERS
     from sprig.runtime.server.gateway import ROUTER_POLICIES
 
     return {
@@ -95,8 +100,8 @@ def _choices() -> dict[str, tuple[str, ...]]:
         "schedule_policy": SCHEDULE_POLICIES,
         "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
         "log_level": LOG_LEVELS,
-        "chat_template": "a Jinja chat template file to use instead of the model's",
-    "tool_call_parser": TOOL_CALL_PARSERS,
+        "tool_call_parser": TOOL_CALL_PARSERS,
+        "reasoning_parser": REASONING_PARSERS,
     }
 
 

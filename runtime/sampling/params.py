@@ -23,6 +23,7 @@ MAX_N = 128
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_STOP_TOKEN_IDS = 1024
 MAX_STOP_STRINGS = 16
+MAX_MARKER_CHARS = 64
 _ALIASES = {"sampling_seed": "seed"}
 _BOOL_FIELDS = (
     "ignore_eos",
@@ -112,6 +113,8 @@ class SamplingParams:
     no_stop_trim: bool = False
     regex: str | None = None
     json_schema: str | None = None
+    reasoning_start: str | None = None
+    reasoning_end: str | None = None
 
     def __post_init__(self) -> None:
         for name, (kind, rule, ok) in _NUMBER_RULES.items():
@@ -139,6 +142,18 @@ class SamplingParams:
             self._put("json_schema", self._json_schema(self.json_schema))
         if self.regex is not None and self.json_schema is not None:
             raise ValueError("regex and json_schema are mutually exclusive; give at most one")
+        self._check_reasoning_markers()
+
+    def _check_reasoning_markers(self) -> None:
+        """`reasoning_end`: a constraint (regex, json_schema, ...) applies only to the text
+        after this marker; the output opens inside the reasoning, or, with
+        `reasoning_start`, may open it with that marker or answer at once."""
+        for name in ("reasoning_start", "reasoning_end"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and 0 < len(value) <= MAX_MARKER_CHARS):
+                raise _fail(name, f"a non-empty string of at most {MAX_MARKER_CHARS} characters", value)
+        if self.reasoning_start is not None and self.reasoning_end is None:
+            raise ValueError("reasoning_start needs reasoning_end")
 
     def _put(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

@@ -10,13 +10,17 @@ import torch
 from sprig.kernels.logit_mask import apply_token_bitmask
 from sprig.runtime.constrained import (
     CompilerConfig,
+    Grammar,
     GrammarCompiler,
     GrammarTimeoutError,
     OutlinesBackend,
     bitmask_width,
     spec_from_params,
 )
+from sprig.runtime.scheduler.reasoning_gate import Markers, ReasoningGate
 from sprig.runtime.scheduler.request import Req
+
+GRAMMAR_ERROR = "invalid grammar"  # how a grammar that fails to compile is reported
 
 
 class GrammarError(ValueError):
@@ -34,6 +38,7 @@ class Grammars:
         self._backend: OutlinesBackend | None = None
         self._compiler: GrammarCompiler | None = None
         self._pending: dict[str, Future] = {}
+        self._markers: dict[tuple[str | None, str], Markers] = {}
 
     def submit(self, req: Req) -> None:
         """Start compiling `req`'s grammar, if it asks for one. Raises `GrammarError`
@@ -61,12 +66,23 @@ class Grammars:
             compiled = GrammarCompiler.poll(future)
         except (ValueError, GrammarTimeoutError) as e:
             del self._pending[req.rid]
-            raise GrammarError(f"invalid grammar: {e}") from None
+            raise GrammarError(f"{GRAMMAR_ERROR}: {e}") from None
         if compiled is None:
             return False
         del self._pending[req.rid]
-        req.grammar = self._backend.matcher(compiled, stop_token_ids=stop_ids)
+        req.grammar = self._gated(self._backend.matcher(compiled, stop_token_ids=stop_ids), req, stop_ids)
         return True
+
+    def _gated(self, grammar: Grammar, req: Req, stop_ids: frozenset[int]) -> Grammar:
+        """`grammar`, deferred past the reasoning when the request's params mark one."""
+        start, end = req.params.reasoning_start, req.params.reasoning_end
+        if end is None:
+            return grammar
+        key = (start, end)
+        if key not in self._markers:
+            self._markers[key] = Markers.build(self.tokenizer, start, end)
+        return ReasoningGate(grammar, self._markers[key], opens_inside=start is None,
+                             stop_token_ids=stop_ids, tokenizer=self.tokenizer)
 
     @property
     def has_pending(self) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -66,6 +67,7 @@ class ChatRenderer:
         env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
         try:
             self.template = env.from_string(template)
+            self.free_variables = frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
         except jinja2.TemplateSyntaxError as e:
             raise ValueError(f"the chat template is not valid Jinja: {e}") from None
         self.source = template
@@ -84,17 +86,20 @@ class ChatRenderer:
         return cls(template, tokens, max_chars)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               variables: dict[str, Any] | None) -> str:
-        """The conversation with a generation prompt. Raises `ValueError` for a variable
-        that would replace what the server passes, a template error, or text past
-        `max_chars`."""
+               variables: dict[str, Any] | None, *, add_generation_prompt: bool = True,
+               continue_final: bool = False) -> str:
+        """The conversation, with a generation prompt if `add_generation_prompt`; with
+        `continue_final`, cut right after the last message's content so the model goes on
+        writing it. Raises `ValueError` for a variable that would replace what the server
+        passes, a template error, text past `max_chars`, or a last message whose content
+        the template does not write as it is."""
         variables = variables or {}
         taken = [k for k in variables if k in RESERVED or k in SPECIAL_TOKENS]
         if taken:
             raise ValueError(f"chat_template_kwargs may not set {taken[0]!r}: the server sets it "
                              "(the template is fixed at start-up: --chat-template)")
         context = {**self.special_tokens, **variables, "messages": messages, "tools": tools,
-                   "add_generation_prompt": True}
+                   "add_generation_prompt": add_generation_prompt}
         parts, size = [], 0
         try:
             for part in self.template.generate(**context):
@@ -104,4 +109,16 @@ class ChatRenderer:
                 parts.append(part)
         except (jinja2.TemplateError, TypeError, RecursionError) as e:
             raise ValueError(f"cannot apply the chat template: {e}") from None
-        return "".join(parts)
+        text = "".join(parts)
+        return _cut_after(text, messages[-1].get("content") or "") if continue_final else text
+
+
+def _cut_after(text: str, content: str) -> str:
+    """`text` up to the end of the last occurrence of `content` (or of it stripped, as
+    templates often trim messages)."""
+    for wanted in (content, content.strip()):
+        at = text.rfind(wanted) if wanted else -1
+        if at >= 0:
+            return text[: at + len(wanted)]
+    raise ValueError("cannot continue the final message: it is empty, or the chat template does not "
+                     "write its content as it is")

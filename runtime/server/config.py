@@ -7,6 +7,7 @@ from pathlib import Path
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral")  # see server.tool_calls
+REASONING_PARSERS = ("qwen3", "deepseek-r1")  # see server.reasoning
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,11 @@ class ServerConfig:
       template (clients can pass variables to the template, never a template).
     - `tool_call_parser`: how chat answers are searched for tool calls: a format of
       `sprig.runtime.server.tool_calls`, "auto" (the one the chat template writes, if
-      any) or "none" (answers are always plain content).
+      any) or "none" (answers are always plain content). A forced call (`tool_choice`
+      "required" or named) needs no format: without one it is a bare JSON object
+      `{"name": ..., "arguments": {...}}`, constrained to the tool's schema.
+    - `reasoning_parser`: the thinking format of a reasoning model (`<think>...</think>`),
+      split off as `reasoning_content`; constraints then apply to the answer after it.
     - `read_timeout`: seconds a client has to send a request's headers, and again its
       body (slow clients hold connections and memory otherwise).
     - `watchdog_timeout`: seconds a child may go without a heartbeat (its main loop turns
@@ -41,6 +46,7 @@ class ServerConfig:
     served_model_name: str | None = None
     chat_template: str | None = None
     tool_call_parser: str = "auto"
+    reasoning_parser: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     read_timeout: float = 30.0
     watchdog_timeout: float = 300.0
@@ -66,6 +72,8 @@ class ServerConfig:
             raise ValueError(f"chat_template {self.chat_template!r} is not a file")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {REASONING_PARSERS}, got {self.reasoning_parser!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
 

@@ -91,12 +91,12 @@ class InputBuilder:
                 raise ApiError(400, f"input_ids has token ids outside [0, {self.vocab_size}): {bad[:5]}", "input_ids")
         return batch, rows
 
-    def chat_prompt(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                    template_kwargs: dict[str, Any] | None) -> list[int]:
-        """The chat template rendered with a generation prompt, tokenized without adding
-        special tokens (the template places them). An assistant's tool calls reach the
-        template with their arguments as an object, as templates expect
-        (`_call_for_template`)."""
+    def chat_text(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                  template_kwargs: dict[str, Any] | None, **render: bool) -> str:
+        """The chat template rendered (`render`: `ChatRenderer.render`'s options), to be
+        tokenized without adding special tokens (the template places them). An assistant's
+        tool calls reach the template with their arguments as an object, as templates
+        expect (`_call_for_template`)."""
         if self.chat is None:
             raise ApiError(400, "this model has no chat template (start the server with --chat-template)", "messages")
         rendered = []
@@ -110,11 +110,10 @@ class InputBuilder:
                 msg["tool_calls"] = [_call_for_template(c) for c in m.tool_calls]
             rendered.append(msg)
         try:
-            text = self.chat.render(rendered, tools, template_kwargs)
+            return self.chat.render(rendered, tools, template_kwargs, **render)
         except ValueError as e:  # a role or field the template rejects, a reserved variable, too long
             param = "chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages"
             raise ApiError(400, str(e), param) from None
-        return self.encode(text, add_special_tokens=False, param="messages")
 
     # ------------------------------------------------------------------ requests
     def params(self, arg: Any, n_prompts: int) -> list[SamplingParams]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sprig.runtime.server.constraints import Constraint, request_constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -24,31 +25,29 @@ _RENAMES = {
     "stop_token_ids": "stop_token_ids",
     "ignore_eos": "ignore_eos",
     "skip_special_tokens": "skip_special_tokens",
+    "spaces_between_special_tokens": "spaces_between_special_tokens",
     "no_stop_trim": "no_stop_trim",
-    "regex": "regex",
-    "json_schema": "json_schema",
 }
 
 
-def sampling_dict(req: CompletionRequest | ChatCompletionRequest, max_new_tokens: int) -> dict[str, Any]:
-    """The `sampling_params` an OpenAI request means; `response_format` becomes
-    `json_schema` (json_object: any JSON object)."""
+def sampling_dict(req: CompletionRequest | ChatCompletionRequest,
+                  max_new_tokens: int) -> tuple[dict[str, Any], Constraint | None]:
+    """The `sampling_params` an OpenAI request means, and the constraint among them
+    (`constraints.request_constraint`), whose field errors about it should name."""
     d: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
     for ours, theirs in _RENAMES.items():
         value = getattr(req, theirs)
         if value is not None:
             d[ours] = value
-    fmt = req.response_format
-    if fmt is not None and fmt.type != "text":
-        if req.json_schema is not None or req.regex is not None:
-            raise ApiError(400, "give response_format or json_schema/regex, not both", "response_format")
-        if fmt.type == "json_object":
-            d["json_schema"] = {"type": "object"}
-        elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
-            raise ApiError(400, "response_format json_schema needs json_schema.schema", "response_format")
-        else:
-            d["json_schema"] = fmt.json_schema.schema_
-    return d
+    if req.include_stop_str_in_output is not None:
+        if req.no_stop_trim is not None:
+            raise ApiError(400, "give no_stop_trim or include_stop_str_in_output, not both",
+                           "include_stop_str_in_output")
+        d["no_stop_trim"] = req.include_stop_str_in_output
+    constraint = request_constraint(req)
+    if constraint is not None:
+        d[constraint.key] = constraint.value
+    return d, constraint
 
 
 def finish_reason(response: dict[str, Any]) -> tuple[str | None, Any]:
@@ -85,19 +84,23 @@ def token_entries(meta: dict[str, Any], start: int, *, with_input: bool) -> tupl
     return entries, tops + [None] * (len(entries) - len(tops))
 
 
-def completion_logprobs(entries: list[list[Any]], tops: list[Any], offset: int) -> dict[str, Any]:
-    """The legacy completions `logprobs` object; `offset` is the first token's text offset."""
+def completion_logprobs(entries: list[list[Any]], tops: list[Any], offset: int, text: str,
+                        special_ids: frozenset[int]) -> tuple[dict[str, Any], int]:
+    """The legacy completions `logprobs` object of the tokens that make `text`, whose first
+    character is at `offset` of the choice's text; and the offset after them. A special
+    token whose text is not there (the BOS a tokenizer adds to a prompt) takes no room."""
     texts = [e[2] or "" for e in entries]
-    offsets = []
-    for t in texts:
-        offsets.append(offset)
-        offset += len(t)
+    offsets, at = [], 0
+    for e, t in zip(entries, texts, strict=True):
+        offsets.append(offset + at)
+        if e[1] not in special_ids or text.startswith(t, at):
+            at += len(t)
     return {
         "tokens": texts,
         "token_logprobs": [e[0] for e in entries],
         "top_logprobs": [None if top is None else {t[2] or "": t[0] for t in top} for top in tops],
         "text_offset": offsets,
-    }
+    }, offset + at
 
 
 def chat_logprobs(entries: list[list[Any]], tops: list[Any]) -> dict[str, Any]:

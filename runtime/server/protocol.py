@@ -49,6 +49,22 @@ class ResponseFormat(_Body):
     json_schema: JsonSchemaFormat | None = None
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` object (`constraints` maps it); unknown keys are a 400."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    json_: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    whitespace_pattern: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    disable_fallback: bool = False
+
+
 class _OpenAISampling(_Body):
     """Sampling fields both OpenAI endpoints share, plus SGLang's extensions."""
 
@@ -76,6 +92,16 @@ class _OpenAISampling(_Body):
     no_stop_trim: bool | None = None
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+    include_stop_str_in_output: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None  # the constraint is the same whichever backend
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(_OpenAISampling):
@@ -107,4 +133,9 @@ class ChatCompletionRequest(_OpenAISampling):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    reasoning_effort: str | None = None
+    separate_reasoning: bool = True

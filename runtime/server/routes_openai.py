@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from sprig.runtime.sampling import SamplingParams
+from sprig.runtime.scheduler.grammar import GRAMMAR_ERROR
 from sprig.runtime.server.app import (
     SSE_DONE,
     ServerState,
@@ -25,6 +26,8 @@ from sprig.runtime.server.app import (
     sse,
     state_of,
 )
+from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
+from sprig.runtime.server.constraints import request_constraint
 from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.inputs import LogprobArgs
 from sprig.runtime.server.messages import GenerateReq
@@ -37,8 +40,10 @@ from sprig.runtime.server.openai_format import (
     usage,
 )
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
+from sprig.runtime.server.refused_fields import CHAT, COMPLETIONS, check_refused
 from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
-from sprig.runtime.server.tool_calls import ToolCall, ToolUse, plan_tool_use
+from sprig.runtime.server.tool_calls import plan_tool_use
 
 router = APIRouter()
 ChoiceFn = Callable[[int, dict[str, Any]], list[dict[str, Any]]]
@@ -58,23 +63,36 @@ class _Envelope:
 
 
 def _params(st: ServerState, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,
-            max_tokens: int | None, regex: str | None = None) -> SamplingParams:
-    """`regex`: a constraint of the server's own (a forced tool call)."""
+            max_tokens: int | None, **extra: Any) -> SamplingParams:
+    """`extra`: sampling parameters of the server's own (a forced tool call's regex, the
+    reasoning markers). An invalid constraint is a 400 naming the field it came from."""
     max_new = st.inputs.room(prompt_len) if max_tokens is None else max_tokens
-    d = sampling_dict(req, max_new)
-    if regex is not None:
-        d["regex"] = regex
-    return st.inputs.params(d, 1)[0]
+    d, constraint = sampling_dict(req, max_new)
+    d.update({k: v for k, v in extra.items() if v is not None})
+    try:
+        return st.inputs.params(d, 1)[0]
+    except ApiError as e:
+        if constraint is None or constraint.key not in e.message:
+            raise
+        raise ApiError(400, f"{constraint.field}: {e.message}", constraint.param) from None
+
+
+def _card(st: ServerState) -> dict[str, Any]:
+    return {"id": st.model_name, "object": "model", "created": now_s(), "owned_by": "sprig",
+            "root": st.model_name, "max_model_len": st.model_info["context_len"]}
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
+    return json_response({"object": "list", "data": [_card(state_of(request))]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(request: Request, model_id: str) -> Response:
     st = state_of(request)
-    card = {
-        "id": st.model_name, "object": "model", "created": now_s(), "owned_by": "sprig",
-        "root": st.model_name, "max_model_len": st.model_info["context_len"],
-    }
-    return json_response({"object": "list", "data": [card]})
+    if model_id != st.model_name:
+        raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {st.model_name!r}", "model")
+    return json_response(_card(st))
 
 
 @router.post("/v1/completions")
@@ -82,6 +100,7 @@ async def completions(request: Request) -> Response:
     st = state_of(request)
 
     def build(body: Any) -> tuple[CompletionRequest, list[str], list[GenerateReq]]:
+        check_refused(body, COMPLETIONS)
         req: CompletionRequest = parse(CompletionRequest, body)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", "suffix")
@@ -99,6 +118,7 @@ async def completions(request: Request) -> Response:
     call = st.manager.submit(reqs, client_of(request))
     env = _Envelope(f"cmpl-{uuid.uuid4().hex}", "text_completion", now_s(), st.model_name)
     sent: dict[int, tuple[int, int, int, bool]] = {}  # index -> chars, logprobs, offset, echoed input
+    special = frozenset(st.inputs.tokenizer.all_special_ids)
 
     def choice(index: int, resp: dict[str, Any]) -> list[dict[str, Any]]:
         first = index not in sent
@@ -113,8 +133,7 @@ async def completions(request: Request) -> Response:
         if want:
             echo_input = req.echo and not echoed and bool(meta.get("input_token_logprobs"))
             entries, tops = token_entries(meta, lps, with_input=echo_input)
-            lp = completion_logprobs(entries, tops, offset)
-            offset += sum(len(t) for t in lp["tokens"])
+            lp, offset = completion_logprobs(entries, tops, offset, delta, special)
             lps, echoed = len(meta["output_token_logprobs"]), echoed or echo_input
         sent[index] = (len(resp["text"]), lps, offset, echoed)
         reason, matched = finish_reason(resp)
@@ -124,7 +143,7 @@ async def completions(request: Request) -> Response:
 
     if req.stream:
         return _stream(call, env, choice, req)
-    outs = await call.collect(functools.partial(client_gone, request))
+    outs = await _collect(call, request, req)
     choices = [c for i, r in enumerate(outs) for c in choice(i, r)]
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
 
@@ -133,40 +152,39 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     st = state_of(request)
 
-    def build(body: Any) -> tuple[ChatCompletionRequest, ToolUse, list[GenerateReq]]:
+    def build(body: Any) -> tuple[ChatCompletionRequest, AnswerFormat, list[GenerateReq]]:
+        check_refused(body, CHAT)
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
         if req.top_logprobs and not req.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        constrained = req.regex is not None or req.json_schema is not None or (
-            req.response_format is not None and req.response_format.type != "text")
-        tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constrained)
-        ids = st.inputs.chat_prompt(req.messages, tools.rendered, req.chat_template_kwargs)
+        tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, request_constraint(req) is not None)
+        text = st.inputs.chat_text(req.messages, tools.rendered, _template_variables(st, req),
+                                   **_continuation(req))
+        ids = st.inputs.encode(text, add_special_tokens=False, param="messages")
+        reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
+        phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
+        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format,
+                           one_call=req.parallel_tool_calls is False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params = [_params(st, req, len(ids), max_tokens, regex=tools.forced)]
+        extra = reasoning.sampling(phase) if reasoning is not None else {}
+        params = [_params(st, req, len(ids), max_tokens, regex=tools.forced, **extra)]
         logprobs = LogprobArgs(req.logprobs, -1, req.top_logprobs or 0, True)
-        return req, tools, st.inputs.requests([ids], params, None, logprobs, stream=req.stream)
+        return req, fmt, st.inputs.requests([ids], params, None, logprobs, stream=req.stream)
 
-    req, tools, reqs = await prepare(request, build)
+    req, fmt, reqs = await prepare(request, build)
     call = st.manager.submit(reqs, client_of(request))
     env = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", now_s(), st.model_name)
-    fmt = tools.parse_format
-    sent: dict[int, tuple[int, int]] = {}  # index -> (content chars, output logprobs)
-
-    def answer(resp: dict[str, Any], finished: bool) -> tuple[str, list[ToolCall]]:
-        return fmt.split(resp["text"], finished) if fmt is not None else (resp["text"], [])
+    sent: dict[int, DeltaState] = {}
 
     def delta(index: int, resp: dict[str, Any]) -> list[dict[str, Any]]:
-        chars, lps = sent.get(index, (0, 0))
         out = [] if index in sent else [{"index": index, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]
+        state = sent.setdefault(index, DeltaState())
         reason, matched = finish_reason(resp)
-        content, calls = answer(resp, reason is not None)
-        sent[index] = (len(content), len(resp["meta_info"].get("output_token_logprobs", [])))
-        text = content[chars:]
-        lp = chat_logprobs(*token_entries(resp["meta_info"], lps, with_input=False)) if req.logprobs else None
-        body: dict[str, Any] = {"content": text} if text else {}
-        if calls:
-            body["tool_calls"] = [c.openai(i) for i, c in enumerate(calls)]
+        body, called = state.delta(fmt, resp["text"], reason is not None)
+        lp = chat_logprobs(*token_entries(resp["meta_info"], state.logprobs, with_input=False)) if req.logprobs else None
+        state.logprobs = len(resp["meta_info"].get("output_token_logprobs", []))
+        if called:
             reason = "tool_calls"
         if body or reason is not None or (lp and lp["content"]):
             out.append({"index": index, "delta": body, "logprobs": lp, "finish_reason": reason,
@@ -175,19 +193,50 @@ async def chat_completions(request: Request) -> Response:
 
     if req.stream:
         return _stream(call, _Envelope(env.id, "chat.completion.chunk", env.created, env.model), delta, req)
-    outs = await call.collect(functools.partial(client_gone, request))
+    outs = await _collect(call, request, req)
     choices = []
     for i, r in enumerate(outs):
         reason, matched = finish_reason(r)
-        content, calls = answer(r, True)
-        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-        if calls:
-            message["tool_calls"] = [c.openai() for c in calls]
-            reason = "tool_calls"
+        message = fmt.message(r["text"])
         lp = chat_logprobs(*token_entries(r["meta_info"], 0, with_input=False)) if req.logprobs else None
-        choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": reason,
-                        "matched_stop": matched})
+        choices.append({"index": i, "message": message, "logprobs": lp,
+                        "finish_reason": "tool_calls" if "tool_calls" in message else reason, "matched_stop": matched})
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
+
+
+def _continuation(req: ChatCompletionRequest) -> dict[str, bool]:
+    """How the conversation ends: a generation prompt (the default), or, with
+    `continue_final_message`, the last message left open (vLLM's and SGLang's meaning)."""
+    if req.continue_final_message and req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
+        raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true",
+                       "continue_final_message")
+    cont = req.continue_final_message
+    return {"add_generation_prompt": req.add_generation_prompt and not cont, "continue_final": cont}
+
+
+def _template_variables(st: ServerState, req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """`chat_template_kwargs`, plus `reasoning_effort` for a template that reads it (a
+    400 for one that does not: the field would change nothing)."""
+    if req.reasoning_effort is None:
+        return req.chat_template_kwargs
+    if st.inputs.chat is None or "reasoning_effort" not in st.inputs.chat.free_variables:
+        raise ApiError(400, "reasoning_effort: this model's chat template takes no reasoning effort",
+                       "reasoning_effort")
+    return {**(req.chat_template_kwargs or {}), "reasoning_effort": req.reasoning_effort}
+
+
+async def _collect(call: Call, request: Request,
+                   req: CompletionRequest | ChatCompletionRequest) -> list[dict[str, Any]]:
+    try:
+        return await call.collect(functools.partial(client_gone, request))
+    except RequestFailed as e:
+        raise _named(e, req) from None
+
+
+def _named(e: RequestFailed, req: CompletionRequest | ChatCompletionRequest) -> RequestFailed | ApiError:
+    """A constraint the scheduler could not compile, as a 400 naming the field it came from."""
+    constraint = request_constraint(req) if e.status == 400 and e.message.startswith(GRAMMAR_ERROR) else None
+    return e if constraint is None else ApiError(400, f"{constraint.field}: {e.message}", constraint.param)
 
 
 def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionRequest | ChatCompletionRequest) -> Response:
@@ -204,7 +253,7 @@ def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionReques
             if include_usage:
                 yield sse(env.wrap(choices=[], usage=usage([last[i] for i in sorted(last)], req.n)))
         except RequestFailed as e:
-            yield error_event(e)
+            yield error_event(_named(e, req))
         yield SSE_DONE
 
     return SSEResponse(events(), call.close)

@@ -9,6 +9,11 @@ Formats (`FORMATS`; `detect_format` picks one from a chat template's text):
   joined by `;`, optionally after `<|python_tag|>`;
 - `mistral`: `[TOOL_CALLS]` then a JSON list of `{"name": ..., "arguments": {...}}`.
 
+A forced call on a model whose template teaches none of them is written in `BARE_JSON`:
+the call object alone, `{"name": ..., "arguments": {...}}` (OpenAI's own shape, which a
+model that knows no tool format reads as plain JSON, and no marker text to force). An
+unforced answer on such a model stays plain content.
+
 Invariant: `parse` returns calls only when the whole tool-call part is well-formed (every
 call a JSON object with a string name and an object of arguments); otherwise the answer
 is plain content, never a half-parsed call.
@@ -181,6 +186,9 @@ FORMATS = {
 }
 
 
+BARE_JSON = ToolFormat("json", (), "arguments", _llama3, ("", ""), bare_start="{")
+
+
 def detect_format(chat_template: str | None) -> ToolFormat | None:
     """The format a chat template teaches, from the markers it writes; None if none."""
     text = chat_template or ""
@@ -217,8 +225,8 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
                   fmt: ToolFormat | None, constrained: bool) -> ToolUse:
     """Check `tools` and `tool_choice` (OpenAI's meanings: "none" renders no tools and
     parses nothing; "auto", the default with tools, parses what the model writes;
-    "required" or a named function constrains the answer to one call, which needs a
-    format). `constrained`: the request has its own regex or schema. Raises ApiError."""
+    "required" or a named function constrains the answer to one call, in `fmt` or, without
+    one, `BARE_JSON`). `constrained`: the request has its own regex or schema. Raises ApiError."""
     names = [_tool_name(t, i) for i, t in enumerate(tools or [])]
     choice = tool_choice if tool_choice is not None else ("auto" if names else "none")
     if isinstance(choice, dict):
@@ -241,9 +249,7 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
         return ToolUse(None, None, None)
     if choice == "auto":
         return ToolUse(tools, fmt, None)
-    if fmt is None:
-        raise ApiError(400, "this model's chat template writes no known tool-call format; start the server "
-                            "with --tool-call-parser to force tool calls", "tool_choice")
+    fmt = fmt or BARE_JSON
     if constrained:
         raise ApiError(400, "a forced tool call cannot be combined with regex, json_schema or response_format",
                        "tool_choice")

@@ -14,6 +14,7 @@ from sprig.runtime.server.config import TOOL_CALL_PARSERS, ServerConfig
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.inputs import _call_for_template
 from sprig.runtime.server.tool_calls import (
+    BARE_JSON,
     FORMATS,
     ToolCall,
     ToolUse,
@@ -28,6 +29,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
                                      "days": {"type": "integer", "minimum": 1, "maximum": 7}},
     "required": ["city"]}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+FORCEABLE = {**FORMATS, "json": BARE_JSON}  # every format a forced call is written in
 
 
 def calls(*pairs: tuple[str, dict]) -> list[ToolCall]:
@@ -80,28 +82,28 @@ def test_streamed_content_never_shows_a_call_and_only_grows() -> None:
     assert llama.split("  ", finished=False)[0] == ""
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("fmt", sorted(FORCEABLE))
 def test_forced_regex_admits_only_valid_calls_of_the_allowed_tools(fmt: str) -> None:
-    f = FORMATS[fmt]
+    f = FORCEABLE[fmt]
     regex = f.forced([WEATHER, TIME])
     key = f.args_key
     good = [{"name": "get_weather", key: {"city": "Rome"}}, {"name": "get_weather", key: {"city": "Paris", "days": 3}},
             {"name": "get_time", key: {}}]
     bad = [{"name": "get_weather", key: {"city": "Oslo"}}, {"name": "get_weather", key: {}},
            {"name": "get_weather", key: {"city": "Rome", "days": 9}}, {"name": "other", key: {}}]
-    wrap = {"hermes": "<tool_call>\n{}\n</tool_call>", "llama3": "{}", "mistral": "[{}]"}[fmt]
+    wrap = {"hermes": "<tool_call>\n{}\n</tool_call>", "llama3": "{}", "mistral": "[{}]", "json": "{}"}[fmt]
     for obj in good:
-        text = wrap.replace("{}", json.dumps(obj), 1) if fmt != "llama3" else json.dumps(obj)
+        text = wrap.replace("{}", json.dumps(obj), 1) if fmt not in ("llama3", "json") else json.dumps(obj)
         assert re.fullmatch(regex, text), text
         content, parsed = f.split(text, finished=True)
         assert content == "" and [c.name for c in parsed] == [obj["name"]]
         if obj["name"] == "get_weather":
             jsonschema.validate(json.loads(parsed[0].arguments), WEATHER["function"]["parameters"])
     for obj in bad:
-        text = wrap.replace("{}", json.dumps(obj), 1) if fmt != "llama3" else json.dumps(obj)
+        text = wrap.replace("{}", json.dumps(obj), 1) if fmt not in ("llama3", "json") else json.dumps(obj)
         assert not re.fullmatch(regex, text), text
     only_time = f.forced([TIME])
-    assert not re.fullmatch(only_time, wrap.replace("{}", json.dumps(good[0]), 1) if fmt != "llama3"
+    assert not re.fullmatch(only_time, wrap.replace("{}", json.dumps(good[0]), 1) if fmt not in ("llama3", "json")
                             else json.dumps(good[0]))
 
 
@@ -124,6 +126,11 @@ def test_tool_choice_plans() -> None:
     named = plan_tool_use([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, hermes, False)
     assert named.forced == hermes.forced([TIME]) and named.parse_format is hermes
     assert plan_tool_use([WEATHER, TIME], "required", hermes, False).forced == hermes.forced([WEATHER, TIME])
+    # a template that teaches no format: auto stays plain text, a forced call is bare JSON
+    assert plan_tool_use([WEATHER], "required", None, False) == ToolUse([WEATHER], BARE_JSON,
+                                                                        BARE_JSON.forced([WEATHER]))
+    assert BARE_JSON.split('{"name": "get_weather", "arguments": {"city": "Rome"}}', finished=True) == (
+        "", calls(("get_weather", {"city": "Rome"})))
 
 
 @pytest.mark.parametrize("tools,choice,fmt,constrained,needle", [
@@ -131,7 +138,6 @@ def test_tool_choice_plans() -> None:
     ([WEATHER], "sometimes", FORMATS["hermes"], False, "tool_choice must be"),
     ([WEATHER], {"type": "function", "function": {"name": "nope"}}, FORMATS["hermes"], False, "not among"),
     ([WEATHER], {"type": "function"}, FORMATS["hermes"], False, "tool_choice must be"),
-    ([WEATHER], "required", None, False, "--tool-call-parser"),
     ([WEATHER], "required", FORMATS["hermes"], True, "cannot be combined"),
     ([{"type": "function", "function": {"parameters": {}}}], "auto", FORMATS["hermes"], False, r"tools\[0\]"),
     ([{"type": "function", "function": {"name": "f", "parameters": 3}}], "auto", FORMATS["hermes"], False,

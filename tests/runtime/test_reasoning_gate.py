@@ -1,0 +1,116 @@
+"""A constraint deferred past the reasoning (`reasoning_start` / `reasoning_end`): the gate's
+phases, masks and rollback over a real grammar, and the engine on a scripted thinking
+model (tests/runtime/scripted_checkpoint.py), alone and batched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from scripted_checkpoint import build_thinking_checkpoint
+from transformers import AutoTokenizer
+
+from sprig.runtime import Engine
+from sprig.runtime.constrained import GrammarSpec, OutlinesBackend, bitmask_width
+from sprig.runtime.scheduler.reasoning_gate import Markers, Phase, ReasoningGate
+
+SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+THINK = {"reasoning_start": "<think>", "reasoning_end": "</think>"}
+GREEDY = {"max_new_tokens": 40, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_thinking_checkpoint(tmp_path_factory.mktemp("thinking"))
+
+
+@pytest.fixture(scope="module")
+def tok(model: Path):
+    return AutoTokenizer.from_pretrained(model)
+
+
+@pytest.fixture(scope="module")
+def backend(tok) -> OutlinesBackend:
+    return OutlinesBackend.from_tokenizer(tok)
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False)
+
+
+def allowed(grammar, tok) -> set[int]:
+    row = torch.zeros(bitmask_width(len(tok)), dtype=torch.int32)
+    grammar.fill_bitmask(row)
+    return {t for t in range(len(tok)) if int(row[t // 32]) >> (t % 32) & 1}
+
+
+def gate(tok, backend: OutlinesBackend, spec: GrammarSpec, start: str | None, end: str) -> ReasoningGate:
+    stops = {tok.eos_token_id}
+    inner = backend.matcher(backend.compile(spec), stop_token_ids=stops)
+    return ReasoningGate(inner, Markers.build(tok, start, end), opens_inside=start is None, stop_token_ids=stops,
+                         tokenizer=tok)
+
+
+def test_phases_masks_and_rollback(tok, backend: OutlinesBackend) -> None:
+    spec = GrammarSpec.json_schema(SCHEMA)
+    g = gate(tok, backend, spec, "<think>", "</think>")
+    fresh = backend.matcher(backend.compile(spec), stop_token_ids={tok.eos_token_id})
+    think, end, eos = tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("</think>"), tok.eos_token_id
+    # start: the grammar's tokens, or the start marker
+    assert g.phase is Phase.START and allowed(g, tok) == allowed(fresh, tok) | {think}
+    assert g.forced_continuation() is None and not g.is_terminated()
+    reasoning = [think, *ids(tok, " alpha beta"), end]
+    assert g.accept_tokens(reasoning[:-1]) and g.phase is Phase.THINKING
+    # thinking: anything but a stop token; a stop token is refused
+    assert allowed(g, tok) == set(range(len(tok))) - {eos}
+    assert not g.accept_token(eos) and g.phase is Phase.THINKING
+    assert g.accept_token(end) and g.phase is Phase.ANSWER
+    assert allowed(g, tok) == allowed(fresh, tok) and g.forced_continuation() == fresh.forced_continuation()
+    answer = ids(tok, '{"city":"Rome"}')
+    assert g.accept_tokens(answer) and g.is_terminated()
+    # rollback crosses phases and restores each exactly
+    assert g.rollback(len(answer) + 1) == [end, *answer] and g.phase is Phase.THINKING
+    assert g.rollback(len(reasoning) - 1) == reasoning[:-1] and g.phase is Phase.START
+    assert g.accept_tokens([*reasoning, *answer]) and g.is_finished() is fresh.accept_tokens(answer) is True
+    # a token the grammar refuses at the start is refused, state unchanged
+    h = gate(tok, backend, spec, "<think>", "</think>")
+    assert not h.accept_token(ids(tok, " gamma")[0]) and h.phase is Phase.START
+
+
+def test_a_text_marker_may_span_tokens_and_leave_text_for_the_grammar(tok, backend: OutlinesBackend) -> None:
+    g = gate(tok, backend, GrammarSpec.json_schema(SCHEMA), None, "alpha beta")
+    assert g.phase is Phase.THINKING and g.accept_tokens(ids(tok, "x alpha"))
+    assert g.phase is Phase.THINKING and g.accept_token(ids(tok, " beta")[0]) and g.phase is Phase.ANSWER
+    # the marker ends inside a token: its rest goes to the grammar, which may refuse it
+    regex = gate(tok, backend, GrammarSpec.regex("a[0-9]+"), None, "alph")
+    assert regex.accept_token(ids(tok, " alpha")[0]) and regex.phase is Phase.ANSWER
+    assert allowed(regex, tok) and not regex.is_terminated()  # "a" taken: a digit is owed
+    refused = gate(tok, backend, GrammarSpec.json_schema(SCHEMA), None, "alph")
+    assert not refused.accept_token(ids(tok, " alpha")[0]) and refused.phase is Phase.THINKING
+
+
+def test_the_engine_constrains_only_the_answer(model: Path, tok) -> None:
+    prompt = ids(tok, tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                              tokenize=False))
+    schema = {**GREEDY, "json_schema": SCHEMA}
+    with Engine(model, dtype="float32") as engine:
+        def run(*params: dict) -> list[str]:
+            outs = engine.generate(input_ids=[prompt] * len(params), sampling_params=list(params))
+            return [o["text"] for o in outs]
+
+        [free] = run(GREEDY)
+        assert free == "<think> alpha beta</think> gamma"  # the script, unconstrained
+        [deferred] = run({**schema, **THINK})
+        assert deferred.startswith("<think> alpha beta</think>")
+        jsonschema.validate(json.loads(deferred.removeprefix("<think> alpha beta</think>")), SCHEMA)
+        [at_once] = run(schema)  # without the gate the grammar forbids <think> from the start
+        jsonschema.validate(json.loads(at_once), SCHEMA)
+        [inside] = run({**schema, "reasoning_end": "</think>"})  # the output starts inside the reasoning
+        assert inside == deferred
+        # batched with unconstrained and undeferred requests, each output is what it is alone
+        seeded = {**schema, **THINK, "temperature": 1.0, "seed": 7}
+        [alone_seeded] = run(seeded)
+        assert run(GREEDY, {**schema, **THINK}, schema, seeded) == [free, deferred, at_once, alone_seeded]

@@ -1,0 +1,114 @@
+"""`--reasoning-parser` on the real server, with a scripted thinking model that writes
+`<think> alpha beta</think> gamma` (tests/runtime/scripted_checkpoint.py): the reasoning
+arrives as `reasoning_content` (streamed first, content only after it), and constraints
+(response_format, forced tool calls, vLLM's fields) apply to the answer after `</think>`.
+Each would fail if the constraint applied from the first token: the model could not
+think at all."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+from scripted_checkpoint import ANSWER, OPEN_THINK_TEMPLATE, REASONING, build_thinking_checkpoint
+from server_helpers import Server, running_server
+
+MESSAGES = [{"role": "user", "content": "where is it sunny?"}]
+SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_thinking_checkpoint(tmp_path_factory.mktemp("thinking"))
+
+
+@pytest.fixture(scope="module")
+def qwen3(model: Path) -> Iterator[Server]:
+    with running_server(model, "--reasoning-parser", "qwen3") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def r1(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    template = tmp_path_factory.mktemp("r1") / "open_think.jinja"
+    template.write_text(OPEN_THINK_TEMPLATE)
+    with running_server(model, "--reasoning-parser", "deepseek-r1", "--chat-template", str(template)) as s:
+        yield s
+
+
+def chat(server: Server, **body) -> dict:
+    r = server.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 200, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def deltas(server: Server, **body) -> list[dict]:
+    events = server.stream("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 200, "temperature": 0,
+                                                    "stream": True, **body})
+    assert events[-1] == "[DONE]"
+    return [e["choices"][0] for e in events[:-1]]
+
+
+@pytest.mark.parametrize("which", ["qwen3", "r1"])
+def test_reasoning_is_split_from_the_answer(request: pytest.FixtureRequest, which: str) -> None:
+    server = request.getfixturevalue(which)
+    choice = chat(server)
+    assert choice["message"] == {"role": "assistant", "content": ANSWER, "reasoning_content": REASONING}
+    assert choice["finish_reason"] == "stop"
+    unsplit = chat(server, separate_reasoning=False)["message"]
+    assert "reasoning_content" not in unsplit and REASONING in unsplit["content"] and "</think>" in unsplit["content"]
+    server.wait_idle()
+
+
+def test_streamed_reasoning_comes_first_and_content_only_after_it(qwen3: Server) -> None:
+    stream = deltas(qwen3)
+    reasoning = [d["delta"]["reasoning_content"] for d in stream if d["delta"].get("reasoning_content")]
+    content = [(i, d["delta"]["content"]) for i, d in enumerate(stream) if d["delta"].get("content")]
+    assert "".join(reasoning) == REASONING and "".join(c for _, c in content) == ANSWER
+    last_reasoning = max(i for i, d in enumerate(stream) if d["delta"].get("reasoning_content"))
+    assert all(i >= last_reasoning for i, _ in content)
+    assert stream[-1]["finish_reason"] == "stop"
+    qwen3.wait_idle()
+
+
+@pytest.mark.parametrize("which", ["qwen3", "r1"])
+@pytest.mark.parametrize("body", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}}},
+    {"guided_json": SCHEMA},
+    {"structured_outputs": {"json": SCHEMA}},
+])
+def test_constraints_apply_after_the_reasoning(request: pytest.FixtureRequest, which: str, body: dict) -> None:
+    server = request.getfixturevalue(which)
+    message = chat(server, **body)["message"]
+    assert message["reasoning_content"] == REASONING
+    jsonschema.validate(json.loads(message["content"]), SCHEMA)
+    server.wait_idle()
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED])
+def test_forced_tool_calls_after_the_reasoning(qwen3: Server, tool_choice) -> None:
+    choice = chat(qwen3, tools=[WEATHER], tool_choice=tool_choice)
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning_content"] == REASONING
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
+    stream = deltas(qwen3, tools=[WEATHER], tool_choice=tool_choice)
+    assert "".join(d["delta"].get("reasoning_content", "") for d in stream) == REASONING
+    assert not any(d["delta"].get("content") for d in stream)
+    [streamed] = stream[-1]["delta"]["tool_calls"]
+    assert stream[-1]["finish_reason"] == "tool_calls"
+    assert json.loads(streamed["function"]["arguments"]) == json.loads(call["function"]["arguments"])
+    qwen3.wait_idle()
+
+
+def test_a_prompt_that_closes_the_think_block_is_constrained_at_once(qwen3: Server) -> None:
+    message = chat(qwen3, chat_template_kwargs={"enable_thinking": False}, guided_json=SCHEMA)["message"]
+    assert message["reasoning_content"] is None
+    jsonschema.validate(json.loads(message["content"]), SCHEMA)
+    assert chat(qwen3, chat_template_kwargs={"enable_thinking": False})["message"]["content"].startswith("<think>")
+    qwen3.wait_idle()
