@@ -1,0 +1,249 @@
+"""Data parallelism behind SGLang's Model Gateway (`smg`, the `gateway` extra): real sprig
+workers, the real gateway, real requests.
+
+The shared-prefix workload is SGLang's generated-shared-prefix shape at a size a shared
+CPU runs in seconds: 8 groups x 16 prompts, each prompt a group's 96-token system prompt
+plus an 8-token question, 2 output tokens, in shuffled order. Each worker's KV pool holds
+about six of the eight system prompts. The single server it is compared with has the
+two workers' memory together, room for all eight. Hit rate: cached / prompt tokens over
+the responses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from server_helpers import TIMEOUT, Server, pid_alive, running_server
+
+from sprig.runtime.cli import build_parser, configs_from_args
+from sprig.runtime.server.dp import config_flags, worker_command
+from sprig.runtime.server.gateway import GatewayConfig, gateway_installed
+
+needs_gateway = pytest.mark.skipif(
+    not gateway_installed(), reason="SGLang's Model Gateway is not installed (pip install 'sprig[gateway]')"
+)
+READY = re.compile(r"ready at (http://\S+)")
+WORKER_UP = re.compile(r"worker (\d+) is up at (http://\S+) \(pid (\d+)\)")
+GROUPS, PER_GROUP, SYSTEM, QUESTION, OUTPUT = 8, 16, 96, 8, 2
+POOL = 640  # KV slots per worker: about six of the eight system prompts
+CONCURRENCY = 4
+STARTUP_TIMEOUT_S = 180.0
+
+
+def shared_prefix_prompts(seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(8, 500) for _ in range(n)]
+
+    systems = [ids(SYSTEM) for _ in range(GROUPS)]
+    prompts = [system + ids(QUESTION) for system in systems for _ in range(PER_GROUP)]
+    rng.shuffle(prompts)
+    return prompts
+
+
+def generate(url: str, input_ids: list[int], max_new_tokens: int) -> dict:
+    body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    r = httpx.post(url + "/generate", json=body, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def hit_rate(url: str, prompts: list[list[int]]) -> float:
+    """cached / prompt tokens over the responses, `CONCURRENCY` requests in flight."""
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        outs = list(pool.map(lambda p: generate(url, p, OUTPUT), prompts))
+    assert all(len(o["output_ids"]) == OUTPUT for o in outs)
+    return sum(o["meta_info"]["cached_tokens"] for o in outs) / sum(o["meta_info"]["prompt_tokens"] for o in outs)
+
+
+@contextmanager
+def launched(*args: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+    """`python -m sprig.runtime ARGS` until its "ready at" line; SIGTERM after the block,
+    which must stop it with exit code 0."""
+    fd, name = tempfile.mkstemp(prefix="sprig-test-gateway-", suffix=".log")
+    log = Path(name)
+    proc = subprocess.Popen([sys.executable, "-m", "sprig.runtime", *args], stdout=fd, stderr=subprocess.STDOUT,
+                            env=os.environ | {"OMP_NUM_THREADS": "1"})
+    os.close(fd)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not (match := READY.search(log.read_text())):
+            assert proc.poll() is None, f"exited with {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"not ready in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}"
+            time.sleep(0.1)
+        yield proc, match.group(1), log
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            raise AssertionError(f"ignored SIGTERM:\n{log.read_text()}") from None
+    assert code == 0, log.read_text()
+    log.unlink()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+# ---- without the gateway: what it reads, and how workers are started -------------------
+
+def test_load_routes_count_what_is_in_flight(server: Server) -> None:
+    kv_size = server.info()["model"]["kv_size"]
+    loads = server.get("/v1/loads", params={"include": "core,disagg,queues,memory"}).json()
+    assert loads["dp_rank_count"] == 1 and len(loads["loads"]) == 1
+    rank = loads["loads"][0]
+    assert rank["max_total_num_tokens"] == kv_size and 0 <= rank["token_usage"] <= 1
+    assert server.get("/get_load").json()["load"] == 0
+    seen = []
+    with ThreadPoolExecutor(1) as pool:  # 1000 decode steps: seconds
+        running = pool.submit(generate, server.url, [10, 11, 12], 1000)
+        while not running.done():
+            seen.append(server.get("/get_load").json()["load"])
+        assert running.result()["meta_info"]["completion_tokens"] == 1000
+    assert max(seen) == 1, seen
+    server.wait_idle()
+    assert server.get("/get_load").json()["load"] == 0
+
+
+def test_workers_get_the_servers_settings(tmp_path) -> None:
+    flags = ["--max-total-tokens", "640", "--chunked-prefill-size", "none", "--no-enable-jump-forward",
+             "--shadow-attention", "--schedule-policy", "lpm", "--read-timeout", "2.5", "--served-model-name", "m"]
+    server, engine = configs_from_args(build_parser().parse_args(["serve", "--model", str(tmp_path), *flags]))
+    cmd = worker_command(str(tmp_path), dataclasses.replace(server, host="0.0.0.0", port=8000), engine, 3)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "0"
+    worker_server, worker_engine = configs_from_args(build_parser().parse_args(cmd[3:]))
+    assert worker_server == dataclasses.replace(server, host="127.0.0.1", port=0)
+    assert worker_engine.scheduler == engine.scheduler
+    assert worker_engine.runner == dataclasses.replace(engine.runner, cpu_threads=3)
+    assert config_flags(server) == ["--served-model-name", "m", "--read-timeout", "2.5"]
+
+
+def test_gateway_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="http://"):
+        GatewayConfig(("127.0.0.1:8000",))
+    with pytest.raises(ValueError, match="policy"):
+        GatewayConfig(("http://a:1",), policy="fastest")
+    argv = GatewayConfig(("http://a:1/", "http://b:2"), policy="round_robin", extra_args=("--cache-threshold", "0.5")).argv(7, 8)
+    assert argv[argv.index("--worker-urls") + 1 : argv.index("--worker-urls") + 3] == ["http://a:1", "http://b:2"]
+    assert argv[argv.index("--policy") + 1] == "round_robin" and argv[-2:] == ["--cache-threshold", "0.5"]
+
+
+# ---- the real gateway -------------------------------------------------------------------
+
+@dataclass
+class DataParallelServer:
+    url: str
+    log: Path
+    workers: list[str]  # URLs, by index
+    pids: list[int]  # each worker's HTTP process
+
+
+@pytest.fixture(scope="module")
+def dp_server(tiny_llama: Path) -> Iterator[DataParallelServer]:
+    """`sprig serve --dp-size 2` (two workers with `POOL` KV slots each, and the gateway,
+    cache_aware) for the module. SIGTERM must then stop it with exit code 0, leaving no
+    process it started and no socket directory behind."""
+    args = ("serve", "--model", str(tiny_llama), "--dtype", "float32", "--port", "0", "--dp-size", "2",
+            "--max-total-tokens", str(POOL))
+    with launched(*args) as (proc, url, log):
+        up = sorted((int(i), wurl, int(pid)) for i, wurl, pid in WORKER_UP.findall(log.read_text()))
+        assert [i for i, _, _ in up] == [0, 1], log.read_text()
+        infos = [httpx.get(wurl + "/get_server_info", timeout=TIMEOUT).json() for _, wurl, _ in up]
+        processes = descendants(proc.pid)
+        assert {pid for info in infos for pid in info["pids"].values()} <= processes
+        yield DataParallelServer(url, log, [wurl for _, wurl, _ in up], [pid for _, _, pid in up])
+    assert not [pid for pid in processes if pid_alive(pid)]
+    assert not [info["ipc_dir"] for info in infos if Path(info["ipc_dir"]).exists()]
+
+
+def decoded(worker: str) -> int:
+    return httpx.get(worker + "/get_server_info", timeout=TIMEOUT).json()["stats"]["decode_tokens"]
+
+
+@needs_gateway
+def test_cache_aware_routing_keeps_the_hit_rate_round_robin_loses(tiny_llama: Path, dp_server: DataParallelServer) -> None:
+    prompts = shared_prefix_prompts()
+    with running_server(tiny_llama, "--max-total-tokens", str(2 * POOL)) as single:
+        one = hit_rate(single.url, prompts)
+    rates = {}
+    for policy in ("cache_aware", "round_robin"):
+        for worker in dp_server.workers:
+            assert httpx.post(worker + "/flush_cache", timeout=TIMEOUT).status_code == 200
+        before = [decoded(w) for w in dp_server.workers]
+        if policy == "cache_aware":  # the gateway `--dp-size` started
+            rates[policy] = hit_rate(dp_server.url, prompts)
+        else:  # `sprig router` in front of the same workers
+            with launched("router", "--worker-urls", *dp_server.workers, "--port", "0", "--policy", policy) as (_, url, _):
+                rates[policy] = hit_rate(url, prompts)
+        served = [decoded(w) - b for w, b in zip(dp_server.workers, before, strict=True)]
+        assert all(served), f"{policy} left a worker idle: {served}"
+    print(f"prefix hit rate: one server {one:.1%}, cache_aware {rates['cache_aware']:.1%}, "
+          f"round_robin {rates['round_robin']:.1%}")
+    assert abs(rates["cache_aware"] - one) <= 0.05, (one, rates)
+    assert rates["cache_aware"] >= rates["round_robin"] + 0.20, (one, rates)
+
+
+@needs_gateway
+def test_a_worker_that_dies_loses_no_request_that_had_not_started_on_it(dp_server: DataParallelServer) -> None:
+    rng = random.Random(1)
+    prompts = [[rng.randrange(8, 500) for _ in range(24)] for _ in range(48)]
+    finished = threading.Semaphore(0)
+
+    def one(prompt: list[int]) -> tuple[float, float, int]:
+        start = time.monotonic()
+        body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}
+        status = httpx.post(dp_server.url + "/generate", json=body, timeout=TIMEOUT).status_code
+        finished.release()
+        return start, time.monotonic(), status
+
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        futures = [pool.submit(one, p) for p in prompts]
+        for _ in range(12):
+            finished.acquire()
+        os.kill(dp_server.pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        results = [f.result() for f in futures]
+    lost = [(start, end) for start, end, status in results if status != 200]
+    assert all(start < killed < end for start, end in lost), lost  # only requests already running
+    assert sum(start > killed for start, _, _ in results) >= 24
+    log = dp_server.log.read_text()
+    assert re.search(r"worker 1 \(http://\S+\) exited with code -9", log), log
+    deadline = time.monotonic() + 30
+    while [w["is_healthy"] for w in httpx.get(dp_server.url + "/workers", timeout=TIMEOUT).json()["workers"]
+           if w["url"] == dp_server.workers[1]] != [False]:
+        assert time.monotonic() < deadline, "the gateway still routes to the dead worker"
+        time.sleep(0.5)
+    assert generate(dp_server.url, prompts[0], 4)["meta_info"]["completion_tokens"] == 4
