@@ -29,7 +29,12 @@ HELP = {
     "served_model_name": "model id in /v1/models and OpenAI responses (default: the checkpoint directory's name; sprig-demo for the demo model)",
     "max_request_bytes": "larger request bodies get 413",
     "chat_template": "a Jinja chat template file to use instead of the model's",
-    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never parse)",
+    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never "
+                        "parse). Without a format, tool_choice auto answers plain text; required or a named "
+                        "function still work on any model: the call is then a bare JSON object constrained to "
+                        "the tool's schema",
+    "reasoning_parser": "split a reasoning model's <think>...</think> into reasoning_content; response_format and "
+                        "forced tool calls then constrain only the answer after it",
     "read_timeout": "seconds a client has to send a request's headers, and again its body (408 / closed after)",
     "watchdog_timeout": "seconds a child process may show no sign of life (a step longer than this counts as stuck) before the server exits non-zero",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",
@@ -51,6 +56,8 @@ HELP = {
                     "int4 (groups of --quantization-group-size inputs); quantized checkpoints (GPTQ, AWQ, "
                     "compressed-tensors) load as their config says without it",
     "quantization_group_size": "inputs sharing one scale with --quantization int4",
+    "kv_cache_dtype": "KV cache storage: auto (the model's dtype), int8, or fp8_e4m3 (CUDA only), quantized "
+                      "with a scale per token and KV head; the same memory then holds more tokens",
     "max_running_requests": "most requests decoding at once",
     "max_prefill_tokens": "most new prompt tokens in one prefill step",
     "chunked_prefill_size": "most prompt tokens one request computes per step; 'none' disables chunking",
@@ -82,12 +89,12 @@ def _sections() -> tuple[tuple[str, type], ...]:
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
-    from sprig.radix import EVICTION_POLICIES
+    from sprig.radix import EVICTION_POLICIES, KV_CACHE_DTYPES
     from sprig.runtime.attention import ATTENTION_BACKENDS
     from sprig.runtime.model_runner import DTYPES
     from sprig.runtime.quantization.formats import ONLINE_GROUP_SIZES, ONLINE_SCHEMES
     from sprig.runtime.scheduler.config import SCHEDULE_POLICIES
-    from sprig.runtime.server.config import LOG_LEVELS, TOOL_CALL_PARSERS
+    from sprig.runtime.server.config import LOG_LEVELS, REASONING_PARSERS, TOOL_CALL_PARSERS
     from sprig.runtime.server.gateway import ROUTER_POLICIES
 
     return {
@@ -96,11 +103,12 @@ def _choices() -> dict[str, tuple[str, ...]]:
         "attention_backend": ("auto", *ATTENTION_BACKENDS),
         "quantization": ONLINE_SCHEMES,
         "quantization_group_size": ONLINE_GROUP_SIZES,
+        "kv_cache_dtype": tuple(KV_CACHE_DTYPES),
         "schedule_policy": SCHEDULE_POLICIES,
         "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
         "log_level": LOG_LEVELS,
-        "chat_template": "a Jinja chat template file to use instead of the model's",
-    "tool_call_parser": TOOL_CALL_PARSERS,
+        "tool_call_parser": TOOL_CALL_PARSERS,
+        "reasoning_parser": REASONING_PARSERS,
     }
 
 
