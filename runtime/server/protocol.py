@@ -1,6 +1,8 @@
 """Request bodies, as pydantic models in strict mode: a wrong JSON type is a 400 naming
 the field (no "5" for 5, no "yes" for true). Unknown top-level fields are ignored (clients
-send many); unknown sampling parameters are not (`SamplingParams.from_dict` rejects them).
+send many), except those of other servers that would change the output, which
+`refused_fields` answers with a 400; unknown sampling parameters are not ignored either
+(`SamplingParams.from_dict` rejects them).
 """
 
 from __future__ import annotations
