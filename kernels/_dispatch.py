@@ -2,7 +2,8 @@
 
 Triton runs when every tensor argument is on CUDA, or when `SPRIG_FORCE_TRITON=1`
 (used by the tests together with `TRITON_INTERPRET=1`, which must be set before
-`triton` decorates the kernels, i.e. before any `sprig.kernels` module is imported).
+`triton` decorates the kernels, i.e. before any `sprig.kernels` module is imported);
+never where Triton is not installed.
 """
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ import os
 
 import torch
 
+from ._triton import HAS_TRITON
+
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:
-    """True when the Triton path should run for these tensors."""
+    """True when the Triton path should run for these tensors; `RuntimeError` if
+    `SPRIG_FORCE_TRITON=1` asks for Triton where it is not installed."""
     if os.environ.get("SPRIG_FORCE_TRITON", "0") == "1":
+        if not HAS_TRITON:
+            raise RuntimeError("SPRIG_FORCE_TRITON=1, but Triton is not installed")
         return True
-    return all(t.is_cuda for t in tensors if t is not None)
+    return HAS_TRITON and all(t.is_cuda for t in tensors if t is not None)
 
 
 def next_pow2(n: int) -> int:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from ._dispatch import use_triton
+from ._triton import tl, triton
 
 
 @triton.jit

@@ -8,10 +8,9 @@ ignored. Bitmask row i applies to logits row `rows[i]` (or row i when `rows` is 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from ._dispatch import use_triton
+from ._triton import tl, triton
 
 
 @triton.jit

@@ -15,10 +15,9 @@ differently from the one-pass GEMM shape that larger batches take.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from ._dispatch import dot_in_f32, use_triton
+from ._triton import tl, triton
 
 GEMV_MAX_M = 16  # batches up to this many rows take the split-K shape
 

@@ -7,10 +7,9 @@ With a residual: s = x + residual (in x.dtype), y = norm(s), returns (y, s).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from ._dispatch import next_pow2, use_triton
+from ._triton import tl, triton
 
 
 @triton.jit

@@ -11,10 +11,9 @@ import math
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
 from ._dispatch import next_pow2, use_triton
+from ._triton import tl, triton
 
 
 def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int,
