@@ -1,8 +1,9 @@
-"""The grammar-backend interface: narrow enough for outlines-core, xgrammar or llguidance.
+"""The grammar-backend interface, implemented over outlines-core and over llguidance.
 
 A `GrammarSpec` says what to enforce; `GrammarBackend.compile` turns it into a
-`CompiledGrammar` (slow, shareable, cached by `GrammarCompiler`); `GrammarBackend.matcher`
-makes a per-request `Grammar` from it (cheap). Per decode step the scheduler calls
+`CompiledGrammar` (slow, shareable, cached by `GrammarCompiler`; it runs in a worker
+process, and `GrammarBackend.prepare` then readies the result in the serving process);
+`GrammarBackend.matcher` makes a per-request `Grammar` from it (cheap). Per decode step the scheduler calls
 `fill_bitmask`, applies the mask to the logits, samples, then `accept_token`.
 
 Bitmask layout (xgrammar's, and `sprig.kernels.logit_mask`'s): int32 words, bit j of word
@@ -12,6 +13,7 @@ This module imports no torch, so a compile worker process starts fast.
 
 from __future__ import annotations
 
+import codecs
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-GRAMMAR_KINDS = ("regex", "json_schema", "choices")
+GRAMMAR_KINDS = ("regex", "json_schema", "choices", "ebnf")
 
 
 class GrammarTimeoutError(TimeoutError):
@@ -34,6 +36,31 @@ def bitmask_width(logits_width: int) -> int:
     return (logits_width + 31) // 32
 
 
+def check_bitmask_row(row: torch.Tensor, num_tokens: int) -> None:
+    """`ValueError` unless `row` is a contiguous 1-D int32 CPU tensor with a bit for each
+    of `num_tokens` tokens."""
+    if not (row.dim() == 1 and row.element_size() == 4 and not row.is_floating_point()):
+        raise ValueError("bitmask_row must be a 1-D int32 tensor")
+    if row.device.type != "cpu" or not row.is_contiguous():
+        raise ValueError("bitmask_row must be a contiguous CPU tensor")
+    if row.numel() < bitmask_width(num_tokens):
+        raise ValueError(
+            f"bitmask_row has {row.numel()} words; the vocabulary needs {bitmask_width(num_tokens)}"
+        )
+
+
+def forced_text(data: bytes) -> str | None:
+    """The whole characters that forced output bytes `data` start with; None if there are
+    none, or `data` starts mid-character (the next token completes that one first) or is
+    not UTF-8."""
+    if not data or 0x80 <= data[0] < 0xC0:
+        return None
+    try:
+        return codecs.getincrementaldecoder("utf-8")().decode(data) or None
+    except UnicodeDecodeError:
+        return None
+
+
 @dataclass(frozen=True)
 class GrammarSpec:
     """What to enforce, hashable (the compile-cache key) and picklable.
@@ -41,7 +68,9 @@ class GrammarSpec:
     kind "regex": `text` is the regex the whole output must match. kind "json_schema":
     `text` is the schema as a JSON string, `whitespace` the regex allowed between JSON
     tokens ("" = compact JSON). kind "choices": `text` is a JSON array of literal strings,
-    the output must be exactly one of them.
+    the output must be exactly one of them. kind "ebnf": `text` is a context-free grammar,
+    GBNF (`root ::= ...`, the EBNF dialect SGLang's `ebnf` takes) or Lark (`start: ...`);
+    the output must be a sentence of it.
     """
 
     kind: str
@@ -71,20 +100,28 @@ class GrammarSpec:
             raise ValueError("choices must be a list of strings")
         return cls("choices", json.dumps(list(options)))
 
+    @classmethod
+    def ebnf(cls, grammar: str) -> GrammarSpec:
+        return cls("ebnf", grammar)
+
 
 def spec_from_params(params: Any) -> GrammarSpec | None:
-    """The grammar a `SamplingParams` asks for (its `regex` or `json_schema`), or None."""
+    """The grammar a `SamplingParams` asks for (its `regex`, `json_schema` or `ebnf`), or None."""
     if params.regex is not None:
         return GrammarSpec.regex(params.regex)
     if params.json_schema is not None:
         return GrammarSpec.json_schema(params.json_schema)
+    if params.ebnf is not None:
+        return GrammarSpec.ebnf(params.ebnf)
     return None
 
 
 class CompiledGrammar(Protocol):
-    """A compiled, immutable, picklable grammar; shared by every request with its spec."""
+    """A compiled, immutable, picklable grammar; shared by every request with its spec.
+    `fingerprint` is that of the backend that compiled it."""
 
     spec: GrammarSpec
+    fingerprint: str
 
 
 class Grammar(ABC):
@@ -152,12 +189,17 @@ class GrammarBackend(Protocol):
     """Compiles specs for one tokenizer. Must be picklable (it is sent to compile workers).
 
     `fingerprint` identifies the tokenizer's vocabulary (part of every cache key);
-    `compile` raises `ValueError` naming the problem for an invalid or unenforceable spec.
+    `compile` raises `ValueError` naming the problem for an invalid or unenforceable spec;
+    `prepare` takes what a worker's `compile` returned (unpickled in the serving process)
+    and builds what cannot cross a process boundary; it runs on the compiler's threads,
+    never on the scheduler's, and its result is what `matcher` receives.
     """
 
     fingerprint: str
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar: ...
+
+    def prepare(self, compiled: CompiledGrammar) -> CompiledGrammar: ...
 
     def matcher(
         self,

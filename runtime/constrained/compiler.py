@@ -4,7 +4,8 @@ The scheduler calls `submit(spec)` when a constrained request arrives and `poll(
 each step; the request waits (without blocking the batch) until its grammar is ready.
 Compiles run on a small thread pool, each thread driving one worker process
 (`worker.CompileWorker`), so a pathological pattern is killed at `timeout_s` and its
-request fails with `GrammarTimeoutError` instead of wedging the server.
+request fails with `GrammarTimeoutError` instead of wedging the server. The same thread
+then runs the backend's `prepare` on the result, in this process.
 
 Slow patterns cannot starve the others: a first attempt gets `slow_after_s`; one still
 running then is killed and compiled again in a lane of its own (one worker), up to
@@ -31,6 +32,9 @@ from sprig.runtime.constrained.worker import CompileWorker
 
 # In-memory size of an outlines-core index over its pickled size (measured: ~3.3).
 _MEMORY_PER_PICKLED_BYTE = 4
+# What a cached grammar counts as at least: an llguidance grammar pickles to its text, a
+# few KB, while its prepared matcher holds lexer tables.
+_MIN_MEMORY_BYTES = 1 << 20
 _Key = tuple[str, GrammarSpec]
 
 
@@ -76,6 +80,7 @@ class GrammarCompiler:
         self.config = config or CompilerConfig()
         self.compiles_started = 0
         self._fingerprint = backend.fingerprint
+        self._backend = backend
         self._payload = pickle.dumps(backend, protocol=pickle.HIGHEST_PROTOCOL)
         self._threads = ThreadPoolExecutor(self.config.num_workers, "sprig-grammar")
         self._slow_lane = ThreadPoolExecutor(1, "sprig-grammar-slow")
@@ -129,6 +134,7 @@ class GrammarCompiler:
             if self._closed:
                 raise RuntimeError("the grammar compiler was closed")
             compiled, pickled_bytes = self._run(key[1], self.config.timeout_s if slow else first_limit)
+            compiled = self._backend.prepare(compiled)
         except GrammarTimeoutError:
             if not slow and first_limit < self.config.timeout_s:
                 try:
@@ -144,7 +150,7 @@ class GrammarCompiler:
             return
         with self._lock:
             del self._inflight[key]
-            self._insert(key, compiled, pickled_bytes * _MEMORY_PER_PICKLED_BYTE)
+            self._insert(key, compiled, max(pickled_bytes * _MEMORY_PER_PICKLED_BYTE, _MIN_MEMORY_BYTES))
         future.set_result(compiled)
 
     def _fail(self, key: _Key, future: Future, e: Exception) -> None:

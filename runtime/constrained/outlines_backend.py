@@ -8,20 +8,22 @@ regex's byte automaton, walked alongside to find forced continuations for jump-f
 
 from __future__ import annotations
 
-import codecs
-import json
-import re
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from outlines_core import Guide, Index, Vocabulary
 
-from sprig.runtime.constrained.base import Grammar, GrammarSpec, bitmask_width
-from sprig.runtime.constrained.json_schema import schema_to_regex
-from sprig.runtime.constrained.regex_text import ascii_digits, check_supported, escape_literal
+from sprig.runtime.constrained.base import (
+    Grammar,
+    GrammarSpec,
+    bitmask_width,
+    check_bitmask_row,
+    forced_text,
+)
+from sprig.runtime.constrained.spec_regex import regex_error, spec_regex
 from sprig.runtime.constrained.vocabulary import (
     BYTE_MARK,
     TokenVocabulary,
@@ -34,36 +36,11 @@ if TYPE_CHECKING:
     import torch
 
 
-def _user_regex(spec: GrammarSpec) -> str:
-    check_supported(spec.text)
-    return spec.text
-
-
-def _choices_regex(spec: GrammarSpec) -> str:
-    options = json.loads(spec.text)
-    if not isinstance(options, list) or not options or not all(isinstance(o, str) for o in options):
-        raise ValueError("choices must be a non-empty list of strings")
-    return "(?:" + "|".join(escape_literal(o) for o in options) + ")"
-
-
-_TO_REGEX: dict[str, Callable[[GrammarSpec], str]] = {
-    "regex": _user_regex,
-    "json_schema": lambda spec: schema_to_regex(spec.text, spec.whitespace),
-    "choices": _choices_regex,
-}
-
-
 def _index(regex: str, vocabulary: Vocabulary) -> Index:
     try:
         return Index(marked(regex), vocabulary)
     except ValueError as e:
-        try:
-            re.compile(regex)
-            detail = str(e)
-        except re.error as py_error:  # Python names the syntax error; outlines does not
-            detail = str(py_error)
-        shown = regex if len(regex) <= 200 else regex[:200] + "..."
-        raise ValueError(f"cannot compile regex {shown!r}: {detail}") from None
+        raise regex_error(regex, str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -126,15 +103,7 @@ class OutlinesGrammar(Grammar):
 
     def fill_bitmask(self, bitmask_row: torch.Tensor) -> None:
         row = bitmask_row
-        if not (row.dim() == 1 and row.element_size() == 4 and not row.is_floating_point()):
-            raise ValueError("bitmask_row must be a 1-D int32 tensor")
-        if row.device.type != "cpu" or not row.is_contiguous():
-            raise ValueError("bitmask_row must be a contiguous CPU tensor")
-        if row.numel() < bitmask_width(len(self._tokens)):
-            raise ValueError(
-                f"bitmask_row has {row.numel()} words; the vocabulary needs "
-                f"{bitmask_width(len(self._tokens))}"
-            )
+        check_bitmask_row(row, len(self._tokens))
         if self._stopped:
             row.zero_()
             return
@@ -227,9 +196,7 @@ class OutlinesGrammar(Grammar):
                 break
             out.append(allowed[0])
             state = index.get_next_state(state, allowed[0])
-        if out and 0x80 <= out[0] < 0xC0:  # mid-character: the next token completes it first
-            return None
-        return codecs.getincrementaldecoder("utf-8")().decode(bytes(out)) or None
+        return forced_text(bytes(out))
 
 
 @dataclass(frozen=True)
@@ -247,11 +214,15 @@ class OutlinesBackend:
         return self.vocabulary.fingerprint
 
     def compile(self, spec: GrammarSpec) -> OutlinesCompiled:
-        regex = ascii_digits(_TO_REGEX[spec.kind](spec))
+        regex = spec_regex(spec)
         byte_index = _index(regex, byte_vocabulary())
         index = _index(regex, self.vocabulary.outlines)
         mark = self.vocabulary.mark_id
         return OutlinesCompiled(spec, regex, index, byte_index, self.fingerprint, mark)
+
+    def prepare(self, compiled: OutlinesCompiled) -> OutlinesCompiled:
+        """Nothing to build: the indices unpickle whole."""
+        return compiled
 
     def matcher(
         self,

@@ -23,6 +23,7 @@ MAX_N = 128
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_STOP_TOKEN_IDS = 1024
 MAX_STOP_STRINGS = 16
+MAX_EBNF_CHARS = 64 * 1024  # grammars seen in practice (JSON, SQL, C subsets) are a few KB
 MAX_MARKER_CHARS = 64
 _ALIASES = {"sampling_seed": "seed"}
 _BOOL_FIELDS = (
@@ -32,7 +33,6 @@ _BOOL_FIELDS = (
     "no_stop_trim",
 )
 _SEED_RULE = "an integer in [-2**63, 2**64)"
-_UNSUPPORTED = {"ebnf": "ebnf grammars are not supported; use regex or json_schema"}
 
 
 def _fail(name: str, rule: str, value: object) -> ValueError:
@@ -58,6 +58,11 @@ def _float(name: str, value: object, rule: str, ok: Callable[[float], bool]) -> 
     if not (math.isfinite(value) and ok(float(value))):
         raise _fail(name, rule, value)
     return float(value)
+
+
+def _clip(value: object) -> object:
+    """`value` as an error message may quote it: long text cut short."""
+    return value[:80] + "..." if isinstance(value, str) and len(value) > 80 else value
 
 
 def _bool(name: str, value: object) -> bool:
@@ -113,6 +118,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None
     reasoning_start: str | None = None
     reasoning_end: str | None = None
 
@@ -140,8 +146,11 @@ class SamplingParams:
             raise _fail("regex", "a string", self.regex)
         if self.json_schema is not None:
             self._put("json_schema", self._json_schema(self.json_schema))
-        if self.regex is not None and self.json_schema is not None:
-            raise ValueError("regex and json_schema are mutually exclusive; give at most one")
+        if self.ebnf is not None and not (isinstance(self.ebnf, str) and 0 < len(self.ebnf) <= MAX_EBNF_CHARS):
+            raise _fail("ebnf", f"a grammar of 1 to {MAX_EBNF_CHARS} characters", _clip(self.ebnf))
+        given = [name for name in ("regex", "json_schema", "ebnf") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are mutually exclusive; give at most one")
         self._check_reasoning_markers()
 
     def _check_reasoning_markers(self) -> None:
@@ -235,10 +244,6 @@ class SamplingParams:
             raise _fail("sampling_params", "an object", d)
         kwargs: dict[str, Any] = {}
         for key, value in d.items():
-            if key in _UNSUPPORTED:
-                if value is None:
-                    continue
-                raise ValueError(_UNSUPPORTED[key])
             name = _ALIASES.get(key, key)
             if name not in _FIELDS:
                 raise ValueError(f"unknown sampling parameter {key!r}")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sprig.radix import EVICTION_POLICIES
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+GRAMMAR_BACKENDS = ("outlines", "llguidance")  # the keys of constrained.REGULAR_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class SchedulerConfig:
       step, so the shared prefix is computed once and then reused.
     - `grammar_compile_timeout_s`: a regex or JSON schema that takes longer to compile
       fails its request (the compile worker is killed) instead of stalling the server.
+    - `grammar_backend`: what compiles regexes, JSON schemas and choices: `outlines`
+      (outlines-core: slow to compile, cheap per token) or `llguidance` (compiles in
+      milliseconds, costlier per token); `ebnf` grammars always use llguidance.
     - `enable_jump_forward`: where a grammar admits exactly one continuation, append it
       without sampling token by token (requests that return logprobs never jump).
     """
@@ -44,6 +48,7 @@ class SchedulerConfig:
     new_token_ratio_decay: float = 0.002
     in_batch_prefix_min: int = 32
     grammar_compile_timeout_s: float = 30.0
+    grammar_backend: str = "outlines"
     enable_jump_forward: bool = True
     check_integrity: bool = False
 
@@ -68,5 +73,7 @@ class SchedulerConfig:
             raise ValueError("new_token_ratio_decay must be >= 0")
         if self.grammar_compile_timeout_s <= 0:
             raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
         if self.in_batch_prefix_min < 1:
             raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

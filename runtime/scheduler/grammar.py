@@ -13,7 +13,7 @@ from sprig.runtime.constrained import (
     Grammar,
     GrammarCompiler,
     GrammarTimeoutError,
-    OutlinesBackend,
+    RoutedBackend,
     bitmask_width,
     spec_from_params,
 )
@@ -31,11 +31,13 @@ class Grammars:
     """Owns the grammar backend and compiler, created on the first constrained request
     (no compile workers exist for an engine that never sees one)."""
 
-    def __init__(self, tokenizer, logits_width: int, config: CompilerConfig) -> None:
+    def __init__(self, tokenizer, logits_width: int, config: CompilerConfig, backend: str = "outlines") -> None:
+        """`backend`: what compiles regexes, JSON schemas and choices (`RoutedBackend`)."""
         self.tokenizer = tokenizer
         self.logits_width = logits_width
         self.config = config
-        self._backend: OutlinesBackend | None = None
+        self.backend_name = backend
+        self._backend: RoutedBackend | None = None
         self._compiler: GrammarCompiler | None = None
         self._pending: dict[str, Future] = {}
         self._markers: dict[tuple[str | None, str], Markers] = {}
@@ -52,7 +54,8 @@ class Grammars:
         if self._compiler is None:
             if self.tokenizer is None:
                 raise GrammarError("constrained decoding needs the scheduler to have a tokenizer")
-            self._backend = OutlinesBackend.from_tokenizer(self.tokenizer, logits_width=self.logits_width)
+            self._backend = RoutedBackend.from_tokenizer(self.tokenizer, logits_width=self.logits_width,
+                                                         regular=self.backend_name)
             self._compiler = GrammarCompiler(self._backend, self.config)
         self._pending[req.rid] = self._compiler.submit(spec)
 

@@ -78,7 +78,8 @@ class Scheduler:
         self.kv = RequestKV(allocator, cache, table)
         self.admission = Admission(config, self.kv)
         self.grammars = Grammars(
-            tokenizer, mc.vocab_size, CompilerConfig(timeout_s=config.grammar_compile_timeout_s)
+            tokenizer, mc.vocab_size, CompilerConfig(timeout_s=config.grammar_compile_timeout_s),
+            config.grammar_backend,
         )
         self.waiting: list[Req] = []
         self.running: list[Req] = []

@@ -1,5 +1,6 @@
-"""The per-request matcher: forced continuations and jump-forward, rollback, atomic
-acceptance, the end-of-output rules, and invalid specs failing with a named ValueError."""
+"""The per-request matcher of each backend: forced continuations and jump-forward,
+rollback, atomic acceptance, the end-of-output rules, and invalid specs failing with a
+named ValueError."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from transformers import AutoTokenizer
 
 from sprig.kernels.logit_mask import unpack_bitmask
 from sprig.runtime.constrained import (
+    GrammarBackend,
     GrammarSpec,
+    GuidanceBackend,
     OutlinesBackend,
     TokenVocabulary,
     bitmask_width,
@@ -35,9 +38,9 @@ def tokenizer(tmp_path_factory):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-@pytest.fixture(scope="module")
-def backend(tokenizer) -> OutlinesBackend:
-    return OutlinesBackend.from_tokenizer(tokenizer)
+@pytest.fixture(scope="module", params=[OutlinesBackend, GuidanceBackend])
+def backend(request, tokenizer) -> GrammarBackend:
+    return request.param.from_tokenizer(tokenizer)
 
 
 def mask(grammar, width: int) -> torch.Tensor:  # [width] bool
@@ -140,7 +143,7 @@ def test_row_shorter_than_outlines_wants():
 
 
 def test_matcher_refuses_a_grammar_of_another_tokenizer(backend, tmp_path):
-    other = OutlinesBackend.from_tokenizer(build_tokenizer(tmp_path, vocab_size=400))
+    other = type(backend).from_tokenizer(build_tokenizer(tmp_path, vocab_size=400))
     with pytest.raises(ValueError, match="different tokenizer"):
         backend.matcher(other.compile(GrammarSpec.regex("a")))
 
@@ -172,7 +175,7 @@ def test_invalid_specs_raise_a_named_value_error(backend, spec, message):
 
 def test_spec_validation():
     with pytest.raises(ValueError, match="kind"):
-        GrammarSpec("ebnf", "x")
+        GrammarSpec("lark", "x")
     with pytest.raises(ValueError, match="whitespace"):
         GrammarSpec("regex", "a", whitespace=" ")
     assert json.loads(GrammarSpec.choices(["a", "b"]).text) == ["a", "b"]

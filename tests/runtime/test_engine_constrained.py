@@ -1,5 +1,6 @@
-"""Constrained decoding through the engine: every output matches its regex or validates
-against its schema; EOS only in a final state; bad grammars fail their request only."""
+"""Constrained decoding through the engine, on each grammar backend: every output matches
+its regex or validates against its schema; EOS only in a final state; bad grammars fail
+their request only."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from engine_helpers import assert_idle_and_intact
 from sprig.runtime import Engine
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    with Engine(tiny_llama, dtype="float32", check_integrity=True, grammar_compile_timeout_s=20) as eng:
+@pytest.fixture(scope="module", params=["outlines", "llguidance"])
+def engine(request, tiny_llama):
+    with Engine(tiny_llama, dtype="float32", check_integrity=True, grammar_compile_timeout_s=20,
+                grammar_backend=request.param) as eng:
         yield eng
         eng.scheduler.close()
 

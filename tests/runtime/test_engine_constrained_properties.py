@@ -1,6 +1,7 @@
 """Property tests of constrained decoding through the engine (random tiny model, temperature
 1): random JSON schemas and random regexes, each in a batch with a free request, with
-jump-forward on and off. Every output validates; a refused schema fails only its request.
+jump-forward on and off (outlines-core), and on llguidance with jump-forward on. Every
+output validates; a refused schema fails only its request.
 
 Every strategy is bounded (string lengths, item counts, integer ranges, regex repeats), and
 each draws its worst-case output length beside it, so `max_new_tokens` always leaves room
@@ -29,11 +30,15 @@ MAX_BOUND = 500  # the tiny model's context is 1024 tokens
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+SETUPS = {"jump": ("outlines", True), "nojump": ("outlines", False), "llguidance-jump": ("llguidance", True)}
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_llama):
-    """One engine per jump-forward setting, shared by every example."""
-    made = {jump: Engine(tiny_llama, dtype="float32", check_integrity=True, enable_jump_forward=jump,
-                         grammar_compile_timeout_s=30) for jump in (True, False)}
+    """One engine per setup (grammar backend, jump-forward), shared by every example."""
+    made = {name: Engine(tiny_llama, dtype="float32", check_integrity=True, enable_jump_forward=jump,
+                         grammar_compile_timeout_s=30, grammar_backend=backend)
+            for name, (backend, jump) in SETUPS.items()}
     yield made
     for eng in made.values():
         eng.scheduler.close()
@@ -157,12 +162,12 @@ def _run(engine: Engine, constrained: dict, bound: int, seed: int) -> tuple[dict
     return outs[0], outs[0]["meta_info"]["finish_reason"]
 
 
-@pytest.mark.parametrize("jump", [True, False], ids=["jump", "nojump"])
+@pytest.mark.parametrize("setup", list(SETUPS))
 @SETTINGS
 @given(drawn=top_schemas(), seed=st.integers(0, 2**20))
-def test_every_output_validates_against_its_random_schema(engines, jump, drawn, seed) -> None:
+def test_every_output_validates_against_its_random_schema(engines, setup, drawn, seed) -> None:
     schema, bound, refused = drawn
-    out, reason = _run(engines[jump], {"json_schema": json.dumps(schema)}, bound, seed)
+    out, reason = _run(engines[setup], {"json_schema": json.dumps(schema)}, bound, seed)
     if refused:
         assert reason["type"] == "abort" and reason["status_code"] == 400 and "multipleOf" in reason["message"], reason
         return
@@ -170,11 +175,11 @@ def test_every_output_validates_against_its_random_schema(engines, jump, drawn, 
     jsonschema.validate(json.loads(out["text"]), schema)
 
 
-@pytest.mark.parametrize("jump", [True, False], ids=["jump", "nojump"])
+@pytest.mark.parametrize("setup", list(SETUPS))
 @SETTINGS
 @given(drawn=REGEXES, seed=st.integers(0, 2**20))
-def test_every_output_fully_matches_its_random_regex(engines, jump, drawn, seed) -> None:
+def test_every_output_fully_matches_its_random_regex(engines, setup, drawn, seed) -> None:
     pattern, bound = drawn
-    out, reason = _run(engines[jump], {"regex": pattern}, bound, seed)
+    out, reason = _run(engines[setup], {"regex": pattern}, bound, seed)
     assert reason["type"] == "stop", (pattern, reason, out["text"])
     assert re.fullmatch(pattern, out["text"]), (pattern, out["text"])

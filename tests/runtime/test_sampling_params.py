@@ -180,8 +180,13 @@ def test_unknown_key_is_named(key: str) -> None:
 def test_structural_errors() -> None:
     with pytest.raises(ValueError, match="mutually exclusive"):
         SamplingParams(regex="a", json_schema="{}")
-    with pytest.raises(ValueError, match="ebnf"):
-        SamplingParams.from_dict({"ebnf": "root ::= 'a'"})
+    assert SamplingParams.from_dict({"ebnf": 'root ::= "a"'}).ebnf == 'root ::= "a"'
+    with pytest.raises(ValueError, match="json_schema and ebnf are mutually exclusive"):
+        SamplingParams(json_schema="{}", ebnf='root ::= "a"')
+    with pytest.raises(ValueError, match=r"ebnf must be a grammar of 1 to 65536 characters; got 'rrr"):
+        SamplingParams(ebnf="r" * (64 * 1024 + 1))
+    with pytest.raises(ValueError, match="ebnf must be"):
+        SamplingParams.from_dict({"ebnf": ["root ::= 'a'"]})
     with pytest.raises(ValueError, match="seed"):
         SamplingParams.from_dict({"seed": 1, "sampling_seed": 2})
     with pytest.raises(ValueError, match="sampling_params"):
