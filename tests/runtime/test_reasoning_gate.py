@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 from sprig.runtime import Engine
 from sprig.runtime.constrained import GrammarSpec, OutlinesBackend, bitmask_width
+from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.scheduler.reasoning_gate import Markers, Phase, ReasoningGate
 
 SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
@@ -114,3 +115,12 @@ def test_the_engine_constrains_only_the_answer(model: Path, tok) -> None:
         seeded = {**schema, **THINK, "temperature": 1.0, "seed": 7}
         [alone_seeded] = run(seeded)
         assert run(GREEDY, {**schema, **THINK}, schema, seeded) == [free, deferred, at_once, alone_seeded]
+
+
+def test_marker_parameters_are_validated() -> None:
+    params = SamplingParams.from_dict({"regex": "a", **THINK})
+    assert SamplingParams.from_dict(params.to_dict()) == params
+    for bad, needle in [({"reasoning_start": "<think>"}, "needs reasoning_end"), ({"reasoning_end": ""}, "reasoning_end"),
+                        ({"reasoning_end": "x" * 65}, "reasoning_end"), ({"reasoning_end": 3}, "reasoning_end")]:
+        with pytest.raises(ValueError, match=needle):
+            SamplingParams.from_dict(bad)
