@@ -15,6 +15,7 @@ import os
 import sys
 import types
 import typing
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,8 @@ HELP = {
                     "int4 (groups of --quantization-group-size inputs); quantized checkpoints (GPTQ, AWQ, "
                     "compressed-tensors) load as their config says without it",
     "quantization_group_size": "inputs sharing one scale with --quantization int4",
+    "context_length": "longest context (prompt + output) to serve, instead of the checkpoint's max_position_embeddings; "
+                      "at most what its rope config covers",
     "kv_cache_dtype": "KV cache storage: auto (the model's dtype), int8, or fp8_e4m3 (CUDA only), quantized "
                       "with a scale per token and KV head; the same memory then holds more tokens",
     "max_running_requests": "most requests decoding at once",
@@ -70,7 +73,10 @@ HELP = {
     "new_token_ratio_decay": "decay of the reserved share per decode step",
     "in_batch_prefix_min": "shared uncached prefix length that defers a request by a step",
     "check_integrity": "check the KV accounting after every step (slow; for debugging)",
-    "grammar_compile_timeout_s": "seconds a regex or JSON schema may take to compile; longer is a 400",
+    "grammar_compile_timeout_s": "seconds a regex, JSON schema or ebnf grammar may take to compile; longer is a 400",
+    "grammar_backend": "what compiles regex / json_schema / response_format constraints: outlines (slow to compile, "
+                       "cheap per token) or llguidance (compiles in milliseconds, costlier per token); "
+                       "ebnf grammars always use llguidance",
     "dp_size": "data parallelism: start this many workers (each a full server on 127.0.0.1) behind SGLang's "
                "Model Gateway, which listens on --host/--port (needs: pip install 'sprig[gateway]')",
     "router_policy": "how the gateway picks a worker; cache_aware: the one whose cache most likely holds the "
@@ -93,22 +99,23 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from sprig.runtime.attention import ATTENTION_BACKENDS
     from sprig.runtime.model_runner import DTYPES
     from sprig.runtime.quantization.formats import ONLINE_GROUP_SIZES, ONLINE_SCHEMES
-    from sprig.runtime.scheduler.config import SCHEDULE_POLICIES
+    from sprig.runtime.scheduler.config import GRAMMAR_BACKENDS, SCHEDULE_POLICIES
     from sprig.runtime.server.config import LOG_LEVELS, REASONING_PARSERS, TOOL_CALL_PARSERS
     from sprig.runtime.server.gateway import ROUTER_POLICIES
 
     return {
         "dtype": ("auto", *DTYPES),
-        "router_policy": ROUTER_POLICIES,
         "attention_backend": ("auto", *ATTENTION_BACKENDS),
         "quantization": ONLINE_SCHEMES,
         "quantization_group_size": ONLINE_GROUP_SIZES,
         "kv_cache_dtype": tuple(KV_CACHE_DTYPES),
         "schedule_policy": SCHEDULE_POLICIES,
+        "grammar_backend": GRAMMAR_BACKENDS,
         "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
         "log_level": LOG_LEVELS,
         "tool_call_parser": TOOL_CALL_PARSERS,
         "reasoning_parser": REASONING_PARSERS,
+        "router_policy": ROUTER_POLICIES,
     }
 
 
@@ -143,7 +150,8 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type, choices: dict[str, tu
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sprig", description="sprig: structured generation runtime for LLMs")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("-v", "--version", action="version", version=version("sprig"))
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")  # none: print this help
     serve = commands.add_parser(
         "serve",
         help="start the HTTP server (SGLang /generate and OpenAI-compatible routes)",
@@ -249,6 +257,9 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     if args.command == "router":
         return _router(parser, args)
     if args.model_path is None:

@@ -24,8 +24,10 @@ class ModelConfig:
     Invariants: `num_heads % num_kv_heads == 0`; `rope_scaling` is None for plain RoPE,
     else a dict with `rope_type` in ("linear", "llama3") and that type's parameters (for
     llama3 `original_max_position_embeddings` is always present); `context_len` is the
-    longest context sprig computes exactly (capped by a sliding window, which sprig does
-    not implement); `eos_token_ids` is the union of config.json's and
+    longest context sprig serves: the checkpoint's `max_position_embeddings`, or the
+    `context_length` asked of `from_pretrained`, never past what the rope config covers
+    nor past a sliding window (sprig does not implement one, so it computes exactly only
+    within it); `eos_token_ids` is the union of config.json's and
     generation_config.json's, in that order; `quantization` is the format config.json's
     `quantization_config` names (None for a float checkpoint).
     """
@@ -63,8 +65,9 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> ModelConfig:
-        """Parse `path`/config.json; raises ValueError naming what is missing or unsupported."""
+    def from_pretrained(cls, path: str | Path, *, context_length: int | None = None) -> ModelConfig:
+        """Parse `path`/config.json; raises ValueError naming what is missing or unsupported,
+        or a `context_length` the model cannot serve (`longest_context`)."""
         from sprig.runtime.models import supported_architectures
 
         path = Path(path)
@@ -94,7 +97,7 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
             rope_theta=rope_theta,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            context_len=_context_len(cfg),
+            context_len=_context_len(cfg, context_length),
             rope_scaling=rope_scaling,
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", False),
@@ -147,12 +150,36 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, scaling
 
 
-def _context_len(cfg: dict[str, Any]) -> int:
-    """max_position_embeddings, capped by the sliding window when one is in use."""
-    max_len = cfg["max_position_embeddings"]
+def longest_context(cfg: dict[str, Any]) -> tuple[int, str]:
+    """The longest context a checkpoint's config covers, and why: max_position_embeddings,
+    times the factor of linear rope scaling (which stretches positions; llama3 scaling's
+    max_position_embeddings is already the stretched length), capped by a sliding window
+    when one is in use."""
+    limit = cfg["max_position_embeddings"]
+    why = f"max_position_embeddings {limit}"
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if params.get("rope_type", params.get("type")) == "linear":
+        limit = int(limit * params["factor"])
+        why += f" x rope_scaling linear factor {params['factor']}"
     window = cfg.get("sliding_window")
     if "layer_types" in cfg:
         sliding = "sliding_attention" in cfg["layer_types"]
     else:
         sliding = cfg.get("use_sliding_window", True)
-    return min(max_len, window) if sliding and window else max_len
+    if sliding and window and window < limit:
+        limit, why = window, f"its sliding window of {window} tokens (sprig computes attention only within one)"
+    return limit, why
+
+
+def _context_len(cfg: dict[str, Any], requested: int | None) -> int:
+    """max_position_embeddings (capped by the sliding window), or `requested` if it is
+    within `longest_context`."""
+    limit, why = longest_context(cfg)
+    if requested is None:
+        return min(cfg["max_position_embeddings"], limit)
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        raise ValueError(f"context_length must be a positive integer, got {requested!r}")
+    if requested > limit:
+        raise ValueError(f"context_length {requested} exceeds the longest context this model supports: "
+                         f"{limit} tokens ({why})")
+    return requested

@@ -51,7 +51,10 @@ class RunnerConfig:
     elsewhere both are ignored.
     `shadow_attention` checks every layer's attention against the plain reference backend
     (`sprig.runtime.attention.shadow`; raises on a mismatch): for tests and debugging, it
-    runs attention twice and decodes without CUDA graphs."""
+    runs attention twice and decodes without CUDA graphs.
+    `context_length` overrides the checkpoint's max_position_embeddings as the longest
+    context (prompt + output) served, within what its rope config covers
+    (`model_config.longest_context`; larger is a `ValueError` when the model loads)."""
 
     model_path: str | os.PathLike[str]
     dtype: str = "auto"
@@ -65,9 +68,10 @@ class RunnerConfig:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
     shadow_attention: bool = False
-    kv_cache_dtype: str = "auto"
     quantization: str | None = None
     quantization_group_size: int = 128
+    kv_cache_dtype: str = "auto"
+    context_length: int | None = None
 
     def __post_init__(self) -> None:
         if not str(self.model_path):
@@ -98,12 +102,14 @@ class RunnerConfig:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+        if self.quantization is not None:
+            OnlineFormat.of(self.quantization, self.quantization_group_size)  # validates both
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError(f"context_length must be >= 1, got {self.context_length}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_dtype == "fp8_e4m3" and self.device != "auto" and torch.device(self.device).type != "cuda":
             raise ValueError(f"kv_cache_dtype 'fp8_e4m3' needs a CUDA device, got device {self.device!r} (use 'int8')")
-        if self.quantization is not None:
-            OnlineFormat.of(self.quantization, self.quantization_group_size)  # validates both
 
 
 class ModelRunner:
@@ -116,7 +122,7 @@ class ModelRunner:
 
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
-        self.model_config = ModelConfig.from_pretrained(config.model_path)
+        self.model_config = ModelConfig.from_pretrained(config.model_path, context_length=config.context_length)
         self.device = _resolve_device(config.device)
         if config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)

@@ -178,7 +178,7 @@ def client_of(request: Request) -> int | None:
 
 
 def create_app(state: ServerState) -> FastAPI:
-    from sprig.runtime.server import routes_native, routes_openai, routes_worker
+    from sprig.runtime.server import routes_info, routes_native, routes_openai, routes_worker
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -229,6 +229,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_native.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_worker.router)
+    app.include_router(routes_info.router)
     return app
 
 

@@ -17,12 +17,15 @@ from sprig.runtime.server.protocol import (
     CompletionRequest,
     GenerateRequest,
 )
+from sprig.runtime.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
 
 BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's model
     "/generate": GenerateRequest,
     "/abort_request": AbortRequest,
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
 }
 ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
           "408": "the body arrived too slowly", "413": "the body is too large",
