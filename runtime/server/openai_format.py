@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sprig.runtime.server.constraints import Constraint, request_constraint
+from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -30,10 +30,10 @@ _RENAMES = {
 }
 
 
-def sampling_dict(req: CompletionRequest | ChatCompletionRequest,
-                  max_new_tokens: int) -> tuple[dict[str, Any], Constraint | None]:
-    """The `sampling_params` an OpenAI request means, and the constraint among them
-    (`constraints.request_constraint`), whose field errors about it should name."""
+def sampling_dict(req: CompletionRequest | ChatCompletionRequest, max_new_tokens: int,
+                  constraint: Constraint | None) -> dict[str, Any]:
+    """The `sampling_params` an OpenAI request means, its `constraint` (what
+    `constraints.request_constraint` found in it) included."""
     d: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
     for ours, theirs in _RENAMES.items():
         value = getattr(req, theirs)
@@ -44,10 +44,9 @@ def sampling_dict(req: CompletionRequest | ChatCompletionRequest,
             raise ApiError(400, "give no_stop_trim or include_stop_str_in_output, not both",
                            "include_stop_str_in_output")
         d["no_stop_trim"] = req.include_stop_str_in_output
-    constraint = request_constraint(req)
     if constraint is not None:
         d[constraint.key] = constraint.value
-    return d, constraint
+    return d
 
 
 def finish_reason(response: dict[str, Any]) -> tuple[str | None, Any]:

@@ -27,7 +27,7 @@ from sprig.runtime.server.app import (
     state_of,
 )
 from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
-from sprig.runtime.server.constraints import request_constraint
+from sprig.runtime.server.constraints import Constraint, request_constraint
 from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.inputs import LogprobArgs
 from sprig.runtime.server.messages import GenerateReq
@@ -62,12 +62,12 @@ class _Envelope:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model, **fields}
 
 
-def _params(st: ServerState, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,
-            max_tokens: int | None, **extra: Any) -> SamplingParams:
+def _params(st: ServerState, req: CompletionRequest | ChatCompletionRequest, constraint: Constraint | None,
+            prompt_len: int, max_tokens: int | None, **extra: Any) -> SamplingParams:
     """`extra`: sampling parameters of the server's own (a forced tool call's regex, the
     reasoning markers). An invalid constraint is a 400 naming the field it came from."""
     max_new = st.inputs.room(prompt_len) if max_tokens is None else max_tokens
-    d, constraint = sampling_dict(req, max_new)
+    d = sampling_dict(req, max_new, constraint)
     d.update({k: v for k, v in extra.items() if v is not None})
     try:
         return st.inputs.params(d, 1)[0]
@@ -99,7 +99,7 @@ async def model(request: Request, model_id: str) -> Response:
 async def completions(request: Request) -> Response:
     st = state_of(request)
 
-    def build(body: Any) -> tuple[CompletionRequest, list[str], list[GenerateReq]]:
+    def build(body: Any) -> tuple[CompletionRequest, list[str], list[GenerateReq], Constraint | None]:
         check_refused(body, COMPLETIONS)
         req: CompletionRequest = parse(CompletionRequest, body)
         if req.suffix:
@@ -108,12 +108,13 @@ async def completions(request: Request) -> Response:
         is_ids = isinstance(p, list) and bool(p) and not isinstance(p[0], str)
         _, prompts = st.inputs.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
         texts = [st.inputs.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
-        params = [_params(st, req, len(ids), req.max_tokens) for ids in prompts]
+        constraint = request_constraint(req)
+        params = [_params(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
         want = req.logprobs is not None
         logprobs = LogprobArgs(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
-        return req, texts, st.inputs.requests(prompts, params, None, logprobs, stream=req.stream)
+        return req, texts, st.inputs.requests(prompts, params, None, logprobs, stream=req.stream), constraint
 
-    req, texts, reqs = await prepare(request, build)
+    req, texts, reqs, constraint = await prepare(request, build)
     want = req.logprobs is not None
     call = st.manager.submit(reqs, client_of(request))
     env = _Envelope(f"cmpl-{uuid.uuid4().hex}", "text_completion", now_s(), st.model_name)
@@ -142,8 +143,8 @@ async def completions(request: Request) -> Response:
         return [{"index": index, "text": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}]
 
     if req.stream:
-        return _stream(call, env, choice, req)
-    outs = await _collect(call, request, req)
+        return _stream(call, env, choice, req, constraint)
+    outs = await _collect(call, request, constraint)
     choices = [c for i, r in enumerate(outs) for c in choice(i, r)]
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
 
@@ -152,12 +153,13 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     st = state_of(request)
 
-    def build(body: Any) -> tuple[ChatCompletionRequest, AnswerFormat, list[GenerateReq]]:
+    def build(body: Any) -> tuple[ChatCompletionRequest, AnswerFormat, list[GenerateReq], Constraint | None]:
         check_refused(body, CHAT)
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
         if req.top_logprobs and not req.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, request_constraint(req) is not None)
+        constraint = request_constraint(req)
+        tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint is not None)
         text = st.inputs.chat_text(req.messages, tools.rendered, _template_variables(st, req),
                                    **_continuation(req))
         ids = st.inputs.encode(text, add_special_tokens=False, param="messages")
@@ -167,11 +169,11 @@ async def chat_completions(request: Request) -> Response:
                            one_call=req.parallel_tool_calls is False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         extra = reasoning.sampling(phase) if reasoning is not None else {}
-        params = [_params(st, req, len(ids), max_tokens, regex=tools.forced, **extra)]
+        params = [_params(st, req, constraint, len(ids), max_tokens, regex=tools.forced, **extra)]
         logprobs = LogprobArgs(req.logprobs, -1, req.top_logprobs or 0, True)
-        return req, fmt, st.inputs.requests([ids], params, None, logprobs, stream=req.stream)
+        return req, fmt, st.inputs.requests([ids], params, None, logprobs, stream=req.stream), constraint
 
-    req, fmt, reqs = await prepare(request, build)
+    req, fmt, reqs, constraint = await prepare(request, build)
     call = st.manager.submit(reqs, client_of(request))
     env = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", now_s(), st.model_name)
     sent: dict[int, DeltaState] = {}
@@ -192,8 +194,9 @@ async def chat_completions(request: Request) -> Response:
         return out
 
     if req.stream:
-        return _stream(call, _Envelope(env.id, "chat.completion.chunk", env.created, env.model), delta, req)
-    outs = await _collect(call, request, req)
+        return _stream(call, _Envelope(env.id, "chat.completion.chunk", env.created, env.model), delta, req,
+                       constraint)
+    outs = await _collect(call, request, constraint)
     choices = []
     for i, r in enumerate(outs):
         reason, matched = finish_reason(r)
@@ -225,21 +228,22 @@ def _template_variables(st: ServerState, req: ChatCompletionRequest) -> dict[str
     return {**(req.chat_template_kwargs or {}), "reasoning_effort": req.reasoning_effort}
 
 
-async def _collect(call: Call, request: Request,
-                   req: CompletionRequest | ChatCompletionRequest) -> list[dict[str, Any]]:
+async def _collect(call: Call, request: Request, constraint: Constraint | None) -> list[dict[str, Any]]:
     try:
         return await call.collect(functools.partial(client_gone, request))
     except RequestFailed as e:
-        raise _named(e, req) from None
+        raise _named(e, constraint) from None
 
 
-def _named(e: RequestFailed, req: CompletionRequest | ChatCompletionRequest) -> RequestFailed | ApiError:
+def _named(e: RequestFailed, constraint: Constraint | None) -> RequestFailed | ApiError:
     """A constraint the scheduler could not compile, as a 400 naming the field it came from."""
-    constraint = request_constraint(req) if e.status == 400 and e.message.startswith(GRAMMAR_ERROR) else None
-    return e if constraint is None else ApiError(400, f"{constraint.field}: {e.message}", constraint.param)
+    if constraint is None or e.status != 400 or not e.message.startswith(GRAMMAR_ERROR):
+        return e
+    return ApiError(400, f"{constraint.field}: {e.message}", constraint.param)
 
 
-def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionRequest | ChatCompletionRequest) -> Response:
+def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionRequest | ChatCompletionRequest,
+            constraint: Constraint | None) -> Response:
     include_usage = req.stream_options is not None and req.stream_options.include_usage
 
     async def events() -> AsyncIterator[bytes]:
@@ -253,7 +257,7 @@ def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionReques
             if include_usage:
                 yield sse(env.wrap(choices=[], usage=usage([last[i] for i in sorted(last)], req.n)))
         except RequestFailed as e:
-            yield error_event(_named(e, req))
+            yield error_event(_named(e, constraint))
         yield SSE_DONE
 
     return SSEResponse(events(), call.close)

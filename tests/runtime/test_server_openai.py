@@ -11,6 +11,7 @@ import pytest
 from server_helpers import Server
 from transformers import AutoTokenizer
 
+from sprig.runtime.server.constraints import request_constraint
 from sprig.runtime.server.openai_format import sampling_dict
 from sprig.runtime.server.protocol import ChatCompletionRequest
 
@@ -143,7 +144,7 @@ def test_sampling_options(server: Server) -> None:
 )
 def test_response_format_becomes_json_schema(fmt: dict, expected: dict | None) -> None:
     req = ChatCompletionRequest.model_validate({"messages": MESSAGES, "response_format": fmt})
-    assert sampling_dict(req, 4)[0].get("json_schema") == expected
+    assert sampling_dict(req, 4, request_constraint(req)).get("json_schema") == expected
 
 
 @pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": PROMPT}),
