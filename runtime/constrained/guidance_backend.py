@@ -83,13 +83,15 @@ class GuidanceGrammar(Grammar):
     Stop tokens never reach the matcher: a stop token is accepted here only where the
     matcher accepts, and ends the grammar. A token the matcher refuses leaves it as it
     was (`try_consume_tokens`). Should llguidance fail mid-way (a resource limit), only
-    stop tokens are allowed, and refused, so the request ends with an error."""
+    stop and EOS tokens are allowed, and each is refused, so the request ends with an
+    error."""
 
-    def __init__(self, matcher: LLMatcher, num_tokens: int, stop_token_ids: frozenset[int],
+    def __init__(self, matcher: LLMatcher, num_tokens: int, row_tokens: int, stop_token_ids: frozenset[int],
                  eos_token_ids: Iterable[int], max_rollback: int) -> None:
+        """`num_tokens`: the ids llguidance masks; `row_tokens`: the ids a logits row has."""
         self.max_rollback = max_rollback
         self._m = matcher
-        self._num_tokens = num_tokens
+        self._row_tokens = row_tokens
         self._words = bitmask_width(num_tokens)
         self._stops = stop_token_ids
         self._history: deque[tuple[int, bool]] = deque(maxlen=max_rollback)  # (token, is stop)
@@ -103,7 +105,7 @@ class GuidanceGrammar(Grammar):
 
     def fill_bitmask(self, bitmask_row: torch.Tensor) -> None:
         row = bitmask_row
-        check_bitmask_row(row, self._num_tokens)
+        check_bitmask_row(row, self._row_tokens)
         if self._stopped:
             row.zero_()
             return
@@ -115,11 +117,11 @@ class GuidanceGrammar(Grammar):
         failed = self._m.is_error()
         if failed:
             row.zero_()
-        allow_stops = failed or self._final()
+        final = self._final()
         words = row.numpy().view(np.uint32)  # shares the row's memory
-        for word, bit, is_stop in self._stop_bits:
+        for word, bit, is_stop in self._stop_bits:  # failed: something to sample, then refuse
             if word < len(words):
-                words[word] = words[word] | bit if allow_stops and is_stop else words[word] & ~bit
+                words[word] = words[word] | bit if failed or (final and is_stop) else words[word] & ~bit
 
     def accept_token(self, token_id: int) -> bool:
         if self._stopped:
@@ -130,7 +132,7 @@ class GuidanceGrammar(Grammar):
             self._history.append((token_id, True))
             self._stopped = True
             return True
-        if not 0 <= token_id < self._num_tokens or self._m.try_consume_tokens([token_id]) != 1:
+        if not 0 <= token_id < self._row_tokens or self._m.try_consume_tokens([token_id]) != 1:
             return False
         self._history.append((token_id, False))
         return True
@@ -161,16 +163,17 @@ class GuidanceGrammar(Grammar):
 @dataclass(frozen=True)
 class GuidanceBackend:
     """`GrammarBackend` over llguidance for one fast tokenizer (`tokenizer_json`, its
-    serialized form) with logits rows of `num_tokens` ids; ids the tokenizer lacks are
-    never allowed."""
+    serialized form): llguidance masks `num_tokens` ids (at least the tokenizer's), logits
+    rows hold `row_tokens`; ids the tokenizer lacks are never allowed."""
 
     tokenizer_json: str = field(repr=False)
     eos_token_id: int
     num_tokens: int
+    row_tokens: int
     fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
-        digest = hashlib.sha256(b"llguidance:%d:%d:" % (self.eos_token_id, self.num_tokens))
+        digest = hashlib.sha256(b"llguidance:%d:%d:%d:" % (self.eos_token_id, self.num_tokens, self.row_tokens))
         digest.update(self.tokenizer_json.encode())
         object.__setattr__(self, "fingerprint", digest.hexdigest())
 
@@ -186,7 +189,8 @@ class GuidanceBackend:
         backend.no_padding()
         backend.no_truncation()
         size = max(len(tokenizer), backend.get_vocab_size(with_added_tokens=True))
-        return cls(backend.to_str(), tokenizer.eos_token_id, max(size, logits_width or 0))
+        rows = size if logits_width is None else logits_width
+        return cls(backend.to_str(), tokenizer.eos_token_id, max(size, rows), rows)
 
     def tokenizer(self) -> LLTokenizer:
         """This process's `LLTokenizer` (built on first use: a second or so for a large
@@ -229,4 +233,4 @@ class GuidanceBackend:
         template = compiled.template or self._new_matcher(compiled.spec, compiled.grammar)
         stops = frozenset(stop_token_ids if stop_token_ids is not None else {self.eos_token_id})
         eos = self.tokenizer().eos_tokens
-        return GuidanceGrammar(template.deep_copy(), self.num_tokens, stops, eos, max_rollback)
+        return GuidanceGrammar(template.deep_copy(), self.num_tokens, self.row_tokens, stops, eos, max_rollback)

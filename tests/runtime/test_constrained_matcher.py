@@ -142,6 +142,19 @@ def test_row_shorter_than_outlines_wants():
         grammar.fill_bitmask(torch.zeros(1, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("backend_class", [OutlinesBackend, GuidanceBackend])
+@pytest.mark.parametrize("extra", [-300, 40])
+def test_logits_narrower_or_wider_than_the_tokenizer(backend_class, tokenizer, extra):
+    width = len(tokenizer) + extra
+    backend = backend_class.from_tokenizer(tokenizer, logits_width=width)
+    grammar = backend.matcher(backend.compile(GrammarSpec.regex("[a-z]{1,3}")))
+    allowed = mask(grammar, width)
+    letters = [i for i in range(min(width, len(tokenizer))) if 0 < len(t := tokenizer.decode([i])) <= 3
+               and t.isascii() and t.isalpha() and t.islower()]
+    assert allowed.nonzero().flatten().tolist() == letters
+    assert not grammar.accept_token(width) and not grammar.accept_token(len(tokenizer) + 10)
+
+
 def test_matcher_refuses_a_grammar_of_another_tokenizer(backend, tmp_path):
     other = type(backend).from_tokenizer(build_tokenizer(tmp_path, vocab_size=400))
     with pytest.raises(ValueError, match="different tokenizer"):
