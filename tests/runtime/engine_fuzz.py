@@ -8,13 +8,16 @@ different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, 
 mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
 engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
 retract, radix on or off, few or many running requests, each schedule policy, either
-attention backend), in shadow mode, driven step by step through the scheduler.
+attention backend, a float or an int8 KV cache), in shadow mode, driven step by step
+through the scheduler.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
 engine, its finish reason too, and its logprobs (output, top and input) agree within
 `LOGPROB_TOL`; an aborted request's output is a prefix of the alone run's. Each token of
 the alone run is what sprig's sampler picks from transformers' logits for the same
-context (greedy: the argmax; seeded: the same seeded draw). Two float paths can round a
+context (greedy: the argmax; seeded: the same seeded draw); with an int8 KV cache the
+alone run uses one too, and transformers rounds its K/V by the same rule
+(`hf_kv_quant`). Two float paths can round a
 near-tie either way, so a difference is accepted only where the reference decision itself
 flips when the two tokens' logits move `TIE_MARGIN` towards each other; such ties are
 counted. After every workload the KV accounting is exact and the engine idle.
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from hf_kv_quant import hf_model
 
 from sprig.runtime import Engine
 from sprig.runtime.generate_input import expand
@@ -111,9 +114,10 @@ class Stats:
     ties: int = 0  # near-ties rounded differently (batched vs alone, or sprig vs transformers)
     hf_tokens: int = 0  # tokens checked against transformers' logits
     by_backend: dict[str, int] = field(default_factory=dict)
+    by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
 
     def line(self) -> str:
-        backends = ", ".join(f"{k} {v}" for k, v in sorted(self.by_backend.items()))
+        backends = ", ".join(f"{k} {v}" for k, v in sorted({**self.by_backend, **self.by_kv_cache}.items()))
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.aborted} aborted, "
@@ -206,6 +210,7 @@ def _options(rng: random.Random, requests: list[Request], triton: bool) -> dict[
         options["new_token_ratio"] = options["min_new_token_ratio"] = 0.0
     if options["chunked_prefill_size"] is not None:
         options["max_prefill_tokens"] = max(options["max_prefill_tokens"], options["chunked_prefill_size"])
+    options["kv_cache_dtype"] = rng.choice(["auto", "auto", "int8"])
     return options
 
 
@@ -256,23 +261,36 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
 
 
 class Reference:
-    """One model's references: an engine for alone runs (default settings, shadow mode,
-    its cache flushed before each run) and transformers."""
+    """One model's references, for each KV cache dtype a workload runs with: an engine for
+    alone runs (default settings, shadow mode, its cache flushed before each run) and
+    transformers (its K/V rounded as that cache stores them); made when first needed."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.engine = Engine(str(path), dtype="float32", shadow_attention=True, check_integrity=True)
-        self.hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.vocab = self.engine.runner.model_config.vocab_size
-        self.eos_ids = self.engine.scheduler.eos_ids
+        self.engines: dict[str, Engine] = {}
+        self.hf: dict[str, torch.nn.Module] = {}
+        engine = self.engine("auto")
+        self.vocab = engine.runner.model_config.vocab_size
+        self.eos_ids = engine.scheduler.eos_ids
 
-    def alone(self, request: Request) -> dict[str, Outcome]:
-        self.engine.flush_cache()
-        return drive(self.engine, (replace(request, arrival=0, abort_at=None),))
+    def engine(self, kv_cache_dtype: str) -> Engine:
+        if kv_cache_dtype not in self.engines:
+            self.engines[kv_cache_dtype] = Engine(
+                str(self.path), dtype="float32", kv_cache_dtype=kv_cache_dtype, shadow_attention=True,
+                check_integrity=True,
+            )
+        return self.engines[kv_cache_dtype]
 
-    def logits(self, ids: list[int]) -> torch.Tensor:  # [len(ids), V] float32
+    def alone(self, request: Request, kv_cache_dtype: str) -> dict[str, Outcome]:
+        engine = self.engine(kv_cache_dtype)
+        engine.flush_cache()
+        return drive(engine, (replace(request, arrival=0, abort_at=None),))
+
+    def logits(self, ids: list[int], kv_cache_dtype: str) -> torch.Tensor:  # [len(ids), V] float32
+        if kv_cache_dtype not in self.hf:
+            self.hf[kv_cache_dtype] = hf_model(self.path, kv_cache_dtype)
         with torch.inference_mode():
-            return self.hf(torch.tensor([ids])).logits[0].float()
+            return self.hf[kv_cache_dtype](torch.tensor([ids])).logits[0].float()
 
     def decide(self, logits: torch.Tensor, params: SamplingParams, prompt: list[int], outputs: list[list[int]]) -> list[int]:
         """sprig's sampler on `logits` [L, V]: row i continues `prompt + outputs[i]`."""
@@ -303,21 +321,24 @@ class Mismatch(AssertionError):
 
 def check_workload(workload: Workload, got: dict[str, Outcome], ref: Reference, stats: Stats) -> None:
     """Compare every checked sequence of `workload` with its alone run and transformers."""
+    kv_cache_dtype = workload.options.get("kv_cache_dtype", "auto")
     for request in workload.requests:
         if not request.checked:
             continue
-        alone = ref.alone(request)
+        alone = ref.alone(request, kv_cache_dtype)
         for rid, want in alone.items():
             where = f"{workload.describe()}\nrequest {rid}: {request}"
-            _check_sequence(request, got[rid], want, ref, stats, where)
+            _check_sequence(request, got[rid], want, ref, stats, where, kv_cache_dtype)
 
 
-def _check_sequence(request: Request, got: Outcome, want: Outcome, ref: Reference, stats: Stats, where: str) -> None:
+def _check_sequence(
+    request: Request, got: Outcome, want: Outcome, ref: Reference, stats: Stats, where: str, kv_cache_dtype: str
+) -> None:
     if want.aborted:
         raise Mismatch(f"{where}\nthe request alone was aborted: {want.finish}")
     prompt = list(request.prompt)
     seq_params = want.params
-    rows = _hf_rows(ref, prompt, want.ids)
+    rows = _hf_rows(ref, prompt, want.ids, kv_cache_dtype)
     stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where)
     stats.hf_tokens += len(want.ids)
     n = _common_len(got.ids, want.ids)
@@ -345,9 +366,9 @@ def _check_sequence(request: Request, got: Outcome, want: Outcome, ref: Referenc
     stats.tokens += n
 
 
-def _hf_rows(ref: Reference, prompt: list[int], ids: list[int]) -> torch.Tensor:  # [len(ids) + 1, V]
+def _hf_rows(ref: Reference, prompt: list[int], ids: list[int], kv_cache_dtype: str) -> torch.Tensor:  # [len(ids) + 1, V]
     """transformers' logits after `prompt + ids[:i]`, for i = 0 ..= len(ids)."""
-    logits = ref.logits(prompt + ids)
+    logits = ref.logits(prompt + ids, kv_cache_dtype)
     return logits[len(prompt) - 1 :]
 
 
@@ -443,3 +464,5 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     stats.workloads += 1
     backend = options["attention_backend"]
     stats.by_backend[backend] = stats.by_backend.get(backend, 0) + 1
+    kv = "kv " + options.get("kv_cache_dtype", "auto")
+    stats.by_kv_cache[kv] = stats.by_kv_cache.get(kv, 0) + 1

@@ -50,3 +50,8 @@ def test_workloads_are_a_function_of_their_seed() -> None:
     one: Workload = make_workload(7, "m", 512, triton=False)
     assert make_workload(7, "m", 512, triton=False) == one
     assert make_workload(8, "m", 512, triton=False) != one
+
+
+def test_workloads_run_on_float_and_int8_kv_caches() -> None:
+    kinds = [make_workload(seed, "m", 512, triton=False).options["kv_cache_dtype"] for seed in range(30)]
+    assert {"auto", "int8"} == set(kinds) and kinds[:4].count("int8") >= 1  # CI's first workloads include int8
