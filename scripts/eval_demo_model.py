@@ -1,6 +1,13 @@
-"""Measure the demo model with transformers: greedy accuracy and majority-vote accuracy.
+"""Held-out evaluation of the demo model, per task, on sprig's offline engine; prints a
+table of accuracies beside the targets the model is held to.
 
-python scripts/eval_demo_model.py --greedy 200 --vote 200 --samples 16 --temperature 0.6 --top-p 0.9
+    python scripts/eval_demo_model.py [--model PATH] [--dialogues 200] [--problems 200]
+
+Tasks (`sprig.runtime.demo.mixture`): tool calls (each turn given the dialogue's own
+history, and whole runs that execute the model's calls), JSON extraction (written
+freely and constrained to the schema), few-shot answers over facts in the prompt,
+multi-turn chat (after the model's own earlier replies), and the arithmetic word
+problems (greedy, and `--samples` seeded samples: one alone, their majority, any).
 """
 
 from __future__ import annotations
@@ -8,53 +15,44 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from sprig.runtime import Engine
+from sprig.runtime.demo import mixture, tasks
+from sprig.runtime.demo.scoring import SCORERS, Measure, score_arithmetic
 
-from sprig.runtime.demo import ensure_demo_model, tasks
-from sprig.runtime.demo.evaluate import accuracy, generate
+
+def table(measures: list[Measure]) -> str:
+    lines = ["| task | measure | right | held-out | accuracy | target |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {m.task} | {m.what} | {m.right} | {m.total} | {m.rate:.1%} | {m.target} |" for m in measures]
+    return "\n".join(lines)
 
 
 def main() -> None:
-    """Print greedy accuracy on held-out problems, then single-sample vs majority-of-N."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="checkpoint directory (default: the shipped demo model)")
-    parser.add_argument("--greedy", type=int, default=200, help="held-out problems for greedy")
-    parser.add_argument("--vote", type=int, default=200, help="held-out problems for voting")
-    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--dialogues", type=int, default=200, help="held-out dialogues per task")
+    parser.add_argument("--problems", type=int, default=200, help="held-out arithmetic problems")
+    parser.add_argument("--samples", type=int, default=16, help="samples per arithmetic problem")
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--top-p", type=float, default=0.9)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="problem draw and sampling seed")
+    parser.add_argument("--tasks", nargs="*", choices=[*SCORERS, "arithmetic"], default=[*SCORERS, "arithmetic"])
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    torch.manual_seed(args.seed)
-    path = args.model or ensure_demo_model()
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
-    problems = tasks.take("heldout", max(args.greedy, args.vote), seed=args.seed)
 
     start = time.monotonic()
-    greedy = problems[: args.greedy]
-    greedy_acc = accuracy(greedy, generate(model, tok, greedy))
-    print(f"greedy accuracy: {greedy_acc:.1%} on {len(greedy)} held-out problems")
-    voted = problems[: args.vote]
-    if not voted:
-        return
-    samples = generate(
-        model, tok, voted, num_samples=args.samples, temperature=args.temperature, top_p=args.top_p
-    )
-    single, vote = accuracy(voted, samples), accuracy(voted, samples, vote=True)
-    answers = [{tasks.extract_answer(s) for s in row} for row in samples]
-    oracle = sum(p.answer in seen for p, seen in zip(voted, answers, strict=True)) / len(voted)
-    distinct = sum(map(len, answers)) / len(answers)
-    print(
-        f"T={args.temperature}, top_p {args.top_p} on {len(voted)} problems: one sample {single:.1%}, "
-        f"majority of {args.samples} {vote:.1%} ({vote / max(single, 1e-9):.2f}x); "
-        f"any of {args.samples} right {oracle:.1%}; "
-        f"{distinct:.1f} distinct answers per problem; {time.monotonic() - start:.0f} s"
-    )
+    measures: list[Measure] = []
+    with Engine(args.model) as engine:
+        tok = engine.tokenizer
+        for name in args.tasks:
+            if name == "arithmetic":
+                problems = tasks.take("heldout", args.problems, seed=args.seed)
+                measures += score_arithmetic(engine, tok, problems, args.samples, args.seed, args.temperature,
+                                             args.top_p)
+            else:
+                measures += SCORERS[name](engine, tok, mixture.take_task(name, "heldout", args.dialogues, args.seed))
+            print(f"{name} scored ({time.monotonic() - start:.0f} s)", flush=True)
+    print(table(measures))
+    print(f"\narithmetic sampling: T={args.temperature}, top_p {args.top_p}, seed {args.seed}; "
+          f"{time.monotonic() - start:.0f} s in all")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
-"""Train sprig's demo model: a small Llama that solves multi-step arithmetic word problems.
+"""Train sprig's demo model: a small Llama that works arithmetic word problems step by
+step, calls tools, extracts JSON, answers from facts in its prompt and keeps track of a
+conversation (the mixture of `sprig.runtime.demo.mixture`).
 
-Builds a BPE tokenizer (digits kept single) with a chat template whose eos is `<|end|>`,
-trains `LlamaForCausalLM` with loss on the assistant's tokens only (problems packed several
-to a row, `pack`), and saves a complete Hugging Face checkpoint. Deterministic for a given seed and step count on a given thread
-count; `--minutes` is a safety cap that stops early (and then the result depends on speed).
+Builds a BPE tokenizer (digits kept single; the tool-call markers whole tokens) with the
+chat template of `sprig.runtime.demo.chat_format`, trains `LlamaForCausalLM` with loss on
+every assistant turn only (dialogues packed several to a row, `pack`), and saves a
+complete Hugging Face checkpoint. Deterministic for a given seed and step count on a
+given thread count (two); with `--state-dir` it saves its state as it goes, and
+`--resume` continues a run that stopped (see `TrainConfig`).
 
-    python scripts/train_demo_model.py --out runtime/demo/model
+    python scripts/train_demo_model.py --out runtime/demo/model [--state-dir DIR]
 """
 
 from __future__ import annotations
@@ -13,56 +17,78 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import random
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from sprig.runtime.demo import tasks
+from sprig.runtime.demo import mixture, tasks
+from sprig.runtime.demo.chat_format import CHAT_TEMPLATE, SPECIAL_TOKENS, TOOL_TOKENS
+from sprig.runtime.demo.dialogue import Dialogue
 from sprig.runtime.demo.evaluate import accuracy, generate
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-)
-SPECIAL_TOKENS = ["<pad>", "<s>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+Example = tuple[list[int], list[int]]  # token ids, labels (-100 where no loss)
+_TURN = re.compile(re.escape("<|assistant|>\n") + r"(.*?)" + re.escape("<|end|>"), re.DOTALL)
+_MARKERS = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TOOL_TOKENS))
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that determines the trained model."""
+    """Everything that determines the trained model, and where a run keeps its state.
+
+    The learning rate warms up over `warmup` steps, holds, and decays linearly to a tenth
+    over the last `decay` steps, so a run of N steps is a run of M < N steps up to step
+    M - `decay`: a run can be resumed from a saved state (`--resume`) and extended, and
+    the result is the one a run of the final length from scratch gives."""
 
     out: str = "runtime/demo/model"
     seed: int = 0
-    steps: int = 900
-    minutes: float = 29.0
+    steps: int = 1000
     batch_size: int = 64
     lr: float = 3e-3
-    warmup: int = 50
-    vocab_size: int = 384
-    hidden_size: int = 192
+    warmup: int = 60
+    decay: int = 250
+    vocab_size: int = 1024
+    hidden_size: int = 256
     layers: int = 6
-    heads: int = 6
-    eval_every: int = 300
+    heads: int = 8
+    max_positions: int = 1024
+    eval_every: int = 100
+    eval_dialogues: int = 24
     eval_problems: int = 64
+    state_dir: str = ""  # save tokenizer, model and optimizer state here every `save_every` steps
+    save_every: int = 100
+    resume: str = ""  # a state file written to state_dir: continue from it
 
     def __post_init__(self) -> None:
-        if self.steps <= self.warmup or self.batch_size < 1 or self.minutes <= 0:
-            raise ValueError("need steps > warmup, batch_size >= 1, minutes > 0")
+        if self.steps < self.warmup + self.decay or self.batch_size < 1:
+            raise ValueError("need steps >= warmup + decay and batch_size >= 1")
+        if self.hidden_size % self.heads:
+            raise ValueError("hidden_size must be a multiple of heads")
+        if self.resume and not self.state_dir:
+            raise ValueError("--resume needs --state-dir (where the run's tokenizer is)")
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE over `corpus` in which every digit (with its leading space) is one
-    token; encoding with special tokens prepends `<s>`, so a raw-text prompt (a frontend's
-    rendered roles) gets the same ids as the chat template."""
+    """A byte-level BPE over `corpus` (rendered chats; special tokens are cut out before
+    training) in which every digit (with its leading space) is one token and each
+    tool-call marker is one plain token, kept by decoding. Encoding with special tokens
+    prepends `<s>`, so a raw-text prompt (a frontend's rendered roles) gets the same ids
+    as the chat template."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -77,7 +103,9 @@ def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFa
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus, trainer=trainer)
+    pieces = (p for text in corpus for p in _MARKERS.split(text) if p)
+    tok.train_from_iterator(pieces, trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(  # encode() adds <s>, as Llama's does
         single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", bos)]
@@ -93,37 +121,54 @@ def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFa
     return fast
 
 
-def encode(
-    tok: PreTrainedTokenizerFast, problems: list[tasks.Problem]
-) -> list[tuple[list[int], int]]:
-    """(ids, prompt length) per problem; ids stop at eos, before the template's newline."""
-    prompts = [
-        tok.apply_chat_template(p.messages()[:1], add_generation_prompt=True, tokenize=False)
-        for p in problems
-    ]
-    answers = [p.solution + tok.eos_token for p in problems]
-    p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
-    a_ids = tok(answers, add_special_tokens=False)["input_ids"]
-    full = tok.apply_chat_template(problems[0].messages(), tokenize=False)
-    assert tok(full, add_special_tokens=False)["input_ids"][:-1] == p_ids[0] + a_ids[0], (
-        "split tokenization drifted"
-    )
-    return [(p + a, len(p)) for p, a in zip(p_ids, a_ids, strict=True)]
+def render(tok: PreTrainedTokenizerFast, dialogue: Dialogue) -> str:
+    """The whole dialogue as the chat template writes it (no generation prompt)."""
+    tools = list(dialogue.tools) if dialogue.tools else None
+    return tok.apply_chat_template(list(dialogue.messages), tools=tools, tokenize=False)
 
 
-def pack(
-    examples: list[tuple[list[int], int]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def target_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of every assistant turn's text and its closing `<|end|>`: what the
+    model learns to write. Only the template writes these markers, so each
+    `<|assistant|>\\n ... <|end|>` is one turn."""
+    return [(m.start(1), m.end()) for m in _TURN.finditer(text)]
+
+
+def encode(tok: PreTrainedTokenizerFast, dialogues: list[Dialogue]) -> list[Example]:
+    """(ids, labels) per dialogue: the rendered text tokenized as a server tokenizes it,
+    labels on the tokens inside `target_spans` (every token lies wholly in or out)."""
+    texts = [render(tok, d) for d in dialogues]
+    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return [_labelled(text, ids, offsets) for text, ids, offsets in
+            zip(texts, enc["input_ids"], enc["offset_mapping"], strict=True)]
+
+
+def _labelled(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> Example:
+    labels = [-100] * len(ids)
+    spans = target_spans(text)
+    k = 0
+    for i, (a, b) in enumerate(offsets):
+        while k < len(spans) and spans[k][1] <= a:
+            k += 1
+        if k == len(spans) or b <= spans[k][0] or a == b:
+            continue
+        if a < spans[k][0] or b > spans[k][1]:
+            raise AssertionError(f"a token straddles a turn boundary: {text[a:b]!r}")
+        labels[i] = ids[i]
+    return ids, labels
+
+
+def pack(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Input ids, labels (-100 outside the assistant's tokens) and position ids, several
     examples to a row.
 
     Rows are as wide as the longest example; examples go longest first into the first row
     with room. Positions restart at 0 for each example, which is how transformers tells
     packed sequences apart: each attends only to itself, so the loss and its gradient are
-    those of the examples padded one per row, with a third fewer positions computed.
+    those of the examples padded one per row, with fewer positions computed.
     """
     width = max(len(ids) for ids, _ in examples)
-    rows: list[list[tuple[list[int], int]]] = []
+    rows: list[list[Example]] = []
     room: list[int] = []
     for ex in sorted(examples, key=lambda e: -len(e[0])):
         at = next((r for r, free in enumerate(room) if free >= len(ex[0])), len(rows))
@@ -137,18 +182,16 @@ def pack(
     positions = torch.zeros((len(rows), width), dtype=torch.long)  # [R, W]
     for r, row in enumerate(rows):
         at = 0
-        for ids, n_prompt in row:
+        for ids, target in row:
             end = at + len(ids)
             inputs[r, at:end] = torch.tensor(ids)
-            labels[r, at + n_prompt : end] = torch.tensor(ids[n_prompt:])
+            labels[r, at:end] = torch.tensor(target)
             positions[r, at:end] = torch.arange(len(ids))
             at = end
     return inputs, labels, positions
 
 
-def packed_loss(
-    model: LlamaForCausalLM, examples: list[tuple[list[int], int]], pad_id: int
-) -> torch.Tensor:
+def packed_loss(model: LlamaForCausalLM, examples: list[Example], pad_id: int) -> torch.Tensor:
     """Mean cross-entropy over the examples' assistant tokens, computed packed (`pack`).
     Without a cache transformers reads the restarting positions as sequence boundaries."""
     inputs, labels, positions = pack(examples, pad_id)
@@ -156,72 +199,101 @@ def packed_loss(
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup, then cosine decay to a tenth of the peak."""
+    """Linear warmup, a constant peak, then linear decay to a tenth over the last `decay` steps."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / (cfg.steps - cfg.warmup)
-    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
+    left = cfg.steps - step
+    return cfg.lr if left > cfg.decay else cfg.lr * (0.1 + 0.9 * left / cfg.decay)
 
 
 def train(cfg: TrainConfig) -> None:
-    """Build the tokenizer and model, train, and save the checkpoint to `cfg.out`."""
+    """Build (or, resuming, load) the tokenizer and model, train, and save the checkpoint."""
     torch.set_num_threads(2)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    train_set = tasks.take("train", cfg.steps * cfg.batch_size, seed=cfg.seed)
-    evals = tasks.take("heldout", cfg.eval_problems, seed=cfg.seed + 1)
-    tok = build_tokenizer(
-        [p.question + "\n" + p.solution for p in train_set[:20000]], cfg.vocab_size
-    )
+    start = time.monotonic()
+    train_set = mixture.take("train", cfg.steps * cfg.batch_size, seed=cfg.seed)
+    if cfg.resume:
+        tok = PreTrainedTokenizerFast.from_pretrained(cfg.state_dir)
+    else:
+        tok = build_tokenizer([render_plain(d) for d in train_set[:20000]], cfg.vocab_size)
+        if cfg.state_dir:
+            tok.save_pretrained(cfg.state_dir)
     data = encode(tok, train_set)
-    config = LlamaConfig(
+    held_out = {name: encode(tok, mixture.take_task(name, "heldout", cfg.eval_dialogues, seed=cfg.seed + 1))
+                for name in mixture.TASKS}
+    problems = tasks.take("heldout", cfg.eval_problems, seed=cfg.seed + 1)
+    model = LlamaForCausalLM(model_config(cfg, tok))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    first = 0
+    if cfg.resume:
+        state = torch.load(cfg.resume, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        first = state["step"]
+    n_params = sum(p.numel() for p in model.parameters())
+    tokens = sum(len(ids) for ids, _ in data)
+    print(f"vocab {len(tok)}, {n_params / 1e6:.2f}M parameters, {len(data)} training dialogues, "
+          f"{tokens / 1e6:.1f}M tokens; data ready in {time.monotonic() - start:.0f} s; from step {first}",
+          flush=True)
+    start, cpu_start = time.monotonic(), time.process_time()
+    for step in range(first, cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = packed_loss(model, data[step * cfg.batch_size : (step + 1) * cfg.batch_size], tok.pad_token_id)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0:
+            print(f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, cfg):.2e}  "
+                  f"{(time.monotonic() - start) / 60:.1f} min, CPU {(time.process_time() - cpu_start) / 60:.1f} min",
+                  flush=True)
+        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
+            print(f"step {step:5d}  held-out loss " + held_out_losses(model, held_out, tok.pad_token_id), flush=True)
+        if cfg.state_dir and (step + 1) % cfg.save_every == 0:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1},
+                       Path(cfg.state_dir) / f"state-{step + 1}.pt")
+    model.eval()
+    print(f"held-out arithmetic, greedy: {accuracy(problems, generate(model, tok, problems)):.1%} "
+          f"of {len(problems)}", flush=True)
+    save(model, tok, Path(cfg.out))
+    print(f"trained steps {first}-{cfg.steps} in {(time.monotonic() - start) / 60:.1f} min "
+          f"(process CPU time {(time.process_time() - cpu_start) / 60:.1f} min); saved to {cfg.out}")
+
+
+def model_config(cfg: TrainConfig, tok: PreTrainedTokenizerFast) -> LlamaConfig:
+    return LlamaConfig(
         vocab_size=len(tok),
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.hidden_size * 8 // 3 // 32 * 32,
         num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads,
         num_key_value_heads=cfg.heads,
-        max_position_embeddings=512,
+        max_position_embeddings=cfg.max_positions,
         rms_norm_eps=1e-5,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=True,
     )
-    model = LlamaForCausalLM(config)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"vocab {len(tok)}, {n_params / 1e6:.2f}M parameters, {len(data)} training problems")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    start = time.monotonic()
-    for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss = packed_loss(
-            model, data[step * cfg.batch_size : (step + 1) * cfg.batch_size], tok.pad_token_id
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        elapsed = time.monotonic() - start
-        if step % 100 == 0:
-            print(
-                f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, cfg):.2e}  "
-                f"{elapsed / 60:.1f} min",
-                flush=True,
-            )
-        last = step == cfg.steps - 1 or elapsed > cfg.minutes * 60
-        if (step + 1) % cfg.eval_every == 0 or last:
-            model.eval()
-            acc = accuracy(evals, generate(model, tok, evals))
-            model.train()
-            print(f"step {step:5d}  held-out greedy accuracy {acc:.1%} on {len(evals)}", flush=True)
-        if last:
-            break
-    save(model, tok, Path(cfg.out))
-    print(
-        f"trained {step + 1} steps in {(time.monotonic() - start) / 60:.1f} min; saved to {cfg.out}"
-    )
+
+
+def render_plain(dialogue: Dialogue) -> str:
+    """A dialogue's text for training the BPE: every turn and the tools' JSON."""
+    tools = [json.dumps(t["function"]) for t in dialogue.tools or ()]
+    turns = [m["content"] for m in dialogue.messages]
+    turns += [json.dumps(c["function"]) for m in dialogue.messages for c in m.get("tool_calls", ())]
+    return "\n".join(tools + turns)
+
+
+@torch.no_grad()
+def held_out_losses(model: LlamaForCausalLM, held_out: dict[str, list[Example]], pad_id: int) -> str:
+    """Each task's loss on its held-out dialogues, as one line."""
+    model.eval()
+    losses = {name: packed_loss(model, examples, pad_id).item() for name, examples in held_out.items()}
+    model.train()
+    return "  ".join(f"{name} {loss:.3f}" for name, loss in losses.items())
 
 
 def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, out: Path) -> None:

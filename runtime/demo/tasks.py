@@ -36,12 +36,30 @@ _ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)\s*$")
 
 
 @dataclass(frozen=True)
+class Step:
+    """One operation of a problem: its sentence, worked equations, the value after it, and
+    the operation as a calculator would run it (`add`, `subtract`, `multiply`, `divide`
+    the running value by `operand`)."""
+
+    sentence: str
+    equations: tuple[str, ...]
+    value: int
+    op: str
+    operand: int
+
+
+@dataclass(frozen=True)
 class Problem:
-    """One word problem: the question, its worked solution, and the integer answer."""
+    """One word problem: the question, its worked solution, and the integer answer; `name`,
+    `item`, `start` and `steps` are what the question was built from."""
 
     question: str
     solution: str
     answer: int
+    name: str = ""
+    item: str = ""
+    start: int = 0
+    steps: tuple[Step, ...] = ()
 
     def messages(self) -> list[dict[str, str]]:
         """The problem as a chat: the user asks, the assistant solves."""
@@ -74,43 +92,47 @@ def _multiply(rng: random.Random, value: int, k: int) -> list[str]:
     return [f"{value} * 2 = {2 * value}", f"{2 * value} + {value} = {3 * value}"]
 
 
-def _step(rng: random.Random, value: int) -> tuple[str, list[str], int]:
-    """Pick one operation valid for `value`; return (sentence, equations, new value)."""
+def step(rng: random.Random, value: int) -> Step:
+    """Pick one operation valid for `value` (at least 1) and work it."""
     while True:
         op = rng.choice(["buy", "buy", "give", "give", "double", "triple", "share"])
         if op == "buy" and value < MAX_VALUE:
             n = rng.randint(1, min(STEP_MAX, MAX_VALUE - value))
-            return f"buys {n} more", _add(rng, value, n, 1), value + n
+            return Step(f"buys {n} more", tuple(_add(rng, value, n, 1)), value + n, "add", n)
         if op == "give" and value > 1:
             n = rng.randint(1, min(STEP_MAX, value - 1))
-            return f"gives away {n}", _add(rng, value, n, -1), value - n
+            return Step(f"gives away {n}", tuple(_add(rng, value, n, -1)), value - n, "subtract", n)
         if op in ("double", "triple"):
             k = 2 if op == "double" else 3
             if 0 < value * k <= MAX_VALUE:
-                return f"{op}s them", _multiply(rng, value, k), value * k
+                return Step(f"{op}s them", tuple(_multiply(rng, value, k)), value * k, "multiply", k)
         if op == "share":
             ks = [k for k in (2, 3, 4, 5) if value % k == 0 and value // k > 0]
             if ks:
                 k = rng.choice(ks)
-                return (
+                return Step(
                     f"shares them equally with {k - 1} friends and keeps one share",
-                    [f"{value} / {k} = {value // k}"],
+                    (f"{value} / {k} = {value // k}",),
                     value // k,
+                    "divide",
+                    k,
                 )
 
 
-def make_problem(rng: random.Random) -> Problem:
-    """Draw one problem with 1–4 steps from `rng`."""
+def make_problem(rng: random.Random, max_steps: int = 4) -> Problem:
+    """Draw one problem with 1–`max_steps` steps from `rng`."""
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    value = rng.randint(2, 60)
-    sentences, equations = [f"{name} has {value} {item}."], []
-    for _ in range(rng.randint(1, 4)):
-        sentence, worked, value = _step(rng, value)
-        sentences.append(f"Then {name} {sentence}.")
-        equations += worked
-    question = " ".join([*sentences, f"How many {item} does {name} have now?"])
-    solution = "\n".join([*equations, f"Answer: {value}"])
-    return Problem(question, solution, value)
+    start = value = rng.randint(2, 60)
+    steps = []
+    for _ in range(rng.randint(1, max_steps)):
+        steps.append(step(rng, value))
+        value = steps[-1].value
+    question = " ".join(
+        [f"{name} has {start} {item}.", *(f"Then {name} {s.sentence}." for s in steps),
+         f"How many {item} does {name} have now?"]
+    )
+    solution = "\n".join([*(e for s in steps for e in s.equations), f"Answer: {value}"])
+    return Problem(question, solution, value, name, item, start, tuple(steps))
 
 
 def split_of(question: str) -> Split:

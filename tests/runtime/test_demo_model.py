@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from sprig.runtime.demo import DEMO_MODEL_PATH, ensure_demo_model, tasks
+from sprig.runtime.demo import DEMO_MODEL_PATH, ensure_demo_model, mixture, tasks
+from sprig.runtime.demo.chat_format import CHAT_TEMPLATE
 
 
 def test_generator_is_deterministic():
@@ -91,23 +92,41 @@ def test_greedy_output_ends_with_an_answer_line():
         assert isinstance(tasks.extract_answer(text[0]), int), text
 
 
-def test_packed_training_loss_equals_one_example_per_row(monkeypatch):
-    """The training script packs several problems into a row; loss and gradients must be
-    those of padding each problem to its own row (nothing attends across problems)."""
+def _training_script():
     import importlib.util
     import sys
     from pathlib import Path
 
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     path = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_model.py"
     spec = importlib.util.spec_from_file_location("train_demo_model", path)
     train = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, train)  # its dataclasses look themselves up
+    sys.modules[spec.name] = train  # its dataclasses look themselves up
     spec.loader.exec_module(train)
+    return train
+
+
+@pytest.fixture(scope="module")
+def train():
+    return _training_script()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The shipped tokenizer with the chat template the training script writes."""
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(DEMO_MODEL_PATH)
-    examples = train.encode(tok, tasks.take("train", 24))
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def test_packed_training_loss_equals_one_example_per_row(train, tok):
+    """The training script packs several dialogues into a row; loss and gradients must be
+    those of padding each dialogue to its own row (nothing attends across dialogues)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    examples = train.encode(tok, mixture.take("train", 24))
     inputs, _, positions = train.pack(examples, tok.pad_token_id)
     assert inputs.shape[0] < len(examples) and int((positions == 0).sum()) >= len(examples)
 
@@ -126,14 +145,31 @@ def test_packed_training_loss_equals_one_example_per_row(monkeypatch):
     width = max(len(ids) for ids, _ in examples)
     padded = torch.full((len(examples), width), tok.pad_token_id)
     labels = torch.full((len(examples), width), -100)
-    for row, (ids, n_prompt) in enumerate(examples):
+    for row, (ids, target) in enumerate(examples):
         padded[row, : len(ids)] = torch.tensor(ids)
-        labels[row, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
+        labels[row, : len(ids)] = torch.tensor(target)
     want, want_grads = loss_and_grads(model(input_ids=padded, labels=labels).loss)
     got, got_grads = loss_and_grads(train.packed_loss(model, examples, tok.pad_token_id))
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_loss_falls_on_every_assistant_turn_and_nothing_else(train, tok):
+    """The labelled tokens of a dialogue decode to its assistant turns, each closed by
+    `<|end|>`; and each turn starts where the template's prompt for it ends."""
+    for task in mixture.TASKS:
+        dialogues = mixture.take_task(task, "train", 30)
+        for d, (ids, labels) in zip(dialogues, train.encode(tok, dialogues), strict=True):
+            text = train.render(tok, d)
+            turns = train.target_spans(text)
+            assert tok.decode([i for i, x in zip(ids, labels, strict=True) if x != -100]) == "".join(
+                text[a:b] for a, b in turns)
+            assert len(turns) == len(d.assistant_turns())
+            for (a, _), i in zip(turns, d.assistant_turns(), strict=True):
+                prompt = tok.apply_chat_template(list(d.messages[:i]), tools=list(d.tools) if d.tools else None,
+                                                 add_generation_prompt=True, tokenize=False)
+                assert text.startswith(prompt) and len(prompt) == a, (task, i)
 
 
 def test_verifier_scores_every_worked_solution_sound():

@@ -1,0 +1,61 @@
+"""The demo model's training mixture: every task, its generator and its share.
+
+`take(split, n, seed)` interleaves the tasks' streams in proportion to their weights,
+deterministically; `take_task` draws from one task alone (held-out evaluation). The
+arithmetic task keeps its own stream (`tasks.problems`), so its held-out problems are
+the ones the meta-generation experiment solves.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sprig.runtime.demo import tasks
+from sprig.runtime.demo.chat_tasks import make_chat_dialogue
+from sprig.runtime.demo.dialogue import Dialogue, assistant, stream, user
+from sprig.runtime.demo.extraction import make_extraction_dialogue
+from sprig.runtime.demo.facts import make_facts_dialogue
+from sprig.runtime.demo.tool_tasks import make_tool_dialogue
+
+
+@dataclass(frozen=True)
+class Task:
+    weight: float  # share of the training dialogues
+    make: Callable[[random.Random], Dialogue] | None  # None: the arithmetic problems' own stream
+
+
+TASKS = {
+    "arithmetic": Task(0.48, None),
+    "tools": Task(0.15, make_tool_dialogue),
+    "json": Task(0.13, make_extraction_dialogue),
+    "few-shot": Task(0.12, make_facts_dialogue),
+    "multi-turn": Task(0.12, make_chat_dialogue),
+}
+
+
+def arithmetic_dialogue(problem: tasks.Problem) -> Dialogue:
+    return Dialogue("arithmetic", (user(problem.question), assistant(problem.solution)), f"Answer: {problem.answer}")
+
+
+def task_stream(name: str, split: tasks.Split, seed: int) -> Iterator[Dialogue]:
+    """One task's endless, deterministic stream of distinct dialogues."""
+    make = TASKS[name].make
+    if make is None:
+        return (arithmetic_dialogue(p) for p in tasks.problems(split, seed))
+    return stream(make, split, seed, name)
+
+
+def take_task(name: str, split: tasks.Split, n: int, seed: int = 0) -> list[Dialogue]:
+    """The first `n` dialogues of one task."""
+    it = task_stream(name, split, seed)
+    return [next(it) for _ in range(n)]
+
+
+def take(split: tasks.Split, n: int, seed: int = 0) -> list[Dialogue]:
+    """`n` dialogues of every task, each task's share its weight, in a seeded order."""
+    rng = random.Random(f"mixture-{split}-{seed}")
+    streams = {name: task_stream(name, split, seed) for name in TASKS}
+    names = rng.choices(list(TASKS), weights=[t.weight for t in TASKS.values()], k=n)
+    return [next(streams[name]) for name in names]
