@@ -63,17 +63,23 @@ async def _events(call: Call, many: bool) -> AsyncIterator[bytes]:
     """Responses (with "index" for a batch), then `[DONE]`. As SGLang's frontend reads
     them: `text` and `output_ids` are cumulative, while the output-side logprob lists hold
     only the tokens new in this event (`meta_info.output_token_logprobs_length` is the
-    cumulative count, equal to `completion_tokens`)."""
-    sent: dict[int, int] = {}
+    cumulative count, equal to `completion_tokens`). A sequence's event is sent when its
+    text grows, and at its end: tokens that add no text yet (part of a character, or of a
+    possible stop string) ride with the next event, so every event but the last brings
+    text, and a frontend that pairs each piece of text with its event's logprobs (as
+    SGLang's `text_async_iter` does) never has to merge events."""
+    sent: dict[int, tuple[int, int]] = {}  # index -> (text length, logprob entries) sent
     try:
         async for index, response in call.stream():
+            meta = response["meta_info"]
+            text_sent, entries_sent = sent.get(index, (0, 0))
+            if meta["finish_reason"] is None and len(response["text"]) == text_sent:
+                continue
             if many:
                 response["index"] = index
-            meta = response["meta_info"]
             if "output_token_logprobs" in meta:
-                start = sent.get(index, 0)
-                response["meta_info"] = meta | {k: meta[k][start:] for k in _STREAMED_LOGPROBS}
-                sent[index] = len(meta["output_token_logprobs"])
+                response["meta_info"] = meta | {k: meta[k][entries_sent:] for k in _STREAMED_LOGPROBS}
+            sent[index] = (len(response["text"]), len(meta.get("output_token_logprobs", ())))
             yield sse(response)
     except RequestFailed as e:
         yield error_event(e)

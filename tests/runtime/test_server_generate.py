@@ -142,6 +142,8 @@ def test_streamed_logprobs_hold_each_events_new_tokens(server: Server) -> None:
         assert meta["output_token_logprobs_length"] == meta["completion_tokens"] == len(event["output_ids"])
         assert len(meta["output_token_logprobs"]) == len(meta["output_top_logprobs"]) == meta["completion_tokens"] - seen
         seen = meta["completion_tokens"]
+    texts = [e["text"] for e in events]
+    assert texts[0] and all(len(a) < len(b) for a, b in itertools.pairwise(texts[:-1]))  # each brings text
     assert [e for ev in events for e in ev["meta_info"]["output_token_logprobs"]] == final["output_token_logprobs"]
     assert [r for ev in events for r in ev["meta_info"]["output_top_logprobs"]] == final["output_top_logprobs"]
     assert final["output_token_logprobs_length"] == 12

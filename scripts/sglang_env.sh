@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds .venv-sglang: SGLang's frontend language (not its server) in an environment of
+# its own, so that tests/lang/test_sglang_frontend.py can run SGLang's own test programs
+# with SGLang's RuntimeEndpoint against `sprig serve`, and the same programs under sprig.
+#
+#   bash scripts/sglang_env.sh            # SGLANG_ENV=DIR to build elsewhere
+#
+# sglang is installed without its dependencies (they are its server's: CUDA torch,
+# flashinfer, ...). What its frontend imports need, found by importing
+# `sglang` and `sglang.test.test_programs` until nothing was missing, is listed below.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENV_DIR=${SGLANG_ENV:-.venv-sglang}
+SGLANG_VERSION=0.5.23
+FRONTEND_DEPS=(numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec
+               pydantic pyzmq tqdm ipython aiohttp)
+
+python3 -m venv "$ENV_DIR"
+pip="$ENV_DIR/bin/pip"
+# The CPU build of torch first (as .ci/run does), so that nothing pulls the CUDA wheels.
+"$pip" install --quiet torch==2.13.0
+"$pip" install --quiet --no-deps "sglang==$SGLANG_VERSION"
+"$pip" install --quiet "${FRONTEND_DEPS[@]}"
+"$ENV_DIR/bin/python" -c "import sglang, sglang.test.test_programs; print('sglang', sglang.__version__, 'frontend ready')"
