@@ -111,15 +111,10 @@ def test_null_and_empty_list_mean_none():
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
+    """The engine, checked idle with its KV accounting intact after each use."""
     with Engine(tiny_llama, dtype="float32", check_integrity=True) as eng:
         yield eng
-
-
-@pytest.fixture(autouse=True)
-def intact_after(request):
-    yield
-    if "engine" in request.fixturenames:
-        assert_idle_and_intact(request.getfixturevalue("engine"))
+        assert_idle_and_intact(eng)
 
 
 def test_engine_stops_at_the_match_trimmed_or_kept(engine) -> None:
@@ -138,6 +133,7 @@ def test_engine_stops_at_the_match_trimmed_or_kept(engine) -> None:
     streamed = list(engine.generate(PROMPT, {**params, "stop_regex": pattern}, stream=True))
     texts = [s["text"] for s in streamed]
     assert all(a == b[: len(a)] for a, b in itertools.pairwise(texts)) and texts[-1] == stopped["text"]
+    assert_idle_and_intact(engine)
 
 
 def test_engine_stop_regex_is_batch_invariant(engine) -> None:
@@ -150,3 +146,4 @@ def test_engine_stop_regex_is_batch_invariant(engine) -> None:
     assert batch[-1]["output_ids"] == alone["output_ids"] and batch[-1]["text"] == alone["text"]
     assert batch[2]["text"] == text  # its neighbour without the pattern runs to length
     assert alone["meta_info"]["finish_reason"]["matched"] == regex_params["stop_regex"]
+    assert_idle_and_intact(engine)
