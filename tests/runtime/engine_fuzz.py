@@ -8,8 +8,8 @@ different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, 
 mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
 engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
 retract, radix on or off, few or many running requests, each schedule policy, either
-attention backend, a float or an int8 KV cache), in shadow mode, driven step by step
-through the scheduler.
+attention backend, a float or an int8 KV cache, float or int4 weights), in shadow mode,
+driven step by step through the scheduler.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
 engine, its finish reason too, and its logprobs (output, top and input) agree within
@@ -17,7 +17,9 @@ engine, its finish reason too, and its logprobs (output, top and input) agree wi
 the alone run is what sprig's sampler picks from transformers' logits for the same
 context (greedy: the argmax; seeded: the same seeded draw); with an int8 KV cache the
 alone run uses one too, and transformers rounds its K/V by the same rule
-(`hf_kv_quant`). Two float paths can round a
+(`hf_kv_quant`); with int4 weights (online RTN) both carry the same quantized weights,
+transformers as their dequantized floats (`quant_checkpoints.with_rtn_weights`). Two float
+paths can round a
 near-tie either way, so a difference is accepted only where the reference decision itself
 flips when the two tokens' logits move `TIE_MARGIN` towards each other; such ties are
 counted. After every workload the KV accounting is exact and the engine idle.
@@ -34,9 +36,11 @@ from typing import Any
 
 import torch
 from hf_kv_quant import hf_model
+from quant_checkpoints import with_rtn_weights
 
 from sprig.runtime import Engine
 from sprig.runtime.generate_input import expand
+from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
 from sprig.runtime.scheduler import Req
 
@@ -44,6 +48,13 @@ LOGPROB_TOL = 1e-5
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
+# engine options that change the model's numbers: alone runs and transformers take the workload's
+NUMERICS = ("kv_cache_dtype", "quantization", "quantization_group_size")
+Numerics = tuple[tuple[str, Any], ...]  # those of a workload's options that are not the default
+
+
+def numerics(options: dict[str, Any]) -> Numerics:
+    return tuple(sorted((k, v) for k, v in options.items() if k in NUMERICS and v not in (None, "auto")))
 
 
 @dataclass(frozen=True)
@@ -115,9 +126,11 @@ class Stats:
     hf_tokens: int = 0  # tokens checked against transformers' logits
     by_backend: dict[str, int] = field(default_factory=dict)
     by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
+    by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
 
     def line(self) -> str:
-        backends = ", ".join(f"{k} {v}" for k, v in sorted({**self.by_backend, **self.by_kv_cache}.items()))
+        kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights}
+        backends = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.aborted} aborted, "
@@ -128,8 +141,9 @@ class Stats:
 # ---------------------------------------------------------------- workloads
 
 
-def make_workload(seed: int, model: str, vocab: int, *, triton: bool) -> Workload:
-    """A random workload and engine config, a function of `seed` alone."""
+def make_workload(seed: int, model: str, vocab: int, *, triton: bool, int4_share: float = 0.25) -> Workload:
+    """A random workload and engine config, a function of `seed` alone (and of the share
+    of workloads with int4 weights)."""
     rng = random.Random(seed)
 
     def ids(n: int) -> list[int]:
@@ -158,7 +172,7 @@ def make_workload(seed: int, model: str, vocab: int, *, triton: bool) -> Workloa
             arrival=rng.choice([0, 0, rng.randint(0, 12)]),
             abort_at=rng.randint(0, 16) if rng.random() < 0.1 else None,
         ))
-    return Workload(seed, model, tuple(requests), _options(rng, requests, triton))
+    return Workload(seed, model, tuple(requests), _options(rng, requests, triton, int4_share))
 
 
 def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
@@ -191,7 +205,7 @@ def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
     return SamplingParams.from_dict(p)
 
 
-def _options(rng: random.Random, requests: list[Request], triton: bool) -> dict[str, Any]:
+def _options(rng: random.Random, requests: list[Request], triton: bool, int4_share: float) -> dict[str, Any]:
     page = rng.choice([1, 1, 4, 16])
     need = max(-(-(len(r.prompt) + r.params.max_new_tokens) // page) * page for r in requests)
     tight = rng.random() < 0.35
@@ -211,6 +225,9 @@ def _options(rng: random.Random, requests: list[Request], triton: bool) -> dict[
     if options["chunked_prefill_size"] is not None:
         options["max_prefill_tokens"] = max(options["max_prefill_tokens"], options["chunked_prefill_size"])
     options["kv_cache_dtype"] = rng.choice(["auto", "auto", "int8"])
+    if rng.random() < int4_share:  # drawn last: the options above do not depend on the share
+        options["quantization"] = "int4"
+        options["quantization_group_size"] = rng.choice([32, 64])
     return options
 
 
@@ -261,36 +278,41 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
 
 
 class Reference:
-    """One model's references, for each KV cache dtype a workload runs with: an engine for
-    alone runs (default settings, shadow mode, its cache flushed before each run) and
-    transformers (its K/V rounded as that cache stores them); made when first needed."""
+    """One model's references, for each `Numerics` (KV cache dtype, weight quantization) a
+    workload runs with: an engine for alone runs (default settings otherwise, shadow mode,
+    its cache flushed before each run) and transformers (its K/V rounded as that cache
+    stores them, its weights the quantized ones); made when first needed."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.engines: dict[str, Engine] = {}
-        self.hf: dict[str, torch.nn.Module] = {}
-        engine = self.engine("auto")
+        self.engines: dict[Numerics, Engine] = {}
+        self.hf: dict[Numerics, torch.nn.Module] = {}
+        engine = self.engine(())
         self.vocab = engine.runner.model_config.vocab_size
         self.eos_ids = engine.scheduler.eos_ids
 
-    def engine(self, kv_cache_dtype: str) -> Engine:
-        if kv_cache_dtype not in self.engines:
-            self.engines[kv_cache_dtype] = Engine(
-                str(self.path), dtype="float32", kv_cache_dtype=kv_cache_dtype, shadow_attention=True,
-                check_integrity=True,
+    def engine(self, key: Numerics) -> Engine:
+        if key not in self.engines:
+            self.engines[key] = Engine(
+                str(self.path), dtype="float32", shadow_attention=True, check_integrity=True, **dict(key)
             )
-        return self.engines[kv_cache_dtype]
+        return self.engines[key]
 
-    def alone(self, request: Request, kv_cache_dtype: str) -> dict[str, Outcome]:
-        engine = self.engine(kv_cache_dtype)
+    def alone(self, request: Request, key: Numerics) -> dict[str, Outcome]:
+        engine = self.engine(key)
         engine.flush_cache()
         return drive(engine, (replace(request, arrival=0, abort_at=None),))
 
-    def logits(self, ids: list[int], kv_cache_dtype: str) -> torch.Tensor:  # [len(ids), V] float32
-        if kv_cache_dtype not in self.hf:
-            self.hf[kv_cache_dtype] = hf_model(self.path, kv_cache_dtype)
+    def logits(self, ids: list[int], key: Numerics) -> torch.Tensor:  # [len(ids), V] float32
+        if key not in self.hf:
+            options = dict(key)
+            hf = hf_model(self.path, options.get("kv_cache_dtype", "auto"))
+            if "quantization" in options:
+                fmt = OnlineFormat.of(options["quantization"], options["quantization_group_size"])
+                hf = with_rtn_weights(hf, fmt.scheme)
+            self.hf[key] = hf
         with torch.inference_mode():
-            return self.hf[kv_cache_dtype](torch.tensor([ids])).logits[0].float()
+            return self.hf[key](torch.tensor([ids])).logits[0].float()
 
     def decide(self, logits: torch.Tensor, params: SamplingParams, prompt: list[int], outputs: list[list[int]]) -> list[int]:
         """sprig's sampler on `logits` [L, V]: row i continues `prompt + outputs[i]`."""
@@ -321,24 +343,24 @@ class Mismatch(AssertionError):
 
 def check_workload(workload: Workload, got: dict[str, Outcome], ref: Reference, stats: Stats) -> None:
     """Compare every checked sequence of `workload` with its alone run and transformers."""
-    kv_cache_dtype = workload.options.get("kv_cache_dtype", "auto")
+    key = numerics(workload.options)
     for request in workload.requests:
         if not request.checked:
             continue
-        alone = ref.alone(request, kv_cache_dtype)
+        alone = ref.alone(request, key)
         for rid, want in alone.items():
             where = f"{workload.describe()}\nrequest {rid}: {request}"
-            _check_sequence(request, got[rid], want, ref, stats, where, kv_cache_dtype)
+            _check_sequence(request, got[rid], want, ref, stats, where, key)
 
 
 def _check_sequence(
-    request: Request, got: Outcome, want: Outcome, ref: Reference, stats: Stats, where: str, kv_cache_dtype: str
+    request: Request, got: Outcome, want: Outcome, ref: Reference, stats: Stats, where: str, key: Numerics
 ) -> None:
     if want.aborted:
         raise Mismatch(f"{where}\nthe request alone was aborted: {want.finish}")
     prompt = list(request.prompt)
     seq_params = want.params
-    rows = _hf_rows(ref, prompt, want.ids, kv_cache_dtype)
+    rows = _hf_rows(ref, prompt, want.ids, key)
     stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where)
     stats.hf_tokens += len(want.ids)
     n = _common_len(got.ids, want.ids)
@@ -366,9 +388,9 @@ def _check_sequence(
     stats.tokens += n
 
 
-def _hf_rows(ref: Reference, prompt: list[int], ids: list[int], kv_cache_dtype: str) -> torch.Tensor:  # [len(ids) + 1, V]
+def _hf_rows(ref: Reference, prompt: list[int], ids: list[int], key: Numerics) -> torch.Tensor:  # [len(ids) + 1, V]
     """transformers' logits after `prompt + ids[:i]`, for i = 0 ..= len(ids)."""
-    logits = ref.logits(prompt + ids, kv_cache_dtype)
+    logits = ref.logits(prompt + ids, key)
     return logits[len(prompt) - 1 :]
 
 
@@ -426,6 +448,7 @@ def fuzz(
     seconds: float,
     seed: int,
     triton_share: float = 0.1,
+    int4_share: float = 0.25,
     min_workloads: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> Stats:
@@ -443,7 +466,7 @@ def fuzz(
         name = names[rng.randrange(len(names))]
         triton = rng.random() < triton_share
         ref = refs[name]
-        workload = make_workload(workload_seed, name, ref.vocab, triton=triton)
+        workload = make_workload(workload_seed, name, ref.vocab, triton=triton, int4_share=int4_share)
         run_one(workload, models[name], ref, stats)
         i += 1
         if progress is not None and (stats.workloads % 10 == 0):
@@ -466,3 +489,5 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     stats.by_backend[backend] = stats.by_backend.get(backend, 0) + 1
     kv = "kv " + options.get("kv_cache_dtype", "auto")
     stats.by_kv_cache[kv] = stats.by_kv_cache.get(kv, 0) + 1
+    weights = "weights " + options.get("quantization", "float")
+    stats.by_weights[weights] = stats.by_weights.get(weights, 0) + 1

@@ -17,7 +17,7 @@ layout, independently of sprig's loaders:
 `quantize_checkpoint` also writes the float checkpoint whose weights are exactly what the
 stored codes stand for (with the scales as stored), for transformers to run, and
 `check_matches_transformers` compares a runner with transformers on such a checkpoint;
-`rtn_transformers` is transformers with the weights that online quantization computes.
+`with_rtn_weights` gives transformers the weights that online quantization computes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 from engine_helpers import contexts_step
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
 
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner
@@ -227,9 +226,9 @@ def check_matches_transformers(runner: ModelRunner, hf: torch.nn.Module) -> None
         assert got[: len(want)] == want
 
 
-def rtn_transformers(path: Path, scheme: QuantScheme) -> torch.nn.Module:
-    """transformers on `path` with every projection's weight replaced by its RTN codes'."""
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+def with_rtn_weights(hf: torch.nn.Module, scheme: QuantScheme) -> torch.nn.Module:
+    """`hf` (a transformers model) with every projection's weight replaced by the float
+    weight its RTN codes stand for: what sprig's online quantization computes with."""
     with torch.no_grad():
         for name, module in hf.named_modules():
             if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):

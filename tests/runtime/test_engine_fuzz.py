@@ -12,6 +12,7 @@ from engine_fuzz import Workload, fuzz, make_workload
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 CI_SECONDS = 50
+INT4_CI_SECONDS = 20
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,21 @@ def test_workloads_are_a_function_of_their_seed() -> None:
 def test_workloads_run_on_float_and_int8_kv_caches() -> None:
     kinds = [make_workload(seed, "m", 512, triton=False).options["kv_cache_dtype"] for seed in range(30)]
     assert {"auto", "int8"} == set(kinds) and kinds[:4].count("int8") >= 1  # CI's first workloads include int8
+
+
+def test_workloads_draw_int4_weights() -> None:
+    options = [make_workload(seed, "m", 512, triton=False).options for seed in range(40)]
+    kinds = {(o.get("quantization"), o.get("quantization_group_size")) for o in options}
+    assert kinds == {(None, None), ("int4", 32), ("int4", 64)}
+    kv = [make_workload(seed, "m", 512, triton=False, int4_share=0.0).options["kv_cache_dtype"] for seed in range(40)]
+    assert kv == [o["kv_cache_dtype"] for o in options]  # the share changes nothing else
+
+
+@pytest.mark.fuzz
+def test_int4_weights_every_request_equals_itself_alone(models: dict[str, Path], request: pytest.FixtureRequest) -> None:
+    """Every workload with int4 weights (RTN, groups of 32 or 64), beside any KV cache."""
+    seed = request.config.getoption("--fuzz-seed")
+    chosen = {name: models[name] for name in ("llama", "mistral-sharp")}
+    stats = fuzz(chosen, seconds=INT4_CI_SECONDS, seed=seed, int4_share=1.0, min_workloads=3)
+    print(stats.line())
+    assert stats.by_weights == {"weights int4": stats.workloads} and stats.tokens > 0

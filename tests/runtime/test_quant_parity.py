@@ -20,7 +20,7 @@ from quant_checkpoints import (
     check_matches_transformers,
     prompts,
     quantize_checkpoint,
-    rtn_transformers,
+    with_rtn_weights,
 )
 from transformers import AutoModelForCausalLM
 
@@ -59,6 +59,10 @@ def sharp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {arch: build_tiny_checkpoint(root / arch, arch, seed=5, initializer_range=0.2) for arch in ARCHITECTURES}
 
 
+def _float_hf(path: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
 def _runner(path: Path, **kwargs) -> ModelRunner:
     return ModelRunner(RunnerConfig(path, dtype="float32", device="cpu", max_total_tokens=256, **kwargs))
 
@@ -71,8 +75,8 @@ def test_checkpoint_format_matches_transformers(arch: str, spec: Spec, sharp: di
     assert len(layers) == 4 * runner.model_config.num_layers  # qkv, o, gate_up, down
     assert all(m.scheme == QuantScheme(spec.bits, spec.group_size, spec.sym) for m in layers)
     assert all((m.perm is not None) == (spec.act_order and m.num_groups > 1) for m in layers)
-    hf = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval()
-    float_hf = AutoModelForCausalLM.from_pretrained(sharp[arch], dtype=torch.float32).eval()
+    hf = _float_hf(dequantized)
+    float_hf = _float_hf(sharp[arch])
     ids = torch.tensor([prompts(runner.model_config.vocab_size)[0]])
     with torch.no_grad():  # the codes are really quantized: the float model differs
         assert (hf(ids).logits - float_hf(ids).logits).abs().max() > 100 * ATOL
@@ -83,7 +87,7 @@ def test_checkpoint_format_matches_transformers(arch: str, spec: Spec, sharp: di
 def test_online_quantization_matches_transformers(arch: str, method: str, group: int, sharp: dict[str, Path]) -> None:
     runner = _runner(sharp[arch], quantization=method, quantization_group_size=group)
     scheme = QuantScheme(8) if method == "int8" else QuantScheme(4, group)
-    check_matches_transformers(runner, rtn_transformers(sharp[arch], scheme))
+    check_matches_transformers(runner, with_rtn_weights(_float_hf(sharp[arch]), scheme))
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +110,7 @@ def test_groups_of_128(spec: Spec, wide: Path, tmp_path: Path) -> None:
 
 def test_online_groups_of_128(wide: Path) -> None:
     runner = _runner(wide, quantization="int4", quantization_group_size=128)
-    check_matches_transformers(runner, rtn_transformers(wide, QuantScheme(4, 128)))
+    check_matches_transformers(runner, with_rtn_weights(_float_hf(wide), QuantScheme(4, 128)))
 
 
 @pytest.mark.parametrize("spec", [Spec("gptq", 4, 32), Spec("compressed-tensors", 8, None, sym=False)],

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from quant_checkpoints import Spec, quantize_checkpoint, rtn_transformers
+from quant_checkpoints import Spec, quantize_checkpoint, with_rtn_weights
 from server_helpers import running_server
 from transformers import AutoModelForCausalLM
 
@@ -73,7 +73,7 @@ def test_server_on_a_gptq_checkpoint(tiny_checkpoints: dict[str, Path], tmp_path
 
 def test_server_with_online_int4(tiny_checkpoints: dict[str, Path]) -> None:
     path = tiny_checkpoints["llama"]
-    hf = rtn_transformers(path, QuantScheme(4, 32))
+    hf = with_rtn_weights(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), QuantScheme(4, 32))
     _same_until_eos(_served(path, "--quantization", "int4", "--quantization-group-size", "32"), _greedy(hf, PROMPTS))
 
 
