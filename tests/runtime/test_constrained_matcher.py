@@ -197,3 +197,10 @@ def test_spec_validation():
     schema = {"type": "integer"}
     assert spec_from_params(SamplingParams(json_schema=schema)) == GrammarSpec.json_schema(schema)
     assert spec_from_params(SamplingParams()) is None
+
+
+def test_every_scheduler_grammar_backend_exists():
+    from sprig.runtime.constrained import REGULAR_BACKENDS
+    from sprig.runtime.scheduler.config import GRAMMAR_BACKENDS
+
+    assert set(GRAMMAR_BACKENDS) == set(REGULAR_BACKENDS)
