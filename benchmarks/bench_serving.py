@@ -26,8 +26,15 @@ steps.
 reports the run of median duration of each: on a shared machine a single short run can
 be off by 20% either way.
 
+The server may be SGLang's Model Gateway in front of sprig workers (`--backend-url` of a
+gateway, or `--dp-size N` for a local `sprig serve --dp-size N`): the server-side figures
+(cache hit rate, steps) are then summed over the workers the gateway lists, and the cache
+is flushed on each. `benchmarks/bench_gateway.py` compares routing policies with one
+server.
+
     python benchmarks/bench_serving.py                               # local server, demo model
     python benchmarks/bench_serving.py --backend-url http://127.0.0.1:30000
+    python benchmarks/bench_serving.py --dp-size 2 --router-policy round_robin
     python benchmarks/bench_serving.py --dataset random --num-prompts 64 --max-concurrency 64 --compare-engine
 """
 
@@ -182,17 +189,17 @@ async def run_load(url: str, requests: list[Request], args: argparse.Namespace) 
 # ---- the server --------------------------------------------------------------------------
 
 @contextmanager
-def local_server(args: argparse.Namespace) -> Iterator[str]:
-    """`sprig serve` on a free port for the block; SIGTERM after it."""
+def local_server(args: argparse.Namespace, flags: tuple[str, ...] = ()) -> Iterator[str]:
+    """`sprig serve FLAGS` on a free port for the block; SIGTERM after it."""
     fd, log_name = tempfile.mkstemp(prefix="sprig-bench-server-", suffix=".log")
     cmd = [sys.executable, "-m", "sprig.runtime", "serve", "--model", str(args.model), "--port", "0",
            "--dtype", args.dtype, "--max-running-requests", str(args.max_running_requests),
-           *(["--cpu-threads", str(args.threads)] if args.threads else []), *args.server_arg]
+           *(["--cpu-threads", str(args.threads)] if args.threads else []), *flags, *args.server_arg]
     proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT)
     os.close(fd)
     log = Path(log_name)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         while not (match := READY.search(log.read_text())):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the server did not start:\n{log.read_text()}")
@@ -208,8 +215,24 @@ def local_server(args: argparse.Namespace) -> Iterator[str]:
         log.unlink()
 
 
+def worker_urls(url: str) -> list[str]:
+    """The sprig servers behind `url`: a gateway's healthy workers, or `url` itself."""
+    r = httpx.get(url + "/workers", timeout=10)
+    if r.status_code != 200:
+        return [url]
+    return [w["url"] for w in r.json()["workers"] if w.get("is_healthy", True)]
+
+
 def server_stats(url: str) -> dict:
-    return httpx.get(url + "/get_server_info", timeout=10).json().get("stats") or {}
+    """The scheduler's stats; behind a gateway, the workers' counters summed and their cache
+    hit rates weighted by the prompt tokens each saw."""
+    stats = [httpx.get(u + "/get_server_info", timeout=10).json().get("stats") or {} for u in worker_urls(url)]
+    if len(stats) == 1 or not all(stats):
+        return stats[0] if len(stats) == 1 else {}
+    total = {k: sum(s[k] for s in stats) for k, v in stats[0].items() if isinstance(v, int | float)}
+    prompt = [s["prefill_tokens"] + s["cached_tokens"] for s in stats]
+    total["cache_hit_rate"] = sum(s["cache_hit_rate"] * n for s, n in zip(stats, prompt, strict=True)) / max(sum(prompt), 1)
+    return total
 
 
 @dataclass(frozen=True)
@@ -241,7 +264,8 @@ def warm_up_server(url: str, requests: list[Request]) -> None:
 
 
 def flush_server(url: str) -> None:
-    httpx.post(url + "/flush_cache", timeout=30).raise_for_status()
+    for u in worker_urls(url):
+        httpx.post(u + "/flush_cache", timeout=30).raise_for_status()
 
 
 def median_run(runs: list[tuple[float, Any]]) -> tuple[float, Any]:
@@ -311,16 +335,18 @@ def report(results: list[Result], duration: float, stats: dict, client_cpu: floa
     return out / duration
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     from sprig.runtime.demo import DEMO_MODEL_PATH
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend-url", help="a running sprig server (default: start one with --model)")
+    p.add_argument("--backend-url", help="a running sprig server or gateway (default: start one with --model)")
     p.add_argument("--model", default=str(DEMO_MODEL_PATH), help="checkpoint for the local server and the engine")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-running-requests", type=int, default=64, help="local server's and engine's")
     p.add_argument("--threads", type=int, help="torch threads of the local server and the engine")
     p.add_argument("--server-arg", action="append", default=[], help="extra `sprig serve` flag (repeatable)")
+    p.add_argument("--dp-size", type=int, default=1, help="local server: this many workers behind the gateway")
+    p.add_argument("--router-policy", default="cache_aware", help="local server with --dp-size: the gateway's policy")
     p.add_argument("--dataset", choices=sorted(DATASETS), default="generated-shared-prefix")
     p.add_argument("--num-prompts", type=int, default=64, help="random dataset")
     p.add_argument("--random-input-len", type=int, default=128)
@@ -338,35 +364,68 @@ def main() -> None:
     p.add_argument("--compare-engine", action="store_true", help="also run the offline Engine; print the ratio")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of the load (and of the engine); the median-duration run is reported")
+    return p
+
+
+def make_requests(url: str, args: argparse.Namespace) -> tuple[str, list[Request]]:
+    """The served model's path, and the dataset's requests for its vocabulary."""
+    model = httpx.get(url + "/get_model_info", timeout=10).json()["model_path"]
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    requests = DATASETS[args.dataset](args, vocab, random.Random(args.seed))
+    print(f"{args.dataset}: {len(requests)} requests, {sum(len(r.input_ids) for r in requests)} input tokens, "
+          f"{sum(r.output_len for r in requests)} output tokens; request rate {args.request_rate}, "
+          f"max concurrency {args.max_concurrency}; server {url} ({model})")
+    return model, requests
+
+
+@dataclass
+class Measured:
+    """The median-duration run of `--repeats`, and the server's stats after the last."""
+
+    duration: float
+    results: list[Result]
+    client_cpu: float
+    steps: Steps | None
+    stats: dict
+    durations: list[float]
+
+
+def measure(url: str, requests: list[Request], args: argparse.Namespace) -> Measured:
+    warm_up_server(url, requests)
+    runs = []
+    for _ in range(args.repeats):
+        flush_server(url)
+        before = server_stats(url)
+        results, duration, client_cpu = asyncio.run(run_load(url, requests, args))
+        steps = steps_since(url, before, sum(r.output_tokens for r in results))
+        runs.append((duration, (results, client_cpu, steps)))
+    duration, (results, client_cpu, steps) = median_run(runs)
+    return Measured(duration, results, client_cpu, steps, server_stats(url), [d for d, _ in runs])
+
+
+def print_measured(m: Measured) -> float:
+    """The report of `m`; returns its output throughput."""
+    serving = report(m.results, m.duration, m.stats, m.client_cpu)
+    if m.steps is not None:
+        print(f"{'Scheduler steps (extend / decode)':<34}{m.steps.extend} / {m.steps.decode}")
+    if len(m.durations) > 1:
+        print(f"{'Durations of the runs (s)':<34}{', '.join(f'{d:.2f}' for d in m.durations)}")
+    return serving
+
+
+def main() -> None:
+    p = build_parser()
     args = p.parse_args()
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
-
-    with local_server(args) if args.backend_url is None else _given(args.backend_url) as url:
-        model = httpx.get(url + "/get_model_info", timeout=10).json()["model_path"]
-        from transformers import AutoConfig
-
-        vocab = AutoConfig.from_pretrained(model).vocab_size
-        requests = DATASETS[args.dataset](args, vocab, random.Random(args.seed))
-        print(f"{args.dataset}: {len(requests)} requests, {sum(len(r.input_ids) for r in requests)} input tokens, "
-              f"{sum(r.output_len for r in requests)} output tokens; request rate {args.request_rate}, "
-              f"max concurrency {args.max_concurrency}; server {url} ({model})")
-        warm_up_server(url, requests)
-        runs = []
-        for _ in range(args.repeats):
-            flush_server(url)
-            before = server_stats(url)
-            results, duration, client_cpu = asyncio.run(run_load(url, requests, args))
-            steps = steps_since(url, before, sum(r.output_tokens for r in results))
-            runs.append((duration, (results, client_cpu, steps)))
-        duration, (results, client_cpu, steps) = median_run(runs)
-        stats = server_stats(url)
+    flags = ("--dp-size", str(args.dp_size), "--router-policy", args.router_policy) if args.dp_size > 1 else ()
+    with local_server(args, flags) if args.backend_url is None else _given(args.backend_url) as url:
+        model, requests = make_requests(url, args)
+        measured = measure(url, requests, args)
     print("============ Serving Benchmark Result ============")
-    serving = report(results, duration, stats, client_cpu)
-    if steps is not None:
-        print(f"{'Scheduler steps (extend / decode)':<34}{steps.extend} / {steps.decode}")
-    if args.repeats > 1:
-        print(f"{'Durations of the runs (s)':<34}{', '.join(f'{d:.2f}' for d, _ in runs)}")
+    serving = print_measured(measured)
     if args.compare_engine:
         seconds, (tokens, engine_steps), durations = run_engine(model, requests, args)
         engine = tokens / seconds

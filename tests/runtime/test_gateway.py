@@ -43,6 +43,8 @@ WORKER_UP = re.compile(r"worker (\d+) is up at (http://\S+) \(pid (\d+)\)")
 GROUPS, PER_GROUP, SYSTEM, QUESTION, OUTPUT = 8, 16, 96, 8, 2
 POOL = 640  # KV slots per worker: about six of the eight system prompts
 CONCURRENCY = 4
+KEY = "gateway-test-key"  # the data-parallel server's, sent everywhere (a server without keys ignores it)
+AUTH = {"Authorization": f"Bearer {KEY}"}
 STARTUP_TIMEOUT_S = 180.0
 
 
@@ -60,7 +62,7 @@ def shared_prefix_prompts(seed: int = 0) -> list[list[int]]:
 
 def generate(url: str, input_ids: list[int], max_new_tokens: int) -> dict:
     body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
-    r = httpx.post(url + "/generate", json=body, timeout=TIMEOUT)
+    r = httpx.post(url + "/generate", json=body, headers=AUTH, timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -75,12 +77,12 @@ def hit_rate(url: str, prompts: list[list[int]]) -> float:
 
 @contextmanager
 def launched(*args: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
-    """`python -m sprig.runtime ARGS` until its "ready at" line; SIGTERM after the block,
-    which must stop it with exit code 0."""
+    """`python -m sprig.runtime ARGS` with API key `KEY` until its "ready at" line; SIGTERM
+    after the block, which must stop it with exit code 0."""
     fd, name = tempfile.mkstemp(prefix="sprig-test-gateway-", suffix=".log")
     log = Path(name)
     proc = subprocess.Popen([sys.executable, "-m", "sprig.runtime", *args], stdout=fd, stderr=subprocess.STDOUT,
-                            env=os.environ | {"OMP_NUM_THREADS": "1"})
+                            env=os.environ | {"OMP_NUM_THREADS": "1", "SPRIG_API_KEY": KEY})
     os.close(fd)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -90,6 +92,7 @@ def launched(*args: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
             time.sleep(0.1)
         yield proc, match.group(1), log
     finally:
+        started = descendants(proc.pid)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         try:
@@ -99,7 +102,24 @@ def launched(*args: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
             proc.wait(10)
             raise AssertionError(f"ignored SIGTERM:\n{log.read_text()}") from None
     assert code == 0, log.read_text()
+    assert_gone(started, log)
     log.unlink()
+
+
+def assert_gone(pids: set[int], log: Path, grace: float = 10.0) -> None:
+    """Every process of `pids` exits within `grace` seconds (a grammar worker, say, exits
+    once it sees its scheduler's pipe close)."""
+    deadline = time.monotonic() + grace
+    while alive := [pid for pid in pids if pid_alive(pid)]:
+        assert time.monotonic() < deadline, f"still running: {alive}\n{log.read_text() if log.exists() else ''}"
+        time.sleep(0.1)
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def descendants(pid: int) -> set[int]:
@@ -174,23 +194,26 @@ class DataParallelServer:
 @pytest.fixture(scope="module")
 def dp_server(tiny_llama: Path) -> Iterator[DataParallelServer]:
     """`sprig serve --dp-size 2` (two workers with `POOL` KV slots each, and the gateway,
-    cache_aware) for the module. SIGTERM must then stop it with exit code 0, leaving no
-    process it started and no socket directory behind."""
+    cache_aware; API key `KEY`) for the module. SIGTERM must then stop it with exit code 0,
+    leaving no process it started and no socket directory behind."""
     args = ("serve", "--model", str(tiny_llama), "--dtype", "float32", "--port", "0", "--dp-size", "2",
             "--max-total-tokens", str(POOL))
     with launched(*args) as (proc, url, log):
         up = sorted((int(i), wurl, int(pid)) for i, wurl, pid in WORKER_UP.findall(log.read_text()))
         assert [i for i, _, _ in up] == [0, 1], log.read_text()
-        infos = [httpx.get(wurl + "/get_server_info", timeout=TIMEOUT).json() for _, wurl, _ in up]
+        infos = [httpx.get(wurl + "/get_server_info", headers=AUTH, timeout=TIMEOUT).json() for _, wurl, _ in up]
         processes = descendants(proc.pid)
         assert {pid for info in infos for pid in info["pids"].values()} <= processes
+        for where in (url, up[0][1]):  # the gateway and the workers check the key
+            assert httpx.post(where + "/generate", json={"text": "a"}, timeout=TIMEOUT).status_code == 401
+        assert not [pid for pid in processes | {proc.pid} if KEY.encode() in cmdline(pid)]
         yield DataParallelServer(url, log, [wurl for _, wurl, _ in up], [pid for _, _, pid in up])
-    assert not [pid for pid in processes if pid_alive(pid)]
+    assert_gone(processes, log)
     assert not [info["ipc_dir"] for info in infos if Path(info["ipc_dir"]).exists()]
 
 
 def decoded(worker: str) -> int:
-    return httpx.get(worker + "/get_server_info", timeout=TIMEOUT).json()["stats"]["decode_tokens"]
+    return httpx.get(worker + "/get_server_info", headers=AUTH, timeout=TIMEOUT).json()["stats"]["decode_tokens"]
 
 
 @needs_gateway
@@ -201,7 +224,7 @@ def test_cache_aware_routing_keeps_the_hit_rate_round_robin_loses(tiny_llama: Pa
     rates = {}
     for policy in ("cache_aware", "round_robin"):
         for worker in dp_server.workers:
-            assert httpx.post(worker + "/flush_cache", timeout=TIMEOUT).status_code == 200
+            assert httpx.post(worker + "/flush_cache", headers=AUTH, timeout=TIMEOUT).status_code == 200
         before = [decoded(w) for w in dp_server.workers]
         if policy == "cache_aware":  # the gateway `--dp-size` started
             rates[policy] = hit_rate(dp_server.url, prompts)
@@ -225,7 +248,7 @@ def test_a_worker_that_dies_loses_no_request_that_had_not_started_on_it(dp_serve
     def one(prompt: list[int]) -> tuple[float, float, int]:
         start = time.monotonic()
         body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}
-        status = httpx.post(dp_server.url + "/generate", json=body, timeout=TIMEOUT).status_code
+        status = httpx.post(dp_server.url + "/generate", json=body, headers=AUTH, timeout=TIMEOUT).status_code
         finished.release()
         return start, time.monotonic(), status
 
@@ -242,7 +265,7 @@ def test_a_worker_that_dies_loses_no_request_that_had_not_started_on_it(dp_serve
     log = dp_server.log.read_text()
     assert re.search(r"worker 1 \(http://\S+\) exited with code -9", log), log
     deadline = time.monotonic() + 30
-    while [w["is_healthy"] for w in httpx.get(dp_server.url + "/workers", timeout=TIMEOUT).json()["workers"]
+    while [w["is_healthy"] for w in httpx.get(dp_server.url + "/workers", headers=AUTH, timeout=TIMEOUT).json()["workers"]
            if w["url"] == dp_server.workers[1]] != [False]:
         assert time.monotonic() < deadline, "the gateway still routes to the dead worker"
         time.sleep(0.5)
