@@ -19,6 +19,7 @@ least N of them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -113,7 +114,7 @@ class Worker:
         self.index, self.url, self.reported = index, None, False
         self.ready = threading.Event()
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     preexec_fn=die_with_parent)
+                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
 
     def relay(self) -> None:
         threading.Thread(target=self._relay, name=f"sprig-worker-{self.index}-log", daemon=True).start()

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import logging
 import multiprocessing as mp
+import os
 import signal
 import socket
 import time
@@ -113,7 +114,7 @@ class Gateway:
             raise RuntimeError(INSTALL_HINT)
         argv = self.config.argv(self.port, free_port(self.config.host))
         ctx = mp.get_context("spawn")
-        self.proc = ctx.Process(target=_run_gateway, args=(argv,), name="sprig-gateway", daemon=True)
+        self.proc = ctx.Process(target=_run_gateway, args=(argv, os.getpid()), name="sprig-gateway", daemon=True)
         self.proc.start()
 
     def alive(self) -> bool:
@@ -186,15 +187,18 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def die_with_parent() -> None:
-    """Linux: have the kernel send SIGTERM to this process when its parent exits, however it
-    exits (SIGKILL included). A no-op elsewhere."""
+def die_with_parent(parent: int) -> None:
+    """Linux: have the kernel send SIGTERM to this process when `parent` (its parent now, or
+    until a moment ago) exits, however it exits (SIGKILL included); exit at once if it
+    already has. A no-op elsewhere."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above: no signal will come
+        os._exit(1)
 
 
-def _run_gateway(argv: list[str]) -> None:
-    die_with_parent()
+def _run_gateway(argv: list[str], parent: int) -> None:
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole group; the supervisor decides
     from smg.launch_router import launch_router, parse_router_args
 
