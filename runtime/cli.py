@@ -54,9 +54,10 @@ HELP = {
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger batches run eagerly",
     "shadow_attention": "check every layer's attention against the plain reference backend (slow; for debugging)",
     "quantization": "quantize a float checkpoint's linear layers as they load: int8 (per output channel) or "
-                    "int4 (groups of --quantization-group-size inputs); quantized checkpoints (GPTQ, AWQ, "
+                    "int4 (a scale and a zero point per group of --quantization-group-size inputs); quantized "
+                    "checkpoints (GPTQ, AWQ, "
                     "compressed-tensors) load as their config says without it",
-    "quantization_group_size": "inputs sharing one scale with --quantization int4",
+    "quantization_group_size": "inputs sharing one scale and zero point with --quantization int4",
     "context_length": "longest context (prompt + output) to serve, instead of the checkpoint's max_position_embeddings; "
                       "at most what its rope config covers",
     "kv_cache_dtype": "KV cache storage: auto (the model's dtype), int8, or fp8_e4m3 (CUDA only), quantized "

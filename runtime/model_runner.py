@@ -39,8 +39,9 @@ class RunnerConfig:
     token and KV head, which every attention backend dequantizes on load; a byte budget
     then holds as many more tokens as the bytes per token shrink.
     `quantization` ("int8", "int4" or None) quantizes a float checkpoint's linear layers as
-    they load (round-to-nearest; int8 per output channel, int4 in groups of
-    `quantization_group_size` inputs); a quantized checkpoint loads as its config says.
+    they load (round-to-nearest; int8 symmetric per output channel, int4 with a scale and
+    a zero point per group of `quantization_group_size` inputs); a quantized checkpoint
+    loads as its config says.
     `cpu_threads` sets torch's intra-op threads for the process. None: on CPU torch's
     default, one per core (on a CPU shared with other processes fewer threads step more
     evenly); on CUDA `CUDA_CPU_THREADS`, since the CPU then only does a step's index math,

@@ -86,7 +86,8 @@ def test_checkpoint_format_matches_transformers(arch: str, spec: Spec, sharp: di
 @pytest.mark.parametrize(("arch", "method", "group"), ONLINE, ids=[f"{m}-g{g}-{a}" if m == "int4" else f"{m}-{a}" for a, m, g in ONLINE])
 def test_online_quantization_matches_transformers(arch: str, method: str, group: int, sharp: dict[str, Path]) -> None:
     runner = _runner(sharp[arch], quantization=method, quantization_group_size=group)
-    scheme = QuantScheme(8) if method == "int8" else QuantScheme(4, group)
+    scheme = QuantScheme(8) if method == "int8" else QuantScheme(4, group, symmetric=False)
+    assert all(m.scheme == scheme for m in runner.model.modules() if isinstance(m, QuantizedLinear))
     check_matches_transformers(runner, with_rtn_weights(_float_hf(sharp[arch]), scheme))
 
 
@@ -110,7 +111,7 @@ def test_groups_of_128(spec: Spec, wide: Path, tmp_path: Path) -> None:
 
 def test_online_groups_of_128(wide: Path) -> None:
     runner = _runner(wide, quantization="int4", quantization_group_size=128)
-    check_matches_transformers(runner, with_rtn_weights(_float_hf(wide), QuantScheme(4, 128)))
+    check_matches_transformers(runner, with_rtn_weights(_float_hf(wide), QuantScheme(4, 128, symmetric=False)))
 
 
 @pytest.mark.parametrize("spec", [Spec("gptq", 4, 32), Spec("compressed-tensors", 8, None, sym=False)],

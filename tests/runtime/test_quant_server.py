@@ -73,7 +73,7 @@ def test_server_on_a_gptq_checkpoint(tiny_checkpoints: dict[str, Path], tmp_path
 
 def test_server_with_online_int4(tiny_checkpoints: dict[str, Path]) -> None:
     path = tiny_checkpoints["llama"]
-    hf = with_rtn_weights(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), QuantScheme(4, 32))
+    hf = with_rtn_weights(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), QuantScheme(4, 32, symmetric=False))
     _same_until_eos(_served(path, "--quantization", "int4", "--quantization-group-size", "32"), _greedy(hf, PROMPTS))
 
 
