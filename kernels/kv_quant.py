@@ -66,11 +66,11 @@ def quantize_kv_ref(
     """Each row of `x` quantized by the module's rule, and its scale."""
     limit = qmax(dtype)
     x = x.float()
-    scale = (x.abs().amax(dim=-1) / limit).clamp(max=SCALE_MAX).to(SCALE_DTYPE)
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    y = (x / scale.float().unsqueeze(-1)).clamp(-limit, limit)
-    if not dtype.is_floating_point:
-        y = torch.where(y >= 0, y + 0.5, y - 0.5).trunc()
+    scale = x.abs().amax(dim=-1).div_(limit).clamp_(max=SCALE_MAX).to(SCALE_DTYPE)  # [...]
+    scale.masked_fill_(scale == 0, 1.0)
+    y = (x / scale.float().unsqueeze(-1)).clamp_(-limit, limit)
+    if not dtype.is_floating_point:  # half away from zero; the cast truncates
+        y.add_(y.sign().mul_(0.5))
     return y.to(dtype), scale
 
 
@@ -80,7 +80,7 @@ def dequantize_kv_ref(
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [..., D] dtype
     """The values attention reads from quantized rows `q` with their `scale`s."""
-    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+    return q.float().mul_(scale.float().unsqueeze(-1)).to(dtype)
 
 
 @triton.jit

@@ -46,7 +46,7 @@ HELP = {
     "device": "cpu, cuda or cuda:N (auto: cuda if available)",
     "attention_backend": "attention implementation (auto: the device's default)",
     "page_size": "tokens per KV page",
-    "max_total_tokens": "KV pool size in tokens (default: from free GPU memory, or 16384 on CPU)",
+    "max_total_tokens": "KV pool size in tokens (default: from free GPU memory, or the bytes of 16384 float tokens on CPU)",
     "mem_fraction_static": "share of free GPU memory for the KV pool when --max-total-tokens is not given",
     "seed": "seed of the sampling RNG for unseeded requests",
     "cpu_threads": "torch threads of the scheduler process (default: one per core on CPU, 1 on CUDA)",

@@ -4,7 +4,7 @@ calls `forward(StepInput)` once per step and gets float32 logits back."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -22,7 +22,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-CPU_DEFAULT_TOKENS = 16384  # KV pool size on CPU when max_total_tokens is not given ...
+CPU_DEFAULT_TOKENS = 16384  # KV pool on CPU when max_total_tokens is not given: these tokens' float bytes ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
 CUDA_CPU_THREADS = 1  # torch's CPU threads when the model runs on CUDA and cpu_threads is None
 
@@ -33,7 +33,8 @@ class RunnerConfig:
     none); device = cuda if available, else cpu; attention backend = the device's default
     (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
     pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
-    weights load, on CPU `CPU_DEFAULT_TOKENS` capped at `CPU_KV_BUDGET_BYTES`.
+    weights load, on CPU the bytes of `CPU_DEFAULT_TOKENS` tokens of a float cache, capped at
+    `CPU_KV_BUDGET_BYTES`.
     `kv_cache_dtype` (`KV_CACHE_DTYPES`): "auto" stores K/V in the model's dtype; "int8"
     (any device) and "fp8_e4m3" (CUDA only) store them quantized with a float16 scale per
     token and KV head, which every attention backend dequantizes on load; a byte budget
@@ -233,7 +234,8 @@ def _num_slots(config: RunnerConfig, shape: KVShape, device: torch.device) -> in
         free, _ = torch.cuda.mem_get_info(device)
         slots = slots_for_budget(int(free * config.mem_fraction_static), shape, page)
     else:
-        cap = CPU_DEFAULT_TOKENS - CPU_DEFAULT_TOKENS % page
+        cap = CPU_DEFAULT_TOKENS * replace(shape, storage=None).bytes_per_token // shape.bytes_per_token
+        cap -= cap % page
         slots = min(cap, slots_for_budget(CPU_KV_BUDGET_BYTES, shape, page))
     if slots <= 0:
         raise ValueError(

@@ -48,16 +48,24 @@ def test_the_same_budget_holds_about_4x_float32_and_2x_bf16_tokens(head_dim: int
 
 
 def test_the_runner_sizes_an_int8_pool_by_its_bytes(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_runner, "CPU_KV_BUDGET_BYTES", 1 << 20)  # the budget binds, not the token cap
-    runners = {kd: ModelRunner(RunnerConfig(tiny_llama, dtype="float32", device="cpu", kv_cache_dtype=kd))
-               for kd in ("auto", "int8")}
-    plain, quant = runners["auto"].kv_cache, runners["int8"].kv_cache
-    assert quant.k[0].dtype == torch.int8 and quant.k_scale[0].dtype == torch.float16
-    assert quant.k_scale[0].shape == quant.k[0].shape[:2] and plain.k_scale == []
-    for cache in (plain, quant):
-        assert cache.nbytes() <= 1 << 20 < cache.nbytes() + (cache.page_size + 1) * cache.shape.bytes_per_token
-    D = plain.shape.head_dim
-    assert quant.num_slots / plain.num_slots == pytest.approx(4 * D / (D + 2), rel=0.01)  # 3.56x at D = 16
+    """The CPU default holds the bytes of CPU_DEFAULT_TOKENS float tokens, and a byte budget
+    (here the CPU cap, made to bind) holds as many tokens as fit, scales counted."""
+    def runners() -> dict[str, ModelRunner]:
+        return {kd: ModelRunner(RunnerConfig(tiny_llama, dtype="float32", device="cpu", kv_cache_dtype=kd))
+                for kd in ("auto", "int8")}
+
+    D = ModelConfig.from_pretrained(tiny_llama).head_dim
+    for budget in (None, 1 << 20):
+        if budget is not None:
+            monkeypatch.setattr(model_runner, "CPU_KV_BUDGET_BYTES", budget)
+        plain, quant = (r.kv_cache for r in runners().values())
+        assert quant.k[0].dtype == torch.int8 and quant.k_scale[0].dtype == torch.float16
+        assert quant.k_scale[0].shape == quant.k[0].shape[:2] and plain.k_scale == []
+        assert quant.nbytes() <= plain.nbytes() < quant.nbytes() + 2 * plain.shape.bytes_per_token
+        assert quant.num_slots / plain.num_slots == pytest.approx(4 * D / (D + 2), rel=0.01)  # 3.56x at D = 16
+    assert plain.num_slots < model_runner.CPU_DEFAULT_TOKENS  # the budget bound
+    with pytest.raises(ValueError, match="float pools only"):
+        quant.store(0, torch.tensor([1]), torch.zeros(1, *quant.k[0].shape[1:]), torch.zeros(1, *quant.k[0].shape[1:]))
 
 
 # ---------------------------------------------------------------- every backend reads what the reference reads
