@@ -14,6 +14,7 @@ _RENAMES = {
     "temperature": "temperature",
     "top_p": "top_p",
     "stop": "stop",
+    "stop_regex": "stop_regex",
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
     "logit_bias": "logit_bias",

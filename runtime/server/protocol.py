@@ -75,6 +75,7 @@ class _OpenAISampling(_Body):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = None
     stop: str | list[str] | None = None
+    stop_regex: str | list[str] | None = None  # SGLang's extension
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None

@@ -126,6 +126,15 @@ def test_include_stop_str_in_output(server: Server) -> None:
     assert kept == trimmed + stop and kept.endswith(stop) and free.startswith(kept)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_stop_regex_ends_the_text_where_it_matches(server: Server, path: str) -> None:
+    free = post(server, path, temperature=0, max_tokens=12, ignore_eos=True)
+    pattern = re.escape(free[3:5])
+    stopped = post(server, path, temperature=0, max_tokens=12, ignore_eos=True, stop_regex=pattern)
+    assert stopped == free[: re.search(pattern, free).start()]
+    assert "stop_regex" in refused(server, path, stop_regex="(")["message"]
+
+
 def test_a_model_by_id(server: Server, tiny_llama: Path) -> None:
     openai = pytest.importorskip("openai")
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
