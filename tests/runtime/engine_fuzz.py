@@ -13,7 +13,7 @@ driven step by step through the scheduler.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
 engine, its finish reason too, and its logprobs (output, top and input) agree within
-`LOGPROB_TOL`; an aborted request's output is a prefix of the alone run's. Each token of
+`LOGPROB_TOL` (`KV_INT8_LOGPROB_TOL` with an int8 KV cache); an aborted request's output is a prefix of the alone run's. Each token of
 the alone run is what sprig's sampler picks from transformers' logits for the same
 context (greedy: the argmax; seeded: the same seeded draw); with an int8 KV cache the
 alone run uses one too, and transformers rounds its K/V by the same rule
@@ -45,6 +45,10 @@ from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
 from sprig.runtime.scheduler import Req
 
 LOGPROB_TOL = 1e-5
+# With an int8 KV cache, the ~1e-6 float differences between a batched and an alone run
+# can tip a K/V value across an int8 rounding boundary (one step of its row's scale):
+# logprobs then differ by up to 8.7e-5 (20 of 2,072 sequences above 1e-5 in a measured run)
+KV_INT8_LOGPROB_TOL = 1e-3
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
@@ -374,16 +378,17 @@ def _check_sequence(
         stats.aborted += 1
     elif got.ids != want.ids or got.finish != want.finish:
         raise Mismatch(f"{where}\nbatched {got.ids} {got.finish}\nalone   {want.ids} {want.finish}")
-    _close(got.logprobs[:n], want.logprobs[:n], f"{where}\noutput logprobs")
+    tol = KV_INT8_LOGPROB_TOL if ("kv_cache_dtype", "int8") in key else LOGPROB_TOL
+    _close(got.logprobs[:n], want.logprobs[:n], f"{where}\noutput logprobs", tol)
     for a, b in zip(got.top[:n], want.top[:n], strict=True):
-        _close_top(a, b, f"{where}\noutput top logprobs")
+        _close_top(a, b, f"{where}\noutput top logprobs", tol)
     if not got.aborted:
         assert [t for _, t in got.input_logprobs] == [t for _, t in want.input_logprobs], where
-        _close([lp for lp, _ in got.input_logprobs], [lp for lp, _ in want.input_logprobs], f"{where}\ninput logprobs")
+        _close([lp for lp, _ in got.input_logprobs], [lp for lp, _ in want.input_logprobs], f"{where}\ninput logprobs", tol)
         for a, b in zip(got.input_top, want.input_top, strict=True):
             assert (a is None) == (b is None), where
             if a is not None:
-                _close_top(a, b, f"{where}\ninput top logprobs")
+                _close_top(a, b, f"{where}\ninput top logprobs", tol)
     stats.requests += 1
     stats.tokens += n
 
@@ -419,23 +424,23 @@ def _common_len(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _close(got: list[float | None], want: list[float | None], what: str) -> None:
+def _close(got: list[float | None], want: list[float | None], what: str, tol: float) -> None:
     assert len(got) == len(want), f"{what}: {len(got)} entries, alone {len(want)}"
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        if (a is None) != (b is None) or (a is not None and abs(a - b) > LOGPROB_TOL):
+        if (a is None) != (b is None) or (a is not None and abs(a - b) > tol):
             raise Mismatch(f"{what}: entry {i} is {a}, alone {b}")
 
 
-def _close_top(got: list[tuple[float, int]], want: list[tuple[float, int]], what: str) -> None:
+def _close_top(got: list[tuple[float, int]], want: list[tuple[float, int]], what: str, tol: float) -> None:
     """Top logprobs agree: the same values within tolerance, the same ids except where a
     value ties with the last one kept (either may be kept)."""
     assert len(got) == len(want), what
-    _close([lp for lp, _ in got], [lp for lp, _ in want], what)
+    _close([lp for lp, _ in got], [lp for lp, _ in want], what, tol)
     mine, theirs = dict((t, lp) for lp, t in got), dict((t, lp) for lp, t in want)
     floor = min((lp for lp, _ in want), default=0.0)
     for token in set(mine) ^ set(theirs):
         lp = mine.get(token, theirs.get(token))
-        if abs(lp - floor) > 2 * LOGPROB_TOL:
+        if abs(lp - floor) > 2 * tol:
             raise Mismatch(f"{what}: token {token} ({lp}) is in one top list only: {got} vs {want}")
 
 
