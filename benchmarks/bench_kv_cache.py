@@ -90,13 +90,13 @@ def logits(prefill: int, decode: int) -> None:
             print(f"| {name} | {float((got - ref).abs().max()):.2e} | {float(ref.abs().max()):.2f} | {agree:.1%} |")
 
 
-def accuracy(n_problems: int, repeats: int) -> None:
+def accuracy(n_problems: int, repeats: int, cpu_threads: int | None) -> None:
     problems = take("heldout", n_problems, seed=0)
     params = {"max_new_tokens": 128, "temperature": 0}
     print(f"\n3. the demo model's greedy accuracy on {n_problems} held-out problems (all at once; "
           f"{repeats} alternating runs of each, median wall time)")
     results: dict[str, tuple[float, list[float], int]] = {}
-    engines = {kd: Engine(None, kv_cache_dtype=kd) for kd in ("auto", "int8")}
+    engines = {kd: Engine(None, kv_cache_dtype=kd, cpu_threads=cpu_threads) for kd in ("auto", "int8")}
     try:
         texts = prompts(engines["auto"].tokenizer, problems)
         for _ in range(repeats):
@@ -130,11 +130,15 @@ def main() -> None:
     p.add_argument("--budget-gib", type=float, default=8.0, help="KV budget of the capacity table (default: 8)")
     p.add_argument("--prefill", type=int, default=96, help="prompt tokens of the logits comparison (default: 96)")
     p.add_argument("--decode", type=int, default=32, help="decode steps of the logits comparison (default: 32)")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="torch threads of the accuracy part's engines (default: the engine's)")
+    p.add_argument("--skip-logits", action="store_true", help="only the capacity and accuracy parts")
     args = p.parse_args()
     torch.manual_seed(0)
     capacity(args.budget_gib)
-    logits(args.prefill, args.decode)
-    accuracy(args.problems, args.repeats)
+    if not args.skip_logits:
+        logits(args.prefill, args.decode)
+    accuracy(args.problems, args.repeats, args.cpu_threads)
 
 
 if __name__ == "__main__":
