@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from sprig.runtime.quantization.formats import WeightFormat
 from sprig.runtime.quantization.install import install_quantized_linears
 from sprig.runtime.quantization.linear import QuantizedLinear
 
+log = logging.getLogger("sprig.weights")
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # derived buffers some old checkpoints saved
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -57,6 +59,12 @@ def load_model(
                 f"quantization ({quantization.name}) applies to float checkpoints"
             )
         fmt = quantization
+    if fmt is not None and device.type == "cpu" and dtype == torch.float32:
+        log.warning(
+            "quantized (%s) linear layers with float32 activations: torch's CPU int8/int4 kernels "
+            "take a scalar path for float32 (exact, but slower than float weights); --dtype bfloat16 "
+            "runs their vectorised path", fmt.name,
+        )
     with torch.device("meta"):
         model = model_class(config.architecture)(config)
         if fmt is not None:

@@ -3,6 +3,8 @@ fused gate/up): one matmul, loaded by slicing each checkpoint tensor into its ro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,12 +23,17 @@ class MergedLinear(nn.Module):
 
     def shard_rows(self, name: str) -> slice:
         """The rows (dim 0 of weight and bias) that hold shard `name`."""
-        start = 0
-        for shard, size in self.out_sizes.items():
-            if shard == name:
-                return slice(start, start + size)
-            start += size
-        raise KeyError(f"no shard {name!r} in {list(self.out_sizes)}")
+        return shard_slice(self.out_sizes, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, N]
         return F.linear(x, self.weight, self.bias)
+
+
+def shard_slice(out_sizes: Mapping[str | None, int], name: str | None) -> slice:
+    """The output rows of shard `name` when shards of `out_sizes` rows are stacked in order."""
+    start = 0
+    for shard, size in out_sizes.items():
+        if shard == name:
+            return slice(start, start + size)
+        start += size
+    raise KeyError(f"no shard {name!r} in {list(out_sizes)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sprig.runtime.layers.linear import shard_slice
 from sprig.runtime.quantization.formats.base import WeightFormat
 from sprig.runtime.quantization.matmul import build_matmul
 from sprig.runtime.quantization.weight import QuantizedWeight, QuantScheme
@@ -51,12 +52,7 @@ class QuantizedLinear(nn.Module):
 
     def shard_rows(self, name: str | None) -> slice:
         """The output rows that shard `name` occupies."""
-        start = 0
-        for shard, size in self.out_sizes.items():
-            if shard == name:
-                return slice(start, start + size)
-            start += size
-        raise KeyError(f"no shard {name!r} in {list(self.out_sizes)}")
+        return shard_slice(self.out_sizes, name)
 
     def load(self, leaf: str, shard: str | None, tensor: torch.Tensor) -> None:
         """Stage checkpoint tensor `leaf` of `shard`; ValueError if it does not fit."""
