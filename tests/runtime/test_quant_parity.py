@@ -114,18 +114,20 @@ def test_online_groups_of_128(wide: Path) -> None:
     check_matches_transformers(runner, with_rtn_weights(_float_hf(wide), QuantScheme(4, 128, symmetric=False)))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("spec", [Spec("gptq", 4, 32), Spec("compressed-tensors", 8, None, sym=False)],
                          ids=lambda s: s.label)
-def test_bfloat16_activations_run_close_to_transformers(spec: Spec, sharp: dict[str, Path], tmp_path: Path) -> None:
-    """The fast CPU path (bfloat16 activations) is no worse than transformers' own bfloat16."""
+def test_half_activations_run_close_to_transformers(spec: Spec, dtype: str, sharp: dict[str, Path], tmp_path: Path) -> None:
+    """The fast CPU path (bfloat16 or float16 activations, as GPTQ checkpoints name) is no
+    worse than transformers' own run in that dtype."""
     quantized, dequantized = quantize_checkpoint(sharp["llama"], tmp_path, spec)
-    runner = ModelRunner(RunnerConfig(quantized, dtype="bfloat16", device="cpu", max_total_tokens=64))
+    runner = ModelRunner(RunnerConfig(quantized, dtype=dtype, device="cpu", max_total_tokens=64))
     ids = prompts(runner.model_config.vocab_size, lens=(9,))[0]
     logits = runner.forward(contexts_step(
         ForwardMode.EXTEND, ids, [9], [torch.arange(1, 10, dtype=torch.int32)], [0]
     ))
     with torch.no_grad():
-        ref = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32)(torch.tensor([ids])).logits[0]
-        hf_bf16 = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.bfloat16)(torch.tensor([ids])).logits[0]
-    hf_error = (hf_bf16.float() - ref).abs().max()
+        ref = _float_hf(dequantized)(torch.tensor([ids])).logits[0]
+        hf_half = AutoModelForCausalLM.from_pretrained(dequantized, dtype=getattr(torch, dtype))
+        hf_error = (hf_half(torch.tensor([ids])).logits[0].float() - ref).abs().max()
     assert (logits - ref).abs().max() <= 2 * hf_error + 1e-3
