@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from sprig.runtime.distributed.runner import make_runner
 from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.generate_input import (
     SamplingArg,
@@ -26,7 +27,6 @@ from sprig.runtime.generate_input import (
     params_per_prompt,
     rids_per_prompt,
 )
-from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.response import ResponseBuilder
 from sprig.runtime.scheduler import Req, Scheduler
 from sprig.runtime.tokenizer import load_tokenizer
@@ -37,9 +37,9 @@ Prompt = str | list[str] | None
 class Engine:
     """Generation on one model in this process. Not thread-safe: one call at a time.
 
-    Keyword arguments are `RunnerConfig` and `SchedulerConfig` fields (dtype, device,
-    attention_backend, page_size, max_total_tokens, chunked_prefill_size,
-    schedule_policy, disable_radix_cache, ...). Every request that `generate` starts is
+    Keyword arguments are `RunnerConfig`, `SchedulerConfig` and `DistConfig` fields (dtype,
+    device, attention_backend, page_size, max_total_tokens, chunked_prefill_size,
+    schedule_policy, disable_radix_cache, tp_size, ...). Every request that `generate` starts is
     finished or aborted when it returns, so the KV invariant holds between calls.
     """
 
@@ -50,7 +50,7 @@ class Engine:
             model_path = str(ensure_demo_model())
         self.config = EngineConfig.from_kwargs(str(model_path), **kwargs)
         self.tokenizer = load_tokenizer(model_path)
-        self.runner = ModelRunner(self.config.runner)
+        self.runner = make_runner(self.config.runner, self.config.dist)
         self.scheduler = Scheduler(self.config.scheduler, self.runner, self.tokenizer)
         self._ids = itertools.count()
 
@@ -108,6 +108,8 @@ class Engine:
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.abort(req.rid)
         on_cuda = self.runner is not None and self.runner.device.type == "cuda"
+        if self.runner is not None:
+            self.runner.close()
         self.scheduler = None
         self.runner = None
         if on_cuda:  # hand the KV pool's memory back to the driver, for other processes

@@ -12,6 +12,8 @@ import torch
 from sprig.radix.kv_cache import KV_CACHE_DTYPES, KVCache, KVShape, slots_for_budget
 from sprig.runtime.attention import ATTENTION_BACKENDS, default_backend, make_backend
 from sprig.runtime.cuda_graph import DecodeGraphs
+from sprig.runtime.distributed.group import TPGroup
+from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.step_input import StepInput, build_forward_batch
@@ -39,10 +41,10 @@ class RunnerConfig:
     (any device) and "fp8_e4m3" (CUDA only) store them quantized with a float16 scale per
     token and KV head, which every attention backend dequantizes on load; a byte budget
     then holds as many more tokens as the bytes per token shrink.
-    `quantization` ("int8", "int4" or None) quantizes a float checkpoint's linear layers as
-    they load (round-to-nearest; int8 symmetric per output channel, int4 with a scale and
-    a zero point per group of `quantization_group_size` inputs); a quantized checkpoint
-    loads as its config says.
+    `quantization` ("int8", "int4", "fp8" or None) quantizes a float checkpoint's linear
+    layers as they load (round-to-nearest; int8 symmetric per output channel, int4 with a
+    scale and a zero point per group of `quantization_group_size` inputs, fp8 e4m3 per
+    output channel); a quantized checkpoint loads as its config says.
     `cpu_threads` sets torch's intra-op threads for the process. None: on CPU torch's
     default, one per core (on a CPU shared with other processes fewer threads step more
     evenly); on CUDA `CUDA_CPU_THREADS`, since the CPU then only does a step's index math,
@@ -119,10 +121,12 @@ class ModelRunner:
 
     `kv_cache` has `num_slots` usable slots, `page_size .. page_size + num_slots - 1`
     (a multiple of `page_size`); the first page is padding. `generator` is the seeded RNG
-    samplers draw from. Not thread-safe: one step at a time.
+    samplers draw from. Not thread-safe: one step at a time. With a tensor-parallel group
+    `tp` it is one rank's runner: its part of the model and of the KV pool (its KV heads, at
+    the same slots as every rank's), and every rank must run the same steps in order.
     """
 
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(self, config: RunnerConfig, tp: TPGroup | None = None) -> None:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model_path, context_length=config.context_length)
         self.device = _resolve_device(config.device)
@@ -135,13 +139,16 @@ class ModelRunner:
             self.model_config, Path(config.model_path), dtype=self.dtype, device=self.device,
             quantization=None if config.quantization is None
             else OnlineFormat.of(config.quantization, config.quantization_group_size),
+            tp=tp,
         )
+        local = self.model_config if tp is None else ShardPlan(self.model_config, tp.rank, tp.size).local_config()
         shape = KVShape(
-            self.model_config.num_layers, self.model_config.num_kv_heads,
-            self.model_config.head_dim, self.dtype, _kv_storage(config.kv_cache_dtype, self.device),
+            local.num_layers, local.num_kv_heads,
+            local.head_dim, self.dtype, _kv_storage(config.kv_cache_dtype, self.device),
         )
+        slots = _num_slots(config, shape, self.device)
         self.kv_cache = KVCache(
-            shape, _num_slots(config, shape, self.device), page_size=config.page_size,
+            shape, slots if tp is None else tp.min_int(slots), page_size=config.page_size,
             device=self.device,
         )
         self.attention_backend = (
@@ -150,7 +157,7 @@ class ModelRunner:
             else config.attention_backend
         )
         self.backend = make_backend(
-            self.attention_backend, self.model_config, self.kv_cache, shadow=config.shadow_attention
+            self.attention_backend, local, self.kv_cache, shadow=config.shadow_attention
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.graphs = (
@@ -158,7 +165,7 @@ class ModelRunner:
                 self.model, self.backend, self.kv_cache, max_bs=config.cuda_graph_max_bs,
                 context_len=self.model_config.context_len, device=self.device,
             )
-            if self.device.type == "cuda" and self.attention_backend == "triton"
+            if self.device.type == "cuda" and self.attention_backend == "triton" and tp is None
             and not config.disable_cuda_graph and not config.shadow_attention
             else None
         )
@@ -166,6 +173,10 @@ class ModelRunner:
     @property
     def num_slots(self) -> int:
         return self.kv_cache.num_slots
+
+    def close(self) -> None:
+        """Release what the runner holds beyond its tensors: nothing for one process (a
+        tensor-parallel runner stops its other ranks)."""
 
     def forward(self, step: StepInput) -> torch.Tensor:
         """Run one step; returns float32 logits `[sum(q_len - logits_from), vocab]` on the

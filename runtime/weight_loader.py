@@ -21,6 +21,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from sprig.runtime.distributed.group import TPGroup
+from sprig.runtime.distributed.shard import build_sharded
 from sprig.runtime.layers.linear import MergedLinear
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import model_class
@@ -43,13 +45,16 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     quantization: WeightFormat | None = None,
+    tp: TPGroup | None = None,
 ) -> nn.Module:
     """The registered model for `config`, in `dtype` on `device`, weights from `path`.
 
     Parameters are allocated uninitialised (built on the meta device, then `to_empty`);
     modules with derived buffers recompute them through `reset_buffers()`. Linear layers
     are quantized as the checkpoint's `quantization_config` says, or, for a float
-    checkpoint, with the online format `quantization`.
+    checkpoint, with the online format `quantization`. With a tensor-parallel group `tp`
+    the model holds rank `tp.rank`'s part (`sprig.runtime.distributed.shard`), and only
+    that part of each checkpoint tensor is read.
     """
     fmt = config.quantization
     if quantization is not None:
@@ -59,6 +64,11 @@ def load_model(
                 f"quantization ({quantization.name}) applies to float checkpoints"
             )
         fmt = quantization
+    if fmt is not None and tp is not None:
+        raise ValueError(
+            f"{Path(path)}: tensor parallelism does not shard quantized ({fmt.name}) linear layers yet; "
+            "serve this model with tp_size 1"
+        )
     if fmt is not None and device.type == "cpu" and dtype == torch.float32:
         log.warning(
             "quantized (%s) linear layers with float32 activations: torch's CPU int8/int4 kernels "
@@ -66,7 +76,7 @@ def load_model(
             "runs their vectorised path", fmt.name,
         )
     with torch.device("meta"):
-        model = model_class(config.architecture)(config)
+        model = model_class(config.architecture)(config) if tp is None else build_sharded(config, tp)
         if fmt is not None:
             install_quantized_linears(model, fmt)
     model.to(dtype=dtype).to_empty(device=device).requires_grad_(False)
@@ -156,13 +166,17 @@ def _copy(
     model: nn.Module, params: dict[str, nn.Parameter], target: Target, file: Path, name: str, handle: Any
 ) -> None:
     dest = _destination(model, params, target)
-    shape = tuple(handle.get_slice(name).get_shape())
+    owner, _, leaf = target[0].rpartition(".")
+    index = getattr(model.get_submodule(owner), "checkpoint_index", None)  # a tensor-parallel rank's part
+    source = handle.get_slice(name)
+    tensor = None if index is None else source[index(leaf, target[1])]
+    shape = tuple(source.get_shape() if tensor is None else tensor.shape)
     if shape != tuple(dest.shape):
         raise ValueError(
             f"{file}: tensor {name!r} has shape {list(shape)}, the model expects {list(dest.shape)}"
         )
     with torch.no_grad():
-        dest.copy_(handle.get_tensor(name))
+        dest.copy_(handle.get_tensor(name) if tensor is None else tensor)
 
 
 def _expected_targets(

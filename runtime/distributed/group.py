@@ -1,0 +1,60 @@
+"""A tensor-parallel group: the ranks' collectives, with no process-global state (two
+groups may live in one process, e.g. an engine per test).
+
+Two process groups over one TCP store: `compute` (NCCL on CUDA, gloo on CPU) carries the
+all-reduces and all-gathers inside a step and times out after `dist_timeout`; `control`
+(gloo, CPU tensors) carries the steps rank 0 sends and waits for the next one without a
+time limit, since a server may stay idle for days. A rank that dies closes its
+connections, which fails the others' next collective at once."""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+CONTROL_TIMEOUT = datetime.timedelta(days=365)
+
+
+class TPGroup:
+    """Rank `rank` of `size`. Collectives are blocking and must be entered by every rank
+    in the same order."""
+
+    def __init__(self, rank: int, size: int, address: tuple[str, int], *, device: torch.device,
+                 timeout_s: float) -> None:
+        self.rank, self.size = rank, size
+        timeout = datetime.timedelta(seconds=timeout_s)
+        host, port = address
+        self.store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False)
+        self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", self.store), rank, size, CONTROL_TIMEOUT)
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.compute = dist.ProcessGroupNCCL(dist.PrefixStore("compute", self.store), rank, size, options)
+        else:
+            self.compute = dist.ProcessGroupGloo(dist.PrefixStore("compute", self.store), rank, size, timeout)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place; returns it."""
+        self.compute.allreduce([x]).wait()
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:  # [R, n] -> [R, size * n]
+        """Every rank's `x` side by side along the last dim, in rank order."""
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        self.compute.allgather([parts], [x.contiguous()]).wait()
+        return torch.cat(parts, dim=-1)
+
+    def min_int(self, value: int) -> int:
+        """The smallest of the ranks' `value`s (e.g. KV slots all ranks can hold)."""
+        x = torch.tensor([value], dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self.control.allreduce([x], opts).wait()
+        return int(x)
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's CPU tensor `x` into every rank's `x` (same shape and dtype); no time limit."""
+        self.control.broadcast(x, 0).wait()
+        return x

@@ -1,0 +1,106 @@
+"""The tensor-parallel forms of the layers a model is wired from. Each holds its rank's
+slice of the checkpoint tensors and names it: `checkpoint_index(leaf, shard)` is the index
+into the full checkpoint tensor (the weight loader reads only that)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sprig.runtime.distributed.group import TPGroup
+from sprig.runtime.layers.embedding import VocabEmbedding
+from sprig.runtime.layers.linear import MergedLinear
+
+Index = tuple[slice, ...]
+
+
+class ColumnParallelLinear(MergedLinear):
+    """A `MergedLinear` holding `out_sizes[s]` rows of each shard s: checkpoint rows
+    `starts[s] .. starts[s] + out_sizes[s] - 1`. Its outputs stay split across the ranks."""
+
+    def __init__(self, in_features: int, out_sizes: dict[str, int], *, bias: bool, starts: dict[str, int]) -> None:
+        super().__init__(in_features, out_sizes, bias=bias)
+        self.starts = dict(starts)
+
+    def checkpoint_index(self, leaf: str, shard: str | None) -> Index:
+        start = self.starts[shard]
+        return (slice(start, start + self.out_sizes[shard]),)
+
+
+class RowParallelLinear(nn.Module):
+    """`y = x @ W.T + b` where x arrives split along its features: rank r holds columns
+    `r * in_features .. (r + 1) * in_features - 1` of W; the partial products are summed
+    over the ranks, then the (whole, replicated) bias is added once."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, group: TPGroup) -> None:
+        super().__init__()
+        self.group = group
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # [out, in / tp]
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None  # [out]
+
+    def checkpoint_index(self, leaf: str, shard: str | None) -> Index:
+        if leaf == "bias":
+            return (slice(None),)
+        start = self.group.rank * self.weight.shape[1]
+        return (slice(None), slice(start, start + self.weight.shape[1]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in / tp] -> [T, out]
+        y = self.group.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(VocabEmbedding):
+    """Rows `start .. start + rows - 1` of the embedding; a token outside them contributes
+    zeros here, so the sum over the ranks is every token's row."""
+
+    def __init__(self, rows: int, hidden_size: int, *, start: int, group: TPGroup) -> None:
+        super().__init__(rows, hidden_size)
+        self.start, self.group = start, group
+
+    def checkpoint_index(self, leaf: str, shard: str | None) -> Index:
+        return (slice(self.start, self.start + self.weight.shape[0]),)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])  # [T]
+        hidden = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.group.all_reduce(hidden.masked_fill_(outside[:, None], 0))
+
+
+class VocabParallelLMHead(nn.Module):
+    """The logits of this rank's vocabulary rows (the same rows as the embedding's, whose
+    weight a tied head uses), gathered from every rank into the whole vocabulary:
+    `sizes[r]` rows per rank r in rank order; shorter slices are padded for the gather."""
+
+    def __init__(self, sizes: list[int], hidden_size: int, *, tied: bool, group: TPGroup) -> None:
+        super().__init__()
+        self.group, self.sizes = group, sizes
+        self.start = sum(sizes[: group.rank])
+        rows = sizes[group.rank]
+        self.weight = None if tied else nn.Parameter(torch.empty(rows, hidden_size))  # [V / tp, H]
+        self.register_buffer("keep", torch.empty(sum(sizes), dtype=torch.int64), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """(Re)compute `keep`, the gathered columns that are real rows, on its device."""
+        if self.keep.is_meta:
+            return
+        width = max(self.sizes)
+        self.keep = torch.tensor(
+            [r * width + i for r, n in enumerate(self.sizes) for i in range(n)], device=self.keep.device
+        )
+
+    def checkpoint_index(self, leaf: str, shard: str | None) -> Index:
+        return (slice(self.start, self.start + self.sizes[self.group.rank]),)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [R, H]
+        embedding: VocabEmbedding,
+    ) -> torch.Tensor:  # [R, V] float32
+        weight = embedding.weight if self.weight is None else self.weight
+        logits = F.linear(hidden, weight).float()  # [R, V / tp]
+        logits = F.pad(logits, (0, max(self.sizes) - logits.shape[1]))
+        gathered = self.group.all_gather(logits)  # [R, tp * max(sizes)]
+        return gathered if len(set(self.sizes)) == 1 else gathered[:, self.keep]

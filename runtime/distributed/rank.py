@@ -1,0 +1,95 @@
+"""A tensor-parallel rank other than 0: its part of the model, running the steps rank 0
+sends until rank 0 says stop. Started as `python -m sprig.runtime.distributed.rank SPEC`,
+SPEC a JSON object (`rank_spec`): nothing but JSON crosses into the process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from sprig.runtime.distributed.config import DistConfig
+from sprig.runtime.distributed.group import TPGroup
+from sprig.runtime.distributed.step_message import receive
+from sprig.runtime.model_runner import ModelRunner, RunnerConfig, _resolve_device
+
+log = logging.getLogger("sprig.tp")
+
+
+def rank_config(config: RunnerConfig, dist: DistConfig, rank: int) -> RunnerConfig:
+    """Rank `rank`'s runner settings: on CUDA the node's `rank % per_node`-th GPU; on CPU,
+    unless `cpu_threads` is set, the node's cores shared among its ranks."""
+    device = _resolve_device(config.device)
+    if device.type == "cuda":
+        return replace(config, device=f"cuda:{rank % dist.per_node}")
+    if config.cpu_threads is None:
+        return replace(config, device="cpu", cpu_threads=max(1, (os.cpu_count() or 1) // dist.per_node))
+    return replace(config, device="cpu")
+
+
+def connect(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int]) -> TPGroup:
+    """Join the group as `rank` (blocks until every rank has joined, at most `dist_timeout`)."""
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return TPGroup(rank, dist.tp_size, address, device=device, timeout_s=dist.dist_timeout)
+
+
+def run_rank(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int]) -> None:
+    """Serve rank `rank` (> 0) until rank 0 sends stop; raises if the group fails."""
+    config = rank_config(config, dist, rank)
+    group = connect(config, dist, rank, address)
+    runner = ModelRunner(config, tp=group)
+    log.info("tensor-parallel rank %d of %d ready on %s", rank, dist.tp_size, runner.device)
+    while (step := receive(group)) is not None:
+        runner.forward(step)
+    log.info("tensor-parallel rank %d stopping", rank)
+
+
+def rank_spec(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int],
+              *, parent: int | None, log_level: str) -> str:
+    return json.dumps({
+        "runner": {**dataclasses.asdict(config), "model_path": str(config.model_path)},
+        "dist": dataclasses.asdict(dist),
+        "rank": rank,
+        "address": list(address),
+        "parent": parent,
+        "log_level": log_level,
+    })
+
+
+def spawn_rank(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int]) -> subprocess.Popen:
+    """Start rank `rank` as a child of this process (it exits when this process does)."""
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+    spec = rank_spec(config, dist, rank, address, parent=os.getpid(), log_level=level)
+    return subprocess.Popen([sys.executable, "-m", "sprig.runtime.distributed.rank", spec])
+
+
+def main(argv: list[str]) -> int:
+    spec: dict[str, Any] = json.loads(argv[0])
+    rank = spec["rank"]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole group; rank 0 decides
+    if spec["parent"] is not None:
+        from sprig.runtime.server.gateway import die_with_parent
+
+        die_with_parent(spec["parent"])
+    logging.basicConfig(level=spec["log_level"].upper(),
+                        format=f"[%(asctime)s tp-rank-{rank}] %(levelname)s %(name)s: %(message)s")
+    try:
+        run_rank(RunnerConfig(**spec["runner"]), DistConfig(**spec["dist"]), rank, tuple(spec["address"]))
+    except Exception:
+        log.exception("tensor-parallel rank %d failed", rank)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

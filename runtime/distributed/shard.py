@@ -1,0 +1,120 @@
+"""Splitting a model over the ranks of a tensor-parallel group.
+
+Rank r of n holds: q heads `r * Hq/n ..`; its KV heads (`Hkv/n` of them, or, with fewer KV
+heads than ranks, the one KV head its q heads read, replicated on `n/Hkv` ranks); the
+intermediate features `r * I/n ..` of the MLP; a contiguous slice of the vocabulary (sizes
+differ by at most one). q/k/v and gate/up are column-parallel, o and down row-parallel
+(one all-reduce each), the embedding and the LM head vocab-parallel. The model is built
+with the rank's local geometry (`local_config`), then its split layers are swapped in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from torch import nn
+
+from sprig.runtime.distributed.group import TPGroup
+from sprig.runtime.distributed.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelLMHead,
+)
+from sprig.runtime.layers.attention import SelfAttention
+from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
+from sprig.runtime.layers.mlp import GatedMLP
+from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.models import model_class
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What rank `rank` of `size` holds of a model of geometry `full`; ValueError if the
+    model does not split over `size` ranks."""
+
+    full: ModelConfig
+    rank: int
+    size: int
+
+    def __post_init__(self) -> None:
+        c, n = self.full, self.size
+        if c.num_heads % n:
+            raise ValueError(f"tensor parallelism: {c.num_heads} attention heads do not split over {n} ranks")
+        if c.num_kv_heads % n and n % c.num_kv_heads:
+            raise ValueError(
+                f"tensor parallelism: {c.num_kv_heads} KV heads neither split over {n} ranks nor replicate evenly"
+            )
+        if c.intermediate_size % n:
+            raise ValueError(f"tensor parallelism: intermediate size {c.intermediate_size} does not split over {n} ranks")
+        if c.vocab_size < n:
+            raise ValueError(f"tensor parallelism: a vocabulary of {c.vocab_size} does not split over {n} ranks")
+
+    @property
+    def kv_heads(self) -> int:
+        return max(self.full.num_kv_heads // self.size, 1)
+
+    @property
+    def kv_start(self) -> int:
+        """The first KV head this rank holds."""
+        return self.rank * self.full.num_kv_heads // self.size
+
+    def vocab_sizes(self) -> list[int]:
+        base, extra = divmod(self.full.vocab_size, self.size)
+        return [base + (r < extra) for r in range(self.size)]
+
+    def local_config(self) -> ModelConfig:
+        """The geometry of this rank's part: the KV pool and attention backend use it."""
+        c = self.full
+        return replace(c, num_heads=c.num_heads // self.size, num_kv_heads=self.kv_heads,
+                       intermediate_size=c.intermediate_size // self.size,
+                       vocab_size=self.vocab_sizes()[self.rank])
+
+
+def build_sharded(config: ModelConfig, group: TPGroup) -> nn.Module:
+    """The registered model for `config`, holding rank `group.rank`'s part (on the current
+    default device, e.g. meta, uninitialised)."""
+    plan = ShardPlan(config, group.rank, group.size)
+    model = model_class(config.architecture)(plan.local_config())
+    model.config = config
+    for name, module in list(model.named_modules()):
+        split = SPLITTERS.get(type(module))
+        if split is not None:
+            replacement = split(module, plan, group)
+            if replacement is not module:
+                parent, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent), child, replacement)
+    return model
+
+
+def _attention(attn: SelfAttention, plan: ShardPlan, group: TPGroup) -> SelfAttention:
+    D, q_rows = attn.head_dim, attn.num_heads * attn.head_dim
+    kv_start = plan.kv_start * D
+    attn.qkv_proj = ColumnParallelLinear(
+        plan.full.hidden_size, attn.qkv_proj.out_sizes, bias=attn.qkv_proj.bias is not None,
+        starts={"q": plan.rank * q_rows, "k": kv_start, "v": kv_start},
+    )
+    attn.o_proj = RowParallelLinear(q_rows, plan.full.hidden_size, bias=attn.o_proj.bias is not None, group=group)
+    return attn
+
+
+def _mlp(mlp: GatedMLP, plan: ShardPlan, group: TPGroup) -> GatedMLP:
+    rows = mlp.gate_up_proj.out_sizes["gate"]
+    start = plan.rank * rows
+    mlp.gate_up_proj = ColumnParallelLinear(
+        plan.full.hidden_size, mlp.gate_up_proj.out_sizes, bias=mlp.gate_up_proj.bias is not None,
+        starts={"gate": start, "up": start},
+    )
+    mlp.down_proj = RowParallelLinear(rows, plan.full.hidden_size, bias=mlp.down_proj.bias is not None, group=group)
+    return mlp
+
+
+def _embedding(embedding: VocabEmbedding, plan: ShardPlan, group: TPGroup) -> nn.Module:
+    sizes = plan.vocab_sizes()
+    return VocabParallelEmbedding(sizes[plan.rank], plan.full.hidden_size, start=sum(sizes[: plan.rank]), group=group)
+
+
+def _lm_head(head: LMHead, plan: ShardPlan, group: TPGroup) -> nn.Module:
+    return VocabParallelLMHead(plan.vocab_sizes(), plan.full.hidden_size, tied=head.weight is None, group=group)
+
+
+SPLITTERS = {SelfAttention: _attention, GatedMLP: _mlp, VocabEmbedding: _embedding, LMHead: _lm_head}

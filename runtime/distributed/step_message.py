@@ -1,0 +1,58 @@
+"""How rank 0 sends a step to the other ranks: two int64 CPU tensors broadcast over the
+control group, a fixed-size header then the body it sizes. Integers only, no pickle.
+
+header: [command, mode, B, len(input_ids), len(kv_indices)]
+body:   input_ids ++ q_lens ++ kv_lens ++ logits_from ++ kv_indices
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sprig.runtime.distributed.group import TPGroup
+from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.step_input import StepInput
+
+STEP, STOP = 1, 2
+MODES = tuple(ForwardMode)  # index <-> mode
+HEADER = 5
+
+
+def send_step(group: TPGroup, step: StepInput) -> None:
+    """Rank 0: send `step` to every other rank."""
+    B = len(step.q_lens)
+    header = torch.tensor(
+        [STEP, MODES.index(step.mode), B, len(step.input_ids), step.kv_indices.numel()], dtype=torch.int64
+    )
+    body = torch.cat([
+        torch.tensor([*step.input_ids, *step.q_lens, *step.kv_lens, *step.logits_from], dtype=torch.int64),
+        step.kv_indices.to(torch.int64),
+    ])
+    group.broadcast(header)
+    group.broadcast(body)
+
+
+def send_stop(group: TPGroup) -> None:
+    """Rank 0: tell every other rank to leave its loop."""
+    group.broadcast(torch.tensor([STOP, 0, 0, 0, 0], dtype=torch.int64))
+
+
+def receive(group: TPGroup) -> StepInput | None:
+    """Ranks > 0: the next step, or None when rank 0 says stop. Blocks without a time
+    limit; raises if rank 0's connection is lost."""
+    header = group.broadcast(torch.zeros(HEADER, dtype=torch.int64))
+    command, mode, B, n_ids, n_kv = header.tolist()
+    if command == STOP:
+        return None
+    if command != STEP:
+        raise ValueError(f"unknown command {command} from rank 0")
+    body = group.broadcast(torch.empty(n_ids + 3 * B + n_kv, dtype=torch.int64))
+    ints = body[: n_ids + 3 * B].tolist()
+    return StepInput(
+        mode=MODES[mode],
+        input_ids=ints[:n_ids],
+        q_lens=ints[n_ids : n_ids + B],
+        kv_lens=ints[n_ids + B : n_ids + 2 * B],
+        logits_from=ints[n_ids + 2 * B :],
+        kv_indices=body[n_ids + 3 * B :],
+    )
