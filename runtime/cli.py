@@ -80,19 +80,28 @@ HELP = {
                        "ebnf grammars always use llguidance",
     "dp_size": "data parallelism: start this many workers (each a full server on 127.0.0.1) behind SGLang's "
                "Model Gateway, which listens on --host/--port (needs: pip install 'sprig[gateway]')",
+    "tp_size": "tensor parallelism: split the model over this many ranks, one process each (one GPU each on "
+               "CUDA, over NCCL; gloo on CPU)",
+    "nnodes": "nodes the --tp-size ranks are spread over (each runs tp_size / nnodes of them)",
+    "node_rank": "this node's index; node 0 runs the server, the others only their ranks",
+    "dist_init_addr": "host:port where node 0's rank 0 meets the other ranks (needed with --nnodes > 1; "
+                      "default: a free port of 127.0.0.1)",
+    "dist_timeout": "seconds a collective inside a step, or the ranks' meeting at start-up, may take before "
+                    "the server counts a rank failed and exits",
     "router_policy": "how the gateway picks a worker; cache_aware: the one whose cache most likely holds the "
                      "prompt's prefix, unless it is far busier than the others",
 }
 
 
 def _sections() -> tuple[tuple[str, type], ...]:
+    from sprig.runtime.distributed.config import DistConfig
     from sprig.runtime.model_runner import RunnerConfig
     from sprig.runtime.scheduler.config import SchedulerConfig
     from sprig.runtime.server.config import ServerConfig
     from sprig.runtime.server.dp import DataParallelConfig
 
     return (("server", ServerConfig), ("model runner", RunnerConfig), ("scheduler", SchedulerConfig),
-            ("data parallelism", DataParallelConfig))
+            ("tensor parallelism", DistConfig), ("data parallelism", DataParallelConfig))
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
@@ -242,6 +251,7 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig]:
     """The configs the parsed flags describe; `ValueError`/`TypeError` if they are invalid."""
+    from sprig.runtime.distributed.config import DistConfig
     from sprig.runtime.engine_config import EngineConfig
     from sprig.runtime.model_runner import RunnerConfig
     from sprig.runtime.scheduler.config import SchedulerConfig
@@ -251,7 +261,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in OWN_FLAGS}
 
     server = ServerConfig(**pick(ServerConfig), api_keys=_api_keys(args))
-    engine = EngineConfig.from_kwargs(args.model_path, **pick(RunnerConfig), **pick(SchedulerConfig))
+    engine = EngineConfig.from_kwargs(args.model_path, **pick(RunnerConfig), **pick(SchedulerConfig),
+                                      **pick(DistConfig))
     return server, engine
 
 
@@ -286,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     from sprig.runtime.server.launch import launch_server
 
     try:
-        if dp.dp_size > 1:
+        if engine.dist.node_rank > 0:  # no server here: this node's tensor-parallel ranks only
+            from sprig.runtime.distributed.node import serve_node
+
+            serve_node(engine.runner, engine.dist, server.log_level)
+        elif dp.dp_size > 1:
             launch_data_parallel(args.model_path, server, engine, dp)
         else:
             launch_server(args.model_path, server, engine)

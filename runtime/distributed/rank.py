@@ -49,9 +49,15 @@ def run_rank(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[s
     group = connect(config, dist, rank, address)
     runner = ModelRunner(config, tp=group)
     log.info("tensor-parallel rank %d of %d ready on %s", rank, dist.tp_size, runner.device)
-    while (step := receive(group)) is not None:
+    while True:
+        try:
+            step = receive(group)
+        except RuntimeError as e:
+            raise RuntimeError(f"lost rank 0 while waiting for a step ({e})") from None
+        if step is None:
+            break
         runner.forward(step)
-    log.info("tensor-parallel rank %d stopping", rank)
+    log.info("tensor-parallel rank %d: rank 0 sent stop", rank)
 
 
 def rank_spec(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int],

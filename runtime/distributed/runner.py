@@ -85,7 +85,7 @@ class TPRunner:
         if self.failure is None:
             with contextlib.suppress(Exception):
                 send_stop(self.group)
-        self._stop_ranks(STOP_WAIT_S)
+        self._stop_ranks(STOP_WAIT_S if self.failure is None else 0.0)
 
     # ------------------------------------------------------------------ internals
     def _watch(self, rank: int) -> None:

@@ -12,6 +12,8 @@ in-process; `run_scheduler_process` wires it to ZeroMQ. Invariants:
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -208,11 +210,13 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
     setup_child(log_level)
     parent = ParentWatch()
     try:
-        from sprig.runtime.model_runner import ModelRunner
+        from sprig.runtime.distributed.runner import make_runner
         from sprig.runtime.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(engine.runner.model_path)
-        runner = ModelRunner(engine.runner)
+        runner = make_runner(engine.runner, engine.dist, on_failure=_exit_on_rank_failure)
+        if engine.dist.tp_size > 1:  # SIGTERM unwinds, so that `runner.close()` stops the other ranks
+            signal.signal(signal.SIGTERM, _raise_system_exit)
         scheduler = Scheduler(engine.scheduler, runner, tokenizer)
         warm_up(scheduler)
     except Exception as e:
@@ -229,6 +233,7 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         "device": str(runner.device),
         "dtype": str(runner.dtype).removeprefix("torch."),
         "attention_backend": runner.attention_backend,
+        "tp_size": engine.dist.tp_size,
     }
     report_startup(startup, StartupReport(True, info=info))
     log.info("scheduler ready: %s", info)
@@ -242,6 +247,18 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         loop.serve_forever(sock, parent, ipc)
     finally:
         scheduler.close()
+        runner.close()
+
+
+def _raise_system_exit(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _exit_on_rank_failure(message: str) -> None:
+    """A tensor-parallel rank is gone (the runner has logged which): the model cannot run,
+    so this process exits and the server, which watches it, turns unhealthy and exits."""
+    logging.shutdown()
+    os._exit(1)
 
 
 def warm_up(scheduler: Scheduler) -> None:
