@@ -53,10 +53,10 @@ HELP = {
     "disable_cuda_graph": "run every decode step eagerly instead of replaying captured CUDA graphs",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger batches run eagerly",
     "shadow_attention": "check every layer's attention against the plain reference backend (slow; for debugging)",
-    "quantization": "quantize a float checkpoint's linear layers as they load: int8 (per output channel) or "
-                    "int4 (a scale and a zero point per group of --quantization-group-size inputs); quantized "
-                    "checkpoints (GPTQ, AWQ, "
-                    "compressed-tensors) load as their config says without it",
+    "quantization": "quantize a float checkpoint's linear layers as they load: int8 (per output channel), "
+                    "int4 (a scale and a zero point per group of --quantization-group-size inputs) or fp8 "
+                    "(e4m3, per output channel); quantized checkpoints (GPTQ, AWQ, compressed-tensors, "
+                    "fp8) load as their config says without it",
     "quantization_group_size": "inputs sharing one scale and zero point with --quantization int4",
     "context_length": "longest context (prompt + output) to serve, instead of the checkpoint's max_position_embeddings; "
                       "at most what its rope config covers",

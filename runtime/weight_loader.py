@@ -69,16 +69,17 @@ def load_model(
             f"{Path(path)}: tensor parallelism does not shard quantized ({fmt.name}) linear layers yet; "
             "serve this model with tp_size 1"
         )
-    if fmt is not None and device.type == "cpu" and dtype == torch.float32:
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config) if tp is None else build_sharded(config, tp)
+        if fmt is not None:
+            install_quantized_linears(model, fmt)
+    integer = any(isinstance(m, QuantizedLinear) and not m.scheme.float8 for m in model.modules())
+    if integer and device.type == "cpu" and dtype == torch.float32:
         log.warning(
             "quantized (%s) linear layers with float32 activations: torch's CPU int8/int4 kernels "
             "take a scalar path for float32 (exact, but slower than float weights); --dtype bfloat16 "
             "runs their vectorised path", fmt.name,
         )
-    with torch.device("meta"):
-        model = model_class(config.architecture)(config) if tp is None else build_sharded(config, tp)
-        if fmt is not None:
-            install_quantized_linears(model, fmt)
     model.to(dtype=dtype).to_empty(device=device).requires_grad_(False)
     load_weights(model, path, dtype=dtype, device=device)
     for module in model.modules():

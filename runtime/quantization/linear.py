@@ -91,7 +91,7 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"quantized layer is missing {missing}")
         staged = self._staged
         weight = QuantizedWeight(
-            staged["qweight"], staged["scales"], staged["zeros"], self.scheme.bits, self._g_idx
+            staged["qweight"], staged["scales"], staged["zeros"], self.scheme.bits, self._g_idx, self.scheme.float8
         )
         weight, perm = weight.with_adjacent_groups()
         self.matmul = build_matmul(weight, dtype, device)

@@ -8,6 +8,8 @@ groups are adjacent columns, and a registry that picks one per device.
   offset is `(8 - zero) * scale`; rows are padded to a multiple of 16.
 - `DequantMatmul`: `sprig.kernels.quant_matmul` (Triton on CUDA; on CPU its plain
   dequantize-then-matmul reference): any bits, any group size.
+- `Float8Matmul`: float8 e4m3 weights kept in 8 bits, dequantized (float32 products, then
+  the activations' dtype) for each call's dense matmul, on every device.
 
 Every one computes `x @ W.T` in x's dtype (the model's) and keeps no state between calls.
 On CPU the torch kernels are vectorised for bfloat16 and float16 activations; with float32
@@ -20,7 +22,7 @@ import torch
 from torch import nn
 
 from sprig.kernels import pack_codes, quant_matmul
-from sprig.runtime.quantization.weight import QuantizedWeight
+from sprig.runtime.quantization.weight import FLOAT8, QuantizedWeight
 
 CPU_INT4_GROUPS = (256, 128, 64, 32)  # group sizes _weight_int4pack_mm_for_cpu accepts
 CPU_INT4_ROWS = 16  # it needs the output rows in multiples of this
@@ -29,7 +31,7 @@ CPU_INT4_ROWS = 16  # it needs the output rows in multiples of this
 class Int8PerChannelCPU(nn.Module):
     @staticmethod
     def supports(weight: QuantizedWeight) -> bool:
-        return weight.bits == 8 and weight.scales.shape[1] == 1
+        return weight.bits == 8 and weight.scales.shape[1] == 1 and not weight.float8
 
     def __init__(self, weight: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -51,7 +53,7 @@ class Int8PerChannelCPU(nn.Module):
 class Int4CPU(nn.Module):
     @staticmethod
     def supports(weight: QuantizedWeight) -> bool:
-        return weight.bits == 4 and _cpu_int4_group(weight.group_size) is not None
+        return weight.bits == 4 and _cpu_int4_group(weight.group_size) is not None and not weight.float8
 
     def __init__(self, weight: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -82,7 +84,7 @@ class Int4CPU(nn.Module):
 class DequantMatmul(nn.Module):
     @staticmethod
     def supports(weight: QuantizedWeight) -> bool:
-        return weight.in_features % (8 // weight.bits) == 0
+        return weight.in_features % (8 // weight.bits) == 0 and not weight.float8
 
     def __init__(self, weight: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -95,10 +97,26 @@ class DequantMatmul(nn.Module):
         return quant_matmul(x, self.qweight, self.scales, self.zeros, bits=self.bits)
 
 
+class Float8Matmul(nn.Module):
+    @staticmethod
+    def supports(weight: QuantizedWeight) -> bool:
+        return weight.float8
+
+    def __init__(self, weight: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.register_buffer("codes", weight.qweight.view(FLOAT8).to(device))  # [N, K] float8 e4m3
+        self.register_buffer("scales", weight.scales.to(device))  # [N, G] float32
+        self.group = weight.group_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N]
+        scales = self.scales if self.scales.shape[1] == 1 else self.scales.repeat_interleave(self.group, 1)
+        return nn.functional.linear(x, (self.codes.float() * scales).to(x.dtype))
+
+
 # device type -> candidates, the first that supports a weight wins
 MATMULS: dict[str, tuple[type[nn.Module], ...]] = {
-    "cpu": (Int8PerChannelCPU, Int4CPU, DequantMatmul),
-    "cuda": (DequantMatmul,),
+    "cpu": (Float8Matmul, Int8PerChannelCPU, Int4CPU, DequantMatmul),
+    "cuda": (Float8Matmul, DequantMatmul),
 }
 
 

@@ -14,6 +14,12 @@ layout, independently of sprig's loaders:
   [ceil(N / p), G] (asymmetric: signed zero + 2**(b-1), along the output dim),
   `weight_shape` [N, K], `weight_g_idx` [K] (actorder "group").
 
+- FP8 (`quantize_fp8_checkpoint`): `weight` float8_e4m3fn [N, K] and its float32 scale:
+  `weight_scale` [] per tensor ([1] in compressed-tensors), [N, 1] per channel, [N, K /
+  group] per group; per block of bn x bk `weight_scale_inv` [ceil(N / bn), ceil(K / bk)]
+  (quant_method fp8) or `weight_scale` of that shape (compressed-tensors); `input_scale`
+  for static activations.
+
 `quantize_checkpoint` also writes the float checkpoint whose weights are exactly what the
 stored codes stand for (with the scales as stored), for transformers to run, and
 `check_matches_transformers` compares a runner with transformers on such a checkpoint;
@@ -234,3 +240,92 @@ def with_rtn_weights(hf: torch.nn.Module, scheme: QuantScheme) -> torch.nn.Modul
             if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
                 module.weight.copy_(quantize_rtn(module.weight, scheme).dequantize())
     return hf
+
+
+@dataclass(frozen=True)
+class Fp8Spec:
+    """One FP8 checkpoint to write: `method` "fp8" (transformers / DeepSeek / per-tensor
+    writers) or "compressed-tensors" (`float-quantized`); `strategy` tensor, channel, group
+    (compressed-tensors, groups of 32 columns) or block (`block` rows x columns); `static`
+    adds the activations' `input_scale` that static-activation checkpoints carry."""
+
+    method: str
+    strategy: str
+    block: tuple[int, int] = (24, 32)
+    static: bool = False
+
+    @property
+    def label(self) -> str:
+        return "-".join([self.method, "fp8", self.strategy] + ["static"] * self.static)
+
+
+def quantize_fp8(w: torch.Tensor, spec: Fp8Spec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, its scale as the format stores it, the float weight they stand for):
+    each tensor / row / group / block scaled by its largest magnitude over 448."""
+    n, k = w.shape
+    w = w.float()
+    if spec.strategy == "block":
+        bn, bk = spec.block
+        rows, cols = -(-n // bn), -(-k // bk)
+        scale = torch.stack([torch.stack([w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].abs().amax() for j in range(cols)])
+                             for i in range(rows)]) / 448  # [ceil(N / bn), ceil(K / bk)]
+        full = scale.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    elif spec.strategy == "group":
+        scale = w.reshape(n, k // 32, 32).abs().amax(-1) / 448  # [N, K / 32]
+        full = scale.repeat_interleave(32, 1)
+    elif spec.strategy == "channel":
+        scale = w.abs().amax(1, keepdim=True) / 448  # [N, 1]
+        full = scale.expand(n, k)
+    else:
+        scale = w.abs().amax() / 448  # []
+        full = scale.expand(n, k)
+        if spec.method == "compressed-tensors":
+            scale = scale.reshape(1)
+    q = (w / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q, scale.float(), q.float() * full
+
+
+def _fp8_config(spec: Fp8Spec) -> dict:
+    if spec.method == "fp8":
+        return {"quant_method": "fp8", "activation_scheme": "static" if spec.static else "dynamic",
+                "weight_block_size": list(spec.block) if spec.strategy == "block" else None,
+                "modules_to_not_convert": ["lm_head"]}
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": spec.strategy, "dynamic": False,
+               "group_size": 32 if spec.strategy == "group" else None,
+               "block_structure": list(spec.block) if spec.strategy == "block" else None}
+    activations = {"num_bits": 8, "type": "float", "symmetric": True,
+                   "strategy": "tensor" if spec.static else "token", "dynamic": not spec.static}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": activations, "output_activations": None}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None}
+
+
+def quantize_fp8_checkpoint(src: Path, dst: Path, spec: Fp8Spec) -> tuple[Path, Path]:
+    """Write `spec`'s FP8 form of checkpoint `src` to `dst / "quantized"` and the float
+    checkpoint it stands for to `dst / "dequantized"`; returns both paths."""
+    if spec.method == "fp8" and spec.strategy not in ("tensor", "block"):
+        raise ValueError("quant_method fp8 checkpoints are scaled per tensor or per block")
+    quant_dir, deq_dir = dst / "quantized", dst / "dequantized"
+    for d in (quant_dir, deq_dir):
+        shutil.copytree(src, d)
+    tensors = load_file(str(src / "model.safetensors"))
+    quantized, dequantized = {}, dict(tensors)
+    scale_leaf = "weight_scale_inv" if spec.method == "fp8" and spec.strategy == "block" else "weight_scale"
+    for name, w in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if module.rpartition(".")[2] not in PROJECTIONS or leaf != "weight":
+            quantized[name] = w
+            continue
+        q, scale, deq = quantize_fp8(w, spec)
+        dequantized[name] = deq.to(w.dtype)
+        quantized.update({name: q, f"{module}.{scale_leaf}": scale})
+        if spec.static:
+            quantized[f"{module}.input_scale"] = torch.tensor(0.02 if spec.method == "fp8" else [0.02])
+    (quant_dir / "model.safetensors").unlink()
+    save_file(quantized, str(quant_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(dequantized, str(deq_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = _fp8_config(spec)
+    (quant_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return quant_dir, deq_dir

@@ -43,14 +43,20 @@ CT_GROUP = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "sy
 @pytest.mark.parametrize(
     ("quantization_config", "message"),
     [
-        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, r"quantization method 'bitsandbytes' is not supported; supported: gptq, awq, compressed-tensors"),
-        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, r"quantization method 'fp8' is not supported"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, r"quantization method 'bitsandbytes' is not supported; supported: gptq, awq, compressed-tensors, fp8"),
+        ({"quant_method": "fp8", "activation_scheme": "per-layer"}, r"fp8 activation_scheme 'per-layer' is not supported"),
+        ({"quant_method": "fp8", "fmt": "e5m2"}, r"fp8 fmt 'e5m2' is not supported"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, r"a weight block is \[rows, columns\]"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": CT_GROUP}},
+         r"group g: float-quantized stores float weights"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
+            **CT_GROUP, "weights": {"num_bits": 4, "type": "float", "strategy": "channel"}}}}, r"float weights of 4 bits"),
         ({**GPTQ, "bits": 3}, r"GPTQ with bits=3 is not supported"),
         ({**GPTQ, "checkpoint_format": "marlin"}, r"GPTQ checkpoint_format 'marlin' is not supported"),
         ({**GPTQ, "lm_head": True}, r"quantized lm_head"),
         ({"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemv"}, r"AWQ version 'gemv' is not supported"),
-        ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": CT_GROUP}},
-         r"compressed-tensors format 'float-quantized' \(group g\) is not supported"),
+        ({"quant_method": "compressed-tensors", "format": "naive-quantized", "config_groups": {"g": CT_GROUP}},
+         r"compressed-tensors format 'naive-quantized' \(group g\) is not supported"),
         ({"quant_method": "compressed-tensors", "format": "pack-quantized",
           "config_groups": {"g": {**CT_GROUP, "input_activations": {"num_bits": 8}}}}, r"activation quantization"),
         ({"quant_method": "compressed-tensors", "format": "pack-quantized",
@@ -71,7 +77,7 @@ def test_unsupported_quantization_is_a_startup_error(quantization_config: dict, 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"quantization": "int3"}, r"quantization must be one of \('int8', 'int4'\), got 'int3'"),
+        ({"quantization": "int3"}, r"quantization must be one of \('int8', 'int4', 'fp8'\), got 'int3'"),
         ({"quantization": "int4", "quantization_group_size": 100}, r"quantization_group_size must be one of \(32, 64, 128\)"),
     ],
 )

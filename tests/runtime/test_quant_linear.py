@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from sprig.runtime.quantization.matmul import (
     MATMULS,
     DequantMatmul,
+    Float8Matmul,
     Int4CPU,
     Int8PerChannelCPU,
     build_matmul,
@@ -47,6 +48,8 @@ CPU_CASES = [
     ("int4-per-channel", QuantScheme(4, None), 32, 192, Int4CPU),  # runs as groups of 64
     ("int4-g16", QuantScheme(4, 16), 32, 64, DequantMatmul),  # too small for torch's kernel
     ("int8-g32", QuantScheme(8, 32, symmetric=False), 32, 64, DequantMatmul),
+    ("fp8-per-channel", QuantScheme(8, float8=True), 40, 96, Float8Matmul),
+    ("fp8-g32", QuantScheme(8, 32, float8=True), 24, 64, Float8Matmul),
 ]
 
 
@@ -66,7 +69,7 @@ def test_cpu_matmul_matches_the_dequantized_weight(
     torch.testing.assert_close(got.float(), want, **tol)
 
 
-TORCH_KERNEL_CASES = [c for c in CPU_CASES if c[4] is not DequantMatmul]
+TORCH_KERNEL_CASES = [c for c in CPU_CASES if c[4] not in (DequantMatmul, Float8Matmul)]
 
 
 @pytest.mark.parametrize(("name", "scheme", "n", "k", "cls"), TORCH_KERNEL_CASES, ids=[c[0] for c in TORCH_KERNEL_CASES])
@@ -84,8 +87,24 @@ def test_torch_kernel_rows_do_not_depend_on_the_batch(
 
 
 def test_registry_prefers_torch_kernels_on_cpu_and_triton_on_cuda() -> None:
-    assert MATMULS["cpu"] == (Int8PerChannelCPU, Int4CPU, DequantMatmul)
-    assert MATMULS["cuda"] == (DequantMatmul,)
+    assert MATMULS["cpu"] == (Float8Matmul, Int8PerChannelCPU, Int4CPU, DequantMatmul)
+    assert MATMULS["cuda"] == (Float8Matmul, DequantMatmul)
+
+
+@pytest.mark.parametrize("group", [None, 32])
+def test_float8_rounding_is_e4m3_nearest(group: int | None) -> None:
+    """Each weight is stored as the e4m3 value nearest to it over its scale (max|w| of its
+    row or group over 448): off by at most half a step, 2**-4 of it for normal values and
+    2**-10 of the scale below e4m3's smallest normal, 2**-6."""
+    w = torch.randn(24, 128, generator=torch.Generator().manual_seed(1)) * torch.logspace(-4, 0, 128)
+    q = quantize_rtn(w, QuantScheme(8, group, float8=True))
+    assert q.float8 and q.qweight.dtype == torch.uint8 and (q.zeros == 0).all()
+    scale = q.scales.repeat_interleave(128 // q.scales.shape[1], 1)
+    assert torch.allclose((w.abs() / scale).amax(1).reshape(24, -1) if group is None else
+                          (w.abs() / scale).reshape(24, -1, group).amax(-1), torch.tensor(448.0))
+    err = (q.dequantize() - w).abs()
+    assert (err <= torch.maximum(w.abs() * 2**-4, scale * 2**-10) * (1 + 1e-6)).all()
+    assert (err > 0).any()  # the weights really are rounded
 
 
 def _act_order(weight: QuantizedWeight, seed: int) -> QuantizedWeight:

@@ -16,10 +16,12 @@ import torch
 from engine_helpers import contexts_step
 from quant_checkpoints import (
     ATOL,
+    Fp8Spec,
     Spec,
     check_matches_transformers,
     prompts,
     quantize_checkpoint,
+    quantize_fp8_checkpoint,
     with_rtn_weights,
 )
 from transformers import AutoModelForCausalLM
@@ -48,7 +50,12 @@ LLAMA_ONLY = [  # the other variants
     Spec("compressed-tensors", 8, None),
 ]
 CASES = [(arch, spec) for spec in EVERY_ARCH for arch in ARCHITECTURES] + [("llama", s) for s in LLAMA_ONLY]
-ONLINE = [(arch, m, 32) for m in ("int8", "int4") for arch in ARCHITECTURES] + [("llama", "int4", 64)]
+ONLINE = [(arch, m, 32) for m in ("int8", "int4", "fp8") for arch in ARCHITECTURES] + [("llama", "int4", 64)]
+ONLINE_SCHEMES = {"int8": QuantScheme(8), "fp8": QuantScheme(8, float8=True)}
+FP8_EVERY_ARCH = [Fp8Spec("fp8", "block"), Fp8Spec("compressed-tensors", "channel")]
+FP8_LLAMA_ONLY = [Fp8Spec("fp8", "tensor", static=True), Fp8Spec("compressed-tensors", "tensor"),
+                  Fp8Spec("compressed-tensors", "group"), Fp8Spec("compressed-tensors", "block", static=True)]
+FP8_CASES = [(arch, spec) for spec in FP8_EVERY_ARCH for arch in ARCHITECTURES] + [("llama", s) for s in FP8_LLAMA_ONLY]
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +93,25 @@ def test_checkpoint_format_matches_transformers(arch: str, spec: Spec, sharp: di
 @pytest.mark.parametrize(("arch", "method", "group"), ONLINE, ids=[f"{m}-g{g}-{a}" if m == "int4" else f"{m}-{a}" for a, m, g in ONLINE])
 def test_online_quantization_matches_transformers(arch: str, method: str, group: int, sharp: dict[str, Path]) -> None:
     runner = _runner(sharp[arch], quantization=method, quantization_group_size=group)
-    scheme = QuantScheme(8) if method == "int8" else QuantScheme(4, group, symmetric=False)
+    scheme = ONLINE_SCHEMES.get(method, QuantScheme(4, group, symmetric=False))
     assert all(m.scheme == scheme for m in runner.model.modules() if isinstance(m, QuantizedLinear))
     check_matches_transformers(runner, with_rtn_weights(_float_hf(sharp[arch]), scheme))
+
+
+@pytest.mark.parametrize(("arch", "spec"), FP8_CASES, ids=[f"{s.label}-{a}" for a, s in FP8_CASES])
+def test_fp8_checkpoint_matches_transformers(arch: str, spec: Fp8Spec, sharp: dict[str, Path], tmp_path: Path) -> None:
+    """FP8 weights (any scale layout; activations run unquantized) give transformers'
+    logits on the float weights they stand for, and its greedy tokens."""
+    quantized, dequantized = quantize_fp8_checkpoint(sharp[arch], tmp_path, spec)
+    runner = _runner(quantized)
+    layers = [m for m in runner.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 4 * runner.model_config.num_layers and all(m.scheme.float8 for m in layers)
+    assert all(m.matmul.codes.dtype == torch.float8_e4m3fn for m in layers)  # stored in 8 bits
+    hf = _float_hf(dequantized)
+    ids = torch.tensor([prompts(runner.model_config.vocab_size)[0]])
+    with torch.no_grad():  # the weights are really rounded to e4m3: the float model differs
+        assert (hf(ids).logits - _float_hf(sharp[arch])(ids).logits).abs().max() > 10 * ATOL
+    check_matches_transformers(runner, hf)
 
 
 @pytest.fixture(scope="module")

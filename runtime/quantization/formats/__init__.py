@@ -9,6 +9,7 @@ from typing import Any
 from sprig.runtime.quantization.formats.awq import AWQFormat
 from sprig.runtime.quantization.formats.base import WeightFormat
 from sprig.runtime.quantization.formats.compressed_tensors import CompressedTensorsFormat
+from sprig.runtime.quantization.formats.fp8 import Fp8Format
 from sprig.runtime.quantization.formats.gptq import GPTQFormat
 from sprig.runtime.quantization.formats.online import (
     ONLINE_GROUP_SIZES,
@@ -20,6 +21,7 @@ CHECKPOINT_FORMATS: dict[str, Callable[[dict[str, Any]], WeightFormat]] = {
     "gptq": GPTQFormat.from_config,
     "awq": AWQFormat.from_config,
     "compressed-tensors": CompressedTensorsFormat.from_config,
+    "fp8": Fp8Format.from_config,
 }
 
 

@@ -10,6 +10,11 @@ bits first; `weight_scale` float `[N, G]` (G = 1 per channel); asymmetric layers
 `weight_zero_point` int32 `[ceil(N / p), G]`, the signed zero points plus 2**(b-1) packed
 along the output dim (older writers: signed, unpacked, `[N, G]`); `weight_shape` `[2]` = [N, K]; `weight_g_idx` `[K]` with activation
 ordering "group". W = (code - zero) * scale, which the common offset leaves unchanged.
+
+The `float-quantized` format (weights `type: float`, 8 bits: fp8 e4m3; strategies tensor,
+channel, group and block with `block_structure` [rows, columns]) stores `weight` and
+`weight_scale` as `sprig.runtime.quantization.formats.fp8` reads them; its activation
+schemes are accepted and the activations run unquantized (see that module).
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from typing import Any
 import torch
 
 from sprig.runtime.quantization.formats.base import expect, packed_count, unpack_int32
+from sprig.runtime.quantization.formats.fp8 import float8_leaves, float8_pieces, float8_scheme
 from sprig.runtime.quantization.weight import QuantScheme
 
 LAYER_CLASS = "Linear"  # the class name targets use for every linear layer
+FORMATS = ("pack-quantized", "float-quantized")
 STRATEGIES = ("group", "channel")
+FLOAT_STRATEGIES = ("tensor", "channel", "group", "block")
 
 
 @dataclass(frozen=True)
@@ -41,16 +49,21 @@ class CompressedTensorsFormat:
         groups = []
         for name, group in (cfg.get("config_groups") or {}).items():
             group_format = group.get("format") or fmt
-            if group_format != "pack-quantized":
+            if group_format not in FORMATS:
                 raise ValueError(
                     f"compressed-tensors format {group_format!r} (group {name}) is not supported; "
-                    "supported: pack-quantized"
+                    f"supported: {', '.join(FORMATS)}"
                 )
-            if group.get("input_activations") or group.get("output_activations"):
+            activations = group.get("input_activations") or group.get("output_activations")
+            if activations and group_format != "float-quantized":
                 raise ValueError(
                     f"compressed-tensors activation quantization (group {name}) is not supported"
                 )
-            groups.append((tuple(group.get("targets") or ()), _scheme(name, group.get("weights") or {})))
+            scheme = _scheme(name, group.get("weights") or {})
+            if scheme.float8 != (group_format == "float-quantized"):
+                raise ValueError(f"compressed-tensors group {name}: {group_format} stores "
+                                 f"{'float' if group_format == 'float-quantized' else 'int'} weights")
+            groups.append((tuple(group.get("targets") or ()), scheme))
         if not groups:
             raise ValueError("compressed-tensors config has no config_groups")
         return cls(tuple(groups), tuple(cfg.get("ignore") or ()))
@@ -64,6 +77,8 @@ class CompressedTensorsFormat:
         return None
 
     def leaves(self, scheme: QuantScheme) -> tuple[frozenset[str], frozenset[str]]:
+        if scheme.float8:
+            return float8_leaves("weight_scale")
         required = {"weight_packed", "weight_scale", "weight_shape"}
         if not scheme.symmetric:
             required.add("weight_zero_point")
@@ -72,6 +87,8 @@ class CompressedTensorsFormat:
     def convert(
         self, leaf: str, tensor: torch.Tensor, scheme: QuantScheme, rows: int, cols: int
     ) -> dict[str, torch.Tensor]:
+        if scheme.float8:
+            return float8_pieces(leaf, tensor, scheme, rows, cols)
         groups = scheme.num_groups(cols)
         if leaf == "weight_packed":
             expect(tensor, leaf, (rows, packed_count(cols, scheme.bits, leaf)), torch.int32)
@@ -97,8 +114,11 @@ class CompressedTensorsFormat:
 
 
 def _scheme(name: str, weights: dict[str, Any]) -> QuantScheme:
-    if weights.get("type", "int") != "int":
-        raise ValueError(f"compressed-tensors weight type {weights['type']!r} (group {name}) is not supported")
+    kind = weights.get("type", "int")
+    if kind == "float":
+        return _float_scheme(name, weights)
+    if kind != "int":
+        raise ValueError(f"compressed-tensors weight type {kind!r} (group {name}) is not supported")
     strategy = weights.get("strategy")
     if strategy not in STRATEGIES:
         raise ValueError(
@@ -113,3 +133,18 @@ def _matches(pattern: str, module: str) -> bool:
     if pattern.startswith("re:"):
         return re.match(pattern[3:], module) is not None
     return pattern == module
+
+
+def _float_scheme(name: str, weights: dict[str, Any]) -> QuantScheme:
+    if weights.get("num_bits", 8) != 8:
+        raise ValueError(f"compressed-tensors float weights of {weights['num_bits']} bits (group {name}) "
+                         "are not supported (8: fp8 e4m3)")
+    strategy = weights.get("strategy")
+    if strategy not in FLOAT_STRATEGIES:
+        raise ValueError(
+            f"compressed-tensors strategy {strategy!r} for float weights (group {name}) is not supported; "
+            f"supported: {', '.join(FLOAT_STRATEGIES)}"
+        )
+    if strategy == "block":
+        return float8_scheme(weights.get("block_structure"), f"compressed-tensors group {name} block_structure")
+    return QuantScheme(8, weights.get("group_size") if strategy == "group" else None, float8=True)

@@ -5,6 +5,7 @@ round-to-nearest (`quantize_rtn`) as it loads, so the float weights never all si
 `--quantization int4`: 4-bit codes, a scale and a zero point per group of `group_size`
 inputs (asymmetric: all 16 codes span each group's range; on the demo model symmetric int4
 lost 7 points of accuracy where this loses 1).
+`--quantization fp8`: float8 e4m3 codes, one scale per output channel (max|w| / 448).
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from sprig.runtime.quantization.formats.base import expect
 from sprig.runtime.quantization.weight import QuantScheme, quantize_rtn
 
 ONLINE_GROUP_SIZES = (32, 64, 128)
-ONLINE_SCHEMES = ("int8", "int4")
+SCHEMES = {  # name -> scheme, given the group size (which only int4 uses)
+    "int8": lambda group_size: QuantScheme(8),
+    "int4": lambda group_size: QuantScheme(4, group_size, symmetric=False),
+    "fp8": lambda group_size: QuantScheme(8, float8=True),
+}
+ONLINE_SCHEMES = tuple(SCHEMES)
 
 
 @dataclass(frozen=True)
@@ -27,12 +33,12 @@ class OnlineFormat:
 
     @classmethod
     def of(cls, name: str, group_size: int) -> OnlineFormat:
-        """The online scheme `name` ("int8" or "int4"); `group_size` applies to int4."""
+        """The online scheme `name` ("int8", "int4" or "fp8"); `group_size` applies to int4."""
         if name not in ONLINE_SCHEMES:
             raise ValueError(f"quantization must be one of {ONLINE_SCHEMES}, got {name!r}")
         if group_size not in ONLINE_GROUP_SIZES:
             raise ValueError(f"quantization_group_size must be one of {ONLINE_GROUP_SIZES}, got {group_size}")
-        scheme = QuantScheme(8) if name == "int8" else QuantScheme(4, group_size, symmetric=False)
+        scheme = SCHEMES[name](group_size)
         return cls(scheme, name)
 
     def scheme_for(self, module: str) -> QuantScheme | None:
