@@ -35,6 +35,7 @@ class DetokenizedOutput:
     completion_tokens: int
     cached_tokens: int
     jump_forward_tokens: int = 0
+    spec_verify_ct: int = 0  # speculative verification passes so far (0: none)
     finish_reason: dict[str, Any] | None = None
     output_logprobs: list[list[Any]] = field(default_factory=list)
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
@@ -86,6 +87,7 @@ class OutputDecoder:
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
             jump_forward_tokens=out.jump_forward_tokens,
+            spec_verify_ct=out.spec_verify_ct,
             finish_reason=out.finish_reason,
             output_logprobs=self._entries(out.output_logprobs),
             output_top_logprobs=[self._entries(row) for row in out.output_top_logprobs],
@@ -149,6 +151,9 @@ class ResponseState:
             e2e_latency=elapsed,
             finish_reason=out.finish_reason,
         )
+        if out.spec_verify_ct:  # SGLang's: target passes, and tokens per pass
+            meta["spec_verify_ct"] = out.spec_verify_ct
+            meta["spec_accept_length"] = out.completion_tokens / out.spec_verify_ct
         if "output_token_logprobs" in meta:
             meta["output_token_logprobs"] += out.output_logprobs
             meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])

@@ -8,6 +8,7 @@ from sprig.radix import EVICTION_POLICIES
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 GRAMMAR_BACKENDS = ("outlines", "llguidance")  # the keys of constrained.REGULAR_BACKENDS
+SPECULATIVE_ALGORITHMS = ("ngram", "radix")  # the keys of speculative.DRAFTERS
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class SchedulerConfig:
       milliseconds, costlier per token); `ebnf` grammars always use llguidance.
     - `enable_jump_forward`: where a grammar admits exactly one continuation, append it
       without sampling token by token (requests that return logprobs never jump).
+    - `speculative_algorithm`: the drafter of speculative decoding (None: off): `ngram`
+      (prompt lookup in the request's own context) or `radix` (the radix cache's most
+      visited continuation); `speculative_num_draft_tokens` bounds the drafts verified per
+      request and step (each request's length adapts to its acceptance).
     """
 
     max_running_requests: int = 64
@@ -50,6 +55,8 @@ class SchedulerConfig:
     grammar_compile_timeout_s: float = 30.0
     grammar_backend: str = "outlines"
     enable_jump_forward: bool = True
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 4
     check_integrity: bool = False
 
     def __post_init__(self) -> None:
@@ -75,5 +82,11 @@ class SchedulerConfig:
             raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
+        if self.speculative_algorithm not in (None, *SPECULATIVE_ALGORITHMS):
+            raise ValueError(
+                f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} or None, got {self.speculative_algorithm!r}"
+            )
+        if not 1 <= self.speculative_num_draft_tokens <= 64:
+            raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
         if self.in_batch_prefix_min < 1:
             raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

@@ -99,6 +99,18 @@ class RequestKV:
             r.alloc_len += n
         return True
 
+    def reserve_free(self, req: Req, length: int) -> bool:
+        """`reserve(req, length)` only if the free list covers it without evicting cache."""
+        need = self.pages(length) - req.alloc_len
+        return need <= self.allocator.available() and self.reserve(req, length)
+
+    def shrink(self, req: Req) -> None:
+        """Free `req`'s own slots past the pages its tokens need (rejected drafts)."""
+        keep = max(self.pages(req.seq_len), req.prefix_len)
+        if req.row is not None and req.alloc_len > keep:
+            self.allocator.free(self.table.read(req.row, req.alloc_len, keep))
+            req.alloc_len = keep
+
     def _take(self, n: int) -> torch.Tensor | None:
         """`n` slots from the allocator, evicting cold cache first if it has fewer free;
         None if even that cannot supply them."""

@@ -22,6 +22,7 @@ class TokenOutput:
     completion_tokens: int
     cached_tokens: int
     jump_forward_tokens: int = 0
+    spec_verify_ct: int = 0
     finish_reason: dict[str, Any] | None = None
     output_logprobs: list[list[Any]] = field(default_factory=list)
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
@@ -39,6 +40,7 @@ class TokenOutput:
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             jump_forward_tokens=req.jump_forward_tokens,
+            spec_verify_ct=req.spec_verify_ct,
             finish_reason=req.finish.to_json() if req.finish else None,
         )
         if req.return_logprob:

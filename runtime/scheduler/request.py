@@ -62,6 +62,7 @@ class Req:
     finish: FinishReason | None = None
     retractions: int = 0
     jump_forward_tokens: int = 0
+    spec_verify_ct: int = 0  # speculative verification passes that emitted its tokens
     arrival: float = field(default_factory=time.monotonic)
     # logprobs gathered so far; entries are (logprob, token_id)
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)

@@ -24,6 +24,7 @@ from sprig.runtime.scheduler.grammar import GrammarError, Grammars
 from sprig.runtime.scheduler.kv import RequestKV
 from sprig.runtime.scheduler.output import TokenOutput
 from sprig.runtime.scheduler.request import FinishReason, Req
+from sprig.runtime.speculative import SpeculativeDecoder
 from sprig.runtime.step_input import StepInput
 
 log = logging.getLogger("sprig.scheduler")
@@ -43,6 +44,16 @@ def _text_stop(delta: DecodeDelta) -> FinishReason | None:
     if delta.stop_error is not None:
         return FinishReason("abort", message=delta.stop_error, status_code=400)
     return None if delta.stop_matched is None else FinishReason("stop", matched=delta.stop_matched)
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One sampling call's tokens, their raw logprobs and top logprobs, per row."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top: tuple[list[list[float]], list[list[int]]] | None
+    top_n: list[int]
 
 
 @dataclass
@@ -86,6 +97,10 @@ class Scheduler:
         self.chunked: Req | None = None
         self.ratio = config.new_token_ratio
         self.stats = SchedulerStats()
+        self.speculative = (
+            None if config.speculative_algorithm is None
+            else SpeculativeDecoder(config.speculative_algorithm, config.speculative_num_draft_tokens, self.kv.cache)
+        )
         self._reqs: dict[str, Req] = {}
         self._sent: dict[str, tuple[int, bool]] = {}
         self._stop_checkers: dict[str, RequestDetokenizer] = {}
@@ -261,9 +276,16 @@ class Scheduler:
         return [e.req for e in extends]
 
     def _run_decode(self) -> list[Req]:
-        """One token for every running request. A request with jump-forward tokens
-        pending feeds them all in the same step (the step then runs in extend mode)."""
+        """One token for every running request, or more where speculative drafts are
+        accepted (`speculative.decode`)."""
         self._make_room_for_decode()
+        batch = self._decode_plain() if self.speculative is None else self.speculative.decode(self)
+        self.ratio = max(self.config.min_new_token_ratio, self.ratio - self.config.new_token_ratio_decay)
+        return batch
+
+    def _decode_plain(self) -> list[Req]:
+        """A request with jump-forward tokens pending feeds them all in the same step (the
+        step then runs in extend mode)."""
         batch = list(self.running)
         pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
@@ -280,7 +302,6 @@ class Scheduler:
         for r, n in zip(batch, pending, strict=True):
             r.kv_len += n
         self._sample(batch, logits)
-        self.ratio = max(self.config.min_new_token_ratio, self.ratio - self.config.new_token_ratio_decay)
         return batch
 
     def _make_room_for_decode(self) -> None:
@@ -321,9 +342,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ sampling and stopping
     def _sample(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        drawn = self.draw(reqs, logits, [r.output_ids for r in reqs])
+        for b, req in enumerate(reqs):
+            self.emit(req, drawn, b)
+
+    def draw(self, reqs: list[Req], logits: torch.Tensor, outputs: list[list[int]]) -> Drawn:
+        """Sample row b of `logits` for `reqs[b]` as if it had generated `outputs[b]` so far
+        (a request may fill several rows: speculative verification)."""
         batch = SamplingBatch.build(
             [r.params for r in reqs],
-            output_ids=[r.output_ids for r in reqs],
+            output_ids=outputs,
             prompt_ids=[r.prompt_ids for r in reqs] if any(r.params.repetition_penalty != 1.0 for r in reqs) else None,
             eos_ids=self.eos_ids,
             vocab_size=logits.shape[-1],
@@ -333,18 +361,21 @@ class Scheduler:
         logits = self.grammars.mask(reqs, logits)
         wanted = any(r.return_logprob for r in reqs)
         out = sample(logits, batch, top_logprobs_num=top_n, logprobs=wanted, generator=self.runner.generator)
-        ids = out.next_ids.tolist()
         logprobs = out.logprobs.tolist() if out.logprobs is not None else []
         top = (out.top_logprobs.values.tolist(), out.top_logprobs.ids.tolist()) if out.top_logprobs else None
-        for b, req in enumerate(reqs):
-            token = ids[b]
-            req.output_ids.append(token)
-            self.stats.decode_tokens += 1
-            if req.return_logprob:
-                req.output_logprobs.append((logprobs[b], token))
-                if top is not None and top_n[b]:
-                    req.output_top_logprobs.append(list(zip(top[0][b][: top_n[b]], top[1][b][: top_n[b]], strict=True)))
-            self._check_stop(req, token)
+        return Drawn(out.next_ids.tolist(), logprobs, top, top_n)
+
+    def emit(self, req: Req, drawn: Drawn, b: int) -> None:
+        """Append row b's token to `req` (with its logprobs) and check whether it stops."""
+        token = drawn.ids[b]
+        req.output_ids.append(token)
+        self.stats.decode_tokens += 1
+        if req.return_logprob:
+            req.output_logprobs.append((drawn.logprobs[b], token))
+            top, n = drawn.top, drawn.top_n[b]
+            if top is not None and n:
+                req.output_top_logprobs.append(list(zip(top[0][b][:n], top[1][b][:n], strict=True)))
+        self._check_stop(req, token)
 
     def _check_stop(self, req: Req, token: int) -> None:
         p, n_out = req.params, len(req.output_ids)

@@ -1,0 +1,125 @@
+"""The speculative decode step: draft, verify every request's drafts in one forward pass
+of the target, keep what the acceptance rule accepts.
+
+Invariants:
+- Each request's tokens are exactly what the plain decode step would emit one step at a
+  time: target row j of a request is sampled as if its output already held its first j
+  drafts (same penalties, min-new-tokens ban and seeded noise), and `accepted_length`
+  keeps drafts only while they equal those tokens.
+- KV: drafts get slots only from the free list (they never evict cache or retract); a
+  rejected draft's slots are freed in the same step; `kv_len` covers only accepted
+  tokens, so what a request releases to the radix tree is verified.
+- Constrained requests (a grammar) are not drafted for: they verify no drafts, which is
+  the plain decode step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.speculative.accept import accepted_length
+from sprig.runtime.speculative.draft_length import DraftLength
+from sprig.runtime.speculative.drafter import DRAFTERS
+from sprig.runtime.step_input import StepInput
+
+if TYPE_CHECKING:
+    from sprig.radix import PrefixCache
+    from sprig.runtime.scheduler.request import Req
+    from sprig.runtime.scheduler.scheduler import Drawn, Scheduler
+
+
+@dataclass
+class SpeculativeStats:
+    """Counters since start: verification passes, drafts verified, drafts accepted and
+    tokens emitted by the passes (accepted drafts plus one target token per request)."""
+
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    request_steps: int = 0  # (request, verification pass) pairs
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens per request per target pass (1.0: no draft ever accepted)."""
+        return self.emitted / self.request_steps if self.request_steps else 0.0
+
+
+class SpeculativeDecoder:
+    """Replaces the scheduler's plain decode step when speculative decoding is on."""
+
+    def __init__(self, algorithm: str, num_draft_tokens: int, cache: PrefixCache) -> None:
+        self.drafter = DRAFTERS[algorithm](cache)
+        self.max_len = num_draft_tokens
+        self.publish = algorithm == "radix"
+        self.lengths: dict[str, DraftLength] = {}
+        self.stats = SpeculativeStats()
+
+    def decode(self, sched: Scheduler) -> list[Req]:
+        """One verification pass over every running request (room for their pending tokens
+        already reserved); returns the requests it touched."""
+        batch = list(sched.running)
+        self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len) for r in batch}
+        drafts = [self._draft(sched, r) for r in batch]
+        pending = [r.seq_len - r.kv_len for r in batch]
+        q_lens = [n + len(d) for n, d in zip(pending, drafts, strict=True)]
+        ends = [r.kv_len + q for r, q in zip(batch, q_lens, strict=True)]
+        step = StepInput(
+            mode=ForwardMode.DECODE if max(q_lens) == 1 else ForwardMode.EXTEND,
+            input_ids=[t for r, d in zip(batch, drafts, strict=True) for t in r.pending_ids() + d],
+            q_lens=q_lens,
+            kv_lens=ends,
+            kv_indices=sched.kv.contexts(batch, ends),
+            logits_from=[n - 1 for n in pending],
+        )
+        logits = sched.runner.forward(step)  # [sum(len(d) + 1), V]
+        rows = [r for r, d in zip(batch, drafts, strict=True) for _ in range(len(d) + 1)]
+        outputs = [r.output_ids + d[:j] for r, d in zip(batch, drafts, strict=True) for j in range(len(d) + 1)]
+        drawn = sched.draw(rows, logits, outputs)
+        base = 0
+        for req, draft in zip(batch, drafts, strict=True):
+            self._accept(sched, req, draft, drawn, base)
+            base += len(draft) + 1
+        self.stats.verify_steps += 1
+        return batch
+
+    def _draft(self, sched: Scheduler, req: Req) -> list[int]:
+        """The drafts `req` verifies this step; their slots are reserved."""
+        if req.grammar is not None or req.seq_len - req.kv_len != 1:
+            return []
+        room = req.params.max_new_tokens - len(req.output_ids) - 1
+        k = min(self.lengths[req.rid].next(), room)
+        if k <= 0:
+            return []
+        draft = self.drafter.propose(req.fill_ids, k)
+        if draft and not sched.kv.reserve_free(req, req.seq_len + len(draft)):
+            return []
+        return draft
+
+    def _accept(self, sched: Scheduler, req: Req, draft: list[int], drawn: Drawn, base: int) -> None:
+        """Emit the target's tokens for `req` up to and including the first that differs
+        from its draft (stopping early if one finishes it); free the rejected slots."""
+        targets = drawn.ids[base : base + len(draft) + 1]
+        accepted = accepted_length(targets, draft)
+        for j in range(accepted + 1):
+            req.kv_len = req.seq_len  # the pending token and the drafts kept so far
+            sched.emit(req, drawn, base + j)
+            if req.finished:
+                break
+        req.spec_verify_ct += 1
+        self.stats.request_steps += 1
+        self.stats.emitted += j + 1
+        if draft:
+            self.stats.drafted += len(draft)
+            self.stats.accepted += min(accepted, j + 1)
+            self.lengths[req.rid].update(len(draft), accepted)
+        if not req.finished:
+            sched.kv.shrink(req)
+            if self.publish and req.kv_len // 16 > (req.kv_len - j - 1) // 16:
+                sched.kv.cache_prefix(req)

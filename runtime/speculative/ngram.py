@@ -1,0 +1,34 @@
+"""Prompt-lookup drafting: the request's own context predicts its continuation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class NgramDrafter:
+    """Proposes what followed the most recent earlier occurrence of the context's longest
+    suffix of `min_ngram ..= max_ngram` tokens. Pure: a function of the context alone."""
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        ctx = np.asarray(context, dtype=np.int64)
+        size = ctx.shape[0]
+        if k <= 0 or size <= self.min_ngram:
+            return []
+        for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
+            suffix = ctx[size - n :]
+            # starts i < size - n of earlier occurrences: ctx[i : i + n] == suffix
+            hits = np.flatnonzero(ctx[: size - n] == suffix[0])
+            for j in range(1, n):
+                hits = hits[ctx[hits + j] == suffix[j]]
+            if hits.size:
+                start = int(hits[-1]) + n
+                return ctx[start : start + k].tolist()
+        return []

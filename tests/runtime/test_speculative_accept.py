@@ -1,0 +1,159 @@
+"""The acceptance rules against brute-force enumeration, and the drafters on hand-made contexts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sprig.radix import RadixCache, SlotAllocator
+from sprig.runtime.speculative.accept import (
+    accept_probability,
+    accepted_length,
+    residual,
+    speculative_step,
+)
+from sprig.runtime.speculative.draft_length import DraftLength
+from sprig.runtime.speculative.ngram import NgramDrafter
+from sprig.runtime.speculative.radix_drafter import RadixDrafter
+
+CASES = [
+    ([0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]),
+    ([0.1, 0.1, 0.8], [0.7, 0.2, 0.1]),
+    ([0.2, 0.8], [0.2, 0.8]),  # q == p: nothing is rejected
+    ([0.05, 0.6, 0.05, 0.3], [0.0, 0.0, 1.0, 0.0]),  # one-hot q
+    ([1.0, 0.0, 0.0], [0.0, 0.5, 0.5]),  # disjoint supports: always rejected
+]
+
+
+def _output_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Enumerate every draft x (weight q(x)): accept x with min(1, p/q), else draw the residual."""
+    out = torch.zeros_like(p)
+    for x in range(p.numel()):
+        if q[x] == 0:
+            continue
+        a = accept_probability(p, q, x)
+        out[x] += q[x] * a
+        out += q[x] * (1 - a) * residual(p, q)
+    return out
+
+
+@pytest.mark.parametrize(("p", "q"), CASES)
+def test_rejection_sampling_emits_exactly_p(p: list[float], q: list[float]) -> None:
+    pt, qt = torch.tensor(p, dtype=torch.float64), torch.tensor(q, dtype=torch.float64)
+    torch.testing.assert_close(_output_distribution(pt, qt), pt, rtol=0, atol=1e-12)
+
+
+def test_a_wrong_residual_would_be_caught() -> None:
+    """The enumeration can fail: drawing rejections from p itself is biased."""
+    p, q = torch.tensor(CASES[1][0], dtype=torch.float64), torch.tensor(CASES[1][1], dtype=torch.float64)
+    biased = sum(q[x] * (accept_probability(p, q, x) * torch.eye(3, dtype=torch.float64)[x]
+                         + (1 - accept_probability(p, q, x)) * p) for x in range(3))
+    assert (biased - p).abs().max() > 0.05
+
+
+def test_one_hot_coupling_equals_rejection_sampling() -> None:
+    """A deterministic draft x: drawing y ~ p and keeping x iff y == x, else emitting y,
+    gives the same joint law of (accepted, token) as min(1, p/q) with the residual."""
+    p = torch.tensor([0.05, 0.6, 0.05, 0.3], dtype=torch.float64)
+    for x in range(4):
+        q = torch.nn.functional.one_hot(torch.tensor(x), 4).double()
+        a = accept_probability(p, q, x)
+        rule = {(True, x): a} | {(False, v): (1 - a) * float(residual(p, q)[v]) for v in range(4) if v != x}
+        coupling = {(y == x, y): float(p[y]) for y in range(4)}
+        assert rule.keys() == coupling.keys()
+        for key, prob in rule.items():
+            assert prob == pytest.approx(coupling[key], abs=1e-12)
+
+
+def test_speculative_step_samples_its_rule() -> None:
+    p = torch.tensor([0.1, 0.1, 0.8])
+    q = torch.tensor([0.7, 0.2, 0.1])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(3)
+    trials = 20000
+    for _ in range(trials):
+        x = int(torch.multinomial(q, 1, generator=gen))
+        u = float(torch.rand((), generator=gen))
+        noise = torch.empty(3).exponential_(generator=gen)
+        counts[speculative_step(p, q, x, uniform=u, noise=noise)[1]] += 1
+    # 5 standard deviations of a binomial at n = 20000: false alarm below 1e-5 per token
+    sd = (p * (1 - p) / trials).sqrt()
+    assert ((counts / trials - p).abs() < 5 * sd).all(), counts / trials
+
+
+def test_accepted_length_keeps_the_agreeing_prefix() -> None:
+    assert accepted_length([1, 2, 3], [1, 2]) == 2
+    assert accepted_length([1, 9, 3], [1, 2]) == 1
+    assert accepted_length([7], []) == 0
+    assert accepted_length([5, 2, 3], [1, 2]) == 0
+    with pytest.raises(ValueError):
+        accepted_length([1, 2], [1, 2])
+
+
+# ---------------------------------------------------------------- drafters
+
+
+def test_ngram_proposes_what_followed_the_latest_match() -> None:
+    d = NgramDrafter(max_ngram=3, min_ngram=2)
+    assert d.propose([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2, 3], 2) == [5, 6]  # the latest occurrence
+    assert d.propose([1, 2, 3, 4, 5, 1, 2], 5) == [3, 4, 5, 1, 2]
+    assert d.propose([7, 8, 9, 8, 1, 2], 3) == []  # no bigram repeats
+    assert d.propose([4, 4, 4], 2) == [4]
+    assert d.propose([1, 2, 3], 0) == []
+
+
+def test_ngram_prefers_longer_suffixes() -> None:
+    d = NgramDrafter(max_ngram=3, min_ngram=1)
+    # the unigram 3 was last followed by 8, the trigram 1 2 3 by 4
+    assert d.propose([1, 2, 3, 4, 0, 3, 8, 1, 2, 3], 1) == [4]
+
+
+def _tree(page: int, seqs: list[list[int]], hits: list[int]) -> RadixCache:
+    allocator = SlotAllocator(256, page)
+    cache = RadixCache(allocator)
+    for seq, n in zip(seqs, hits, strict=True):
+        slots = allocator.alloc(len(seq) - len(seq) % page)
+        allocator.free(slots[: cache.insert(seq, slots)])  # the shared prefix's duplicates
+        for _ in range(n):
+            cache.match_prefix(seq)
+    return cache
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_radix_drafter_follows_the_most_visited_branch(page: int) -> None:
+    a = [1, 2, 3, 4, 10, 11, 12, 13, 14, 15, 16, 17]
+    b = [1, 2, 3, 4, 20, 21, 22, 23, 24, 25, 26, 27]
+    cache = _tree(page, [a, b], [1, 3])
+    d = RadixDrafter(cache)
+    assert d.propose([1, 2, 3, 4], 3) == [20, 21, 22]  # b was visited more
+    assert d.propose([1, 2, 3, 4, 10], 3) == [11, 12, 13]  # the context picks a
+    assert d.propose([1, 2, 3, 4, 10, 11, 12, 13, 14, 15], 8) == [16, 17]
+    assert d.propose([1, 2, 5], 3) == []
+    before = [(n.hit_count, n.last_access) for n in cache.root.children.values()]
+    d.propose([1, 2, 3, 4, 10], 3)
+    assert before == [(n.hit_count, n.last_access) for n in cache.root.children.values()]
+    cache.check_integrity()
+
+
+def test_draft_length_adapts() -> None:
+    n = DraftLength(max_len=4)
+    assert n.next() == 4
+    n.update(4, 4)
+    assert n.next() == 4
+    n.update(4, 1)
+    assert n.next() == 2
+    n.update(2, 0)
+    n.update(1, 0)  # twice nothing: pause
+    assert [n.next() for _ in range(3)] == [0, 0, 1]
+    n.update(1, 1)
+    assert n.next() == 2
+
+
+def test_proposals_are_pure() -> None:
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, 5, 200).tolist()
+    d = NgramDrafter()
+    assert d.propose(ctx, 4) == d.propose(list(ctx), 4)
+    for k in range(1, 6):
+        assert d.propose(ctx, k) == d.propose(ctx, 8)[:k]

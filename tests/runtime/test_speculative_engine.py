@@ -1,0 +1,180 @@
+"""Speculative decoding in the engine: each drafter's outputs equal plain decoding's (and
+transformers') token for token, greedy and seeded, under every scheduler path; the KV
+accounting stays exact."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+from engine_helpers import assert_idle_and_intact, hf_greedy
+
+from sprig.runtime import Engine
+
+ALGORITHMS = ["ngram", "radix"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+# repetitive prompts, so prompt lookup finds matches; tiny random models also loop
+PROMPTS = [
+    "the cat the cat the cat the cat",
+    "one two three one two three one",
+    "a quick fox",
+    "red blue red blue red blue red blue red",
+    "how the model caches the prefix tree of the request",
+]
+MAX_NEW = 24
+GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+
+
+def outputs(engine: Engine, prompts: list[str], params: dict, **kwargs) -> list[dict]:
+    outs = engine.generate(prompts, params, **kwargs)
+    assert_idle_and_intact(engine)
+    return outs
+
+
+def ids(outs: list[dict]) -> list[list[int]]:
+    return [o["output_ids"] for o in outs]
+
+
+@pytest.fixture(scope="module")
+def references(tiny_checkpoints: dict[str, Path]) -> dict[str, list[list[int]]]:
+    return {arch: hf_greedy(tiny_checkpoints[arch], PROMPTS, MAX_NEW) for arch in ARCHS}
+
+
+def _spec_engine(path: Path, algorithm: str, **options) -> Engine:
+    return Engine(path, dtype="float32", check_integrity=True, speculative_algorithm=algorithm, **options)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_greedy_equals_transformers(arch, algorithm, tiny_checkpoints, references) -> None:
+    with _spec_engine(tiny_checkpoints[arch], algorithm) as engine:
+        cold = outputs(engine, PROMPTS, GREEDY)
+        warm = outputs(engine, PROMPTS, GREEDY)  # the radix drafter now finds the first run's outputs
+        assert ids(cold) == references[arch]
+        assert ids(warm) == references[arch]
+        stats = engine.scheduler.speculative.stats
+        assert stats.accepted > 0 and stats.mean_accept_length > 1.0
+        passes = sum(o["meta_info"]["spec_verify_ct"] for o in cold + warm)
+        assert passes < 2 * len(PROMPTS) * (MAX_NEW - 1)  # fewer target passes per request than plain decoding
+        meta = warm[0]["meta_info"]
+        assert 0 < meta["spec_verify_ct"] <= MAX_NEW - 1
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"chunked_prefill_size": 5},
+        {"page_size": 4},
+        {"page_size": 16, "max_total_tokens": 4096},
+        {"disable_radix_cache": True},
+        {"max_running_requests": 2, "schedule_policy": "lpm"},
+        {"max_total_tokens": 96, "new_token_ratio": 0.0, "min_new_token_ratio": 0.0},
+        {"attention_backend": "triton", "page_size": 4},
+    ],
+    ids=["chunked-5", "page-4", "page-16", "no-cache", "two-running", "retraction", "triton"],
+)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_greedy_equals_transformers_under_scheduler_options(algorithm, options, tiny_checkpoints, references) -> None:
+    with _spec_engine(tiny_checkpoints["qwen2"], algorithm, **options) as engine:
+        assert ids(outputs(engine, PROMPTS, GREEDY)) == references["qwen2"]
+        assert ids(outputs(engine, PROMPTS, GREEDY)) == references["qwen2"]
+        if "max_total_tokens" in options and options["max_total_tokens"] < 100:
+            assert engine.scheduler.stats.retractions > 0
+
+
+SAMPLED = [
+    {"temperature": 0.8, "sampling_seed": 11, "n": 3},
+    {"temperature": 1.2, "top_k": 5, "top_p": 0.9, "min_p": 0.05, "sampling_seed": 3},
+    {"temperature": 0.7, "sampling_seed": 5, "frequency_penalty": 0.5, "presence_penalty": 0.3,
+     "repetition_penalty": 1.3, "logit_bias": {"40": 2.0, "41": -3.0}},
+    {"temperature": 0, "min_new_tokens": 10, "stop_token_ids": [40, 41, 42, 43, 44, 45]},
+    {"temperature": 0.9, "sampling_seed": 2, "stop": [" the", "ca"]},
+]
+
+
+class CorruptedOracle:
+    """Proposes the continuation a plain run produced, each token replaced by a random one
+    with probability 0.3: drafts that are often right and often wrong."""
+
+    def __init__(self, sequences: list[list[int]]) -> None:
+        self.sequences = sequences
+        self.rng = random.Random(0)
+
+    def propose(self, context, k: int) -> list[int]:
+        context = list(context)
+        for seq in self.sequences:
+            if len(seq) > len(context) and seq[: len(context)] == context:
+                return [t if self.rng.random() > 0.3 else self.rng.randrange(512) for t in seq[len(context) :][:k]]
+        return []
+
+
+@pytest.mark.parametrize("params", SAMPLED, ids=["n3", "filters", "penalties", "min-new", "stop-strings"])
+@pytest.mark.parametrize("algorithm", [*ALGORITHMS, "oracle"])
+def test_seeded_outputs_do_not_depend_on_speculation(algorithm, params, tiny_checkpoints) -> None:
+    path = tiny_checkpoints["llama"]
+    sp = {"max_new_tokens": MAX_NEW, "ignore_eos": True, **params}
+    with Engine(path, dtype="float32") as plain:
+        want = outputs(plain, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
+        want_warm = outputs(plain, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
+    with _spec_engine(path, "ngram" if algorithm == "oracle" else algorithm) as engine:
+        stats = engine.scheduler.speculative.stats
+        if algorithm == "oracle":
+            known = [engine.tokenizer.encode(p) + o["output_ids"] for p in PROMPTS for o in want]
+            engine.scheduler.speculative.drafter = CorruptedOracle(known)
+        got = outputs(engine, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
+        got_warm = outputs(engine, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
+        if algorithm == "oracle":  # drafts accepted in part: every acceptance length is exercised
+            assert 0 < stats.accepted < stats.drafted
+        if algorithm == "radix":  # the warm run's drafts are the cold run's outputs
+            assert stats.accepted > 0
+    for g, w in zip(got + got_warm, want + want_warm, strict=True):
+        assert g["output_ids"] == w["output_ids"]
+        assert g["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"]
+        assert g["text"] == w["text"]
+        got_lp, want_lp = g["meta_info"]["output_token_logprobs"], w["meta_info"]["output_token_logprobs"]
+        assert [t for _, t, _ in got_lp] == [t for _, t, _ in want_lp]
+        assert [lp for lp, _, _ in got_lp] == pytest.approx([lp for lp, _, _ in want_lp], abs=1e-5)
+        for a, b in zip(g["meta_info"]["output_top_logprobs"], w["meta_info"]["output_top_logprobs"], strict=True):
+            assert [e[0] for e in a] == pytest.approx([e[0] for e in b], abs=1e-5)
+
+
+def test_constrained_requests_keep_their_grammar(tiny_checkpoints) -> None:
+    path = tiny_checkpoints["llama"]
+    sp = {"max_new_tokens": 16, "temperature": 0, "regex": "(ab|cd)+x"}
+    free = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+    with Engine(path, dtype="float32") as plain:
+        want = plain.generate(PROMPTS[:2], sp) + plain.generate(PROMPTS[:2], free)
+    with _spec_engine(path, "ngram") as engine:
+        got = engine.generate(PROMPTS[:2], sp) + engine.generate(PROMPTS[:2], free)
+        assert_idle_and_intact(engine)
+    assert ids(got) == ids(want)
+    for o in got[:2]:
+        text, stopped = o["text"], o["meta_info"]["finish_reason"]["type"] == "stop"
+        assert re.fullmatch("(ab|cd)+x" if stopped else "(ab|cd)*(a|c)?", text), text
+
+
+def test_aborts_mid_verification_free_everything(tiny_checkpoints) -> None:
+    path = tiny_checkpoints["llama"]
+    with _spec_engine(path, "ngram") as engine:
+        sched = engine.scheduler
+        engine.generate(PROMPTS, GREEDY)  # cache them
+        from sprig.runtime.sampling import SamplingParams
+        from sprig.runtime.scheduler import Req
+
+        reqs = [Req(rid=f"a{i}", prompt_ids=engine.tokenizer.encode(p), params=SamplingParams.from_dict(GREEDY))
+                for i, p in enumerate(PROMPTS)]
+        for r in reqs:
+            sched.add_request(r)
+        for _ in range(4):
+            sched.step()
+        for r in reqs[::2]:
+            sched.abort(r.rid)
+        sched.check_integrity()
+        while sched.has_work:
+            sched.step()
+        assert_idle_and_intact(engine)
+        assert all(r.finish.type == "abort" for r in reqs[::2])
+        assert all(len(r.output_ids) == MAX_NEW for r in reqs[1::2])
