@@ -3,8 +3,9 @@ demo model's greedy accuracy at each precision.
 
 Speed (the default): a random Llama built here, large enough that reading the weights
 dominates a decode step on a CPU (--size 300m: 18 layers, hidden 1024, about 270M
-parameters), run as float32, bfloat16, int8 (per output channel) and int4 (groups of
-128), the quantized ones with bfloat16 activations (torch's CPU int8/int4 kernels are
+parameters), run as float32, bfloat16, int8 (per output channel), int4 (groups of
+128) and fp8 e4m3 (per output channel, dequantized for each matmul), the quantized ones
+with bfloat16 activations (torch's CPU int8/int4 kernels are
 vectorised for bfloat16; with float32 activations they take a scalar path). `--threads`
 sets torch's threads (default 1: on a CPU shared with other processes, torch's int8/int4
 kernels with two threads spent about 8 ms a call waiting at OpenMP barriers, whatever the
@@ -15,8 +16,8 @@ a slow phase of a shared machine lands on all alike; medians are reported. Print
 bytes, KV bytes per token, decode tokens/s at each batch size, and each ratio to float32.
 
 Accuracy (--accuracy): the shipped demo model on the 200 held-out problems, greedy, in
-float32 and with int8 and int4 weights (float32 activations, so only the weights differ;
-and int4 beside the int8 KV cache), through the offline Engine.
+float32 and with int8, int4 and fp8 weights (float32 activations, so only the weights
+differ; and int4 beside the int8 KV cache), through the offline Engine.
 
     python benchmarks/bench_quant.py                      # speed, batch 1 and 32
     python benchmarks/bench_quant.py --repeats 5 --steps 32 --threads 2
@@ -50,6 +51,7 @@ PRECISIONS = {  # name -> RunnerConfig options
     "bfloat16": dict(dtype="bfloat16"),
     "int8": dict(dtype="bfloat16", quantization="int8"),
     "int4": dict(dtype="bfloat16", quantization="int4", quantization_group_size=128),
+    "fp8": dict(dtype="bfloat16", quantization="fp8"),
 }
 ACCURACY = {  # name -> Engine options for the demo model
     "float32": dict(dtype="float32"),
@@ -58,6 +60,7 @@ ACCURACY = {  # name -> Engine options for the demo model
     "int4 g64": dict(dtype="float32", quantization="int4", quantization_group_size=64),
     "int4 g64, int8 KV cache": dict(dtype="float32", quantization="int4", quantization_group_size=64,
                                     kv_cache_dtype="int8"),
+    "fp8": dict(dtype="float32", quantization="fp8"),
 }
 
 

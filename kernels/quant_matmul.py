@@ -6,6 +6,11 @@ bit (k % (8 // bits)) * bits); float32 `scales` and `zeros` `[K / group, N]`:
 
     W[k, n] = (code[k, n] - zeros[k // group, n]) * scales[k // group, n]
 
+or, with `float8` (8-bit codes holding float8 e4m3 bits; zeros unused), W[k, n] =
+e4m3(code[k, n]) * scales[k // group, n]. The kernel decodes e4m3 from the bits with
+integer arithmetic (sign, 4 exponent bits of bias 7, 3 mantissa bits; exponent 0 is
+subnormal), exactly, so it needs no float8 hardware and runs under the interpreter.
+
 The Triton kernel accumulates in float32 and returns x's dtype. Small batches (M <= 16)
 take a split-K GEMV shape: the K loop is shared among `split_k` programs whose float32
 partial sums are added in a fixed order, so the result is deterministic but may round
@@ -35,6 +40,7 @@ def _quant_matmul_kernel(
     stride_xm,
     GROUP: tl.constexpr,
     BITS: tl.constexpr,
+    FLOAT8: tl.constexpr,  # codes are float8 e4m3 bits; zeros are not read
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -63,14 +69,27 @@ def _quant_matmul_kernel(
         code = (byte.to(tl.int32) >> ((rk % PER_BYTE) * BITS)[:, None]) & ((1 << BITS) - 1)
         g = (rk // GROUP)[:, None].to(tl.int64) * N + rn[None, :]
         scale = tl.load(s_ptr + g, mask=wmask, other=0.0)
-        zero = tl.load(z_ptr + g, mask=wmask, other=0.0)
-        w = (code.to(tl.float32) - zero) * scale  # [BK, BN]
+        if FLOAT8:
+            w = _e4m3(code) * scale  # [BK, BN]
+        else:
+            zero = tl.load(z_ptr + g, mask=wmask, other=0.0)
+            w = (code.to(tl.float32) - zero) * scale  # [BK, BN]
         if DOT_F32:
             acc += tl.dot(x.to(tl.float32), w, input_precision=PRECISION)
         else:
             acc += tl.dot(x, w.to(x_ptr.dtype.element_ty), input_precision=PRECISION)
     out = out_ptr + pid_k * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _e4m3(code):
+    """The float32 value of float8 e4m3 bits (int32 in 0 .. 255; NaN codes not handled)."""
+    exponent = (code >> 3) & 15
+    mantissa = (code & 7).to(tl.float32)
+    power = ((tl.maximum(exponent, 1) + 120) << 23).to(tl.float32, bitcast=True)  # 2**(max(e, 1) - 7)
+    magnitude = tl.where(exponent == 0, mantissa / 8.0, 1.0 + mantissa / 8.0) * power
+    return tl.where((code >> 7) != 0, -magnitude, magnitude)
 
 
 def default_split_k(m: int, n: int, k: int, sms: int, *, block_n: int, block_k: int) -> int:
@@ -88,6 +107,7 @@ def quant_matmul_triton(
     zeros: torch.Tensor,  # [K / group, N] float32
     *,
     bits: int,
+    float8: bool = False,
     split_k: int | None = None,
 ) -> torch.Tensor:  # [M, N], x's dtype
     """Triton launcher. `split_k` None: `default_split_k` (a function of the shapes)."""
@@ -106,7 +126,7 @@ def quant_matmul_triton(
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split_k)
     _quant_matmul_kernel[grid](
         x, qweight, scales, zeros, part, m, n, k, x.stride(0),
-        GROUP=k // scales.shape[0], BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        GROUP=k // scales.shape[0], BITS=bits, FLOAT8=float8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         DOT_F32=dot_in_f32(x.dtype), num_warps=4,
     )
@@ -116,9 +136,10 @@ def quant_matmul_triton(
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:  # [K, N] -> [K * bits / 8, N] uint8
-    """Pack codes (< 2**bits, K a multiple of 8 / bits) into the kernel's layout."""
+    """Pack codes (< 2**bits, K a multiple of 8 / bits) into the kernel's layout, row-major
+    whatever the strides of `codes` (a transposed view is the usual input)."""
     per_byte = 8 // bits
-    c = codes.to(torch.uint8).reshape(codes.shape[0] // per_byte, per_byte, codes.shape[1])
+    c = codes.to(torch.uint8).contiguous().reshape(codes.shape[0] // per_byte, per_byte, codes.shape[1])
     out = torch.zeros_like(c[:, 0])
     for i in range(per_byte):
         out |= c[:, i] << (i * bits)
@@ -140,11 +161,15 @@ def quant_matmul_ref(
     zeros: torch.Tensor,  # [K / group, N] float32
     *,
     bits: int,
+    float8: bool = False,
 ) -> torch.Tensor:  # [M, N], x's dtype
     """Torch reference: dequantize W to float32, round it to x's dtype, then matmul."""
-    codes = unpack_codes(qweight, bits).float()  # [K, N]
+    codes = unpack_codes(qweight, bits)  # [K, N] uint8
     group = codes.shape[0] // scales.shape[0]
-    w = (codes - zeros.repeat_interleave(group, 0)) * scales.repeat_interleave(group, 0)
+    if float8:
+        w = codes.view(torch.float8_e4m3fn).float() * scales.repeat_interleave(group, 0)
+    else:
+        w = (codes.float() - zeros.repeat_interleave(group, 0)) * scales.repeat_interleave(group, 0)
     return x @ w.to(x.dtype)
 
 
@@ -155,8 +180,11 @@ def quant_matmul(
     zeros: torch.Tensor,  # [K / group, N] float32
     *,
     bits: int,
+    float8: bool = False,
 ) -> torch.Tensor:  # [M, N], x's dtype
     """`x @ W` for the packed quantized W described in the module docstring."""
+    if float8 and bits != 8:
+        raise ValueError("float8 codes are 8 bits")
     if use_triton(x, qweight):
-        return quant_matmul_triton(x, qweight, scales, zeros, bits=bits)
-    return quant_matmul_ref(x, qweight, scales, zeros, bits=bits)
+        return quant_matmul_triton(x, qweight, scales, zeros, bits=bits, float8=float8)
+    return quant_matmul_ref(x, qweight, scales, zeros, bits=bits, float8=float8)

@@ -6,10 +6,13 @@ groups are adjacent columns, and a registry that picks one per device.
 - `Int4CPU`: torch's `_convert_weight_to_int4pack_for_cpu` + `_weight_int4pack_mm_for_cpu`,
   which compute `W = (q - 8) * scale + offset` per group of 32/64/128/256 columns, so the
   offset is `(8 - zero) * scale`; rows are padded to a multiple of 16.
-- `DequantMatmul`: `sprig.kernels.quant_matmul` (Triton on CUDA; on CPU its plain
-  dequantize-then-matmul reference): any bits, any group size.
-- `Float8Matmul`: float8 e4m3 weights kept in 8 bits, dequantized (float32 products, then
-  the activations' dtype) for each call's dense matmul, on every device.
+- `Float8CPU`: float8 e4m3 weights kept in 8 bits, widened to the activations' dtype for
+  each call's dense matmul (a scale per output applied to the product; group or block
+  scales to the weight, in float32). The widening costs far more than the matmul on a CPU
+  (torch has no vectorised float8 conversion): fp8 on a CPU saves memory, not time.
+- `DequantMatmul`: `sprig.kernels.quant_matmul` (Triton on CUDA, decoding integer or
+  float8 codes in the kernel; on CPU its plain dequantize-then-matmul reference): any
+  bits, any group size.
 
 Every one computes `x @ W.T` in x's dtype (the model's) and keeps no state between calls.
 On CPU the torch kernels are vectorised for bfloat16 and float16 activations; with float32
@@ -84,20 +87,20 @@ class Int4CPU(nn.Module):
 class DequantMatmul(nn.Module):
     @staticmethod
     def supports(weight: QuantizedWeight) -> bool:
-        return weight.in_features % (8 // weight.bits) == 0 and not weight.float8
+        return weight.in_features % (8 // weight.bits) == 0
 
     def __init__(self, weight: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        self.bits = weight.bits
+        self.bits, self.float8 = weight.bits, weight.float8
         self.register_buffer("qweight", pack_codes(weight.qweight.T, weight.bits).to(device))  # [K b/8, N]
         self.register_buffer("scales", weight.scales.T.contiguous().to(device))  # [G, N] float32
         self.register_buffer("zeros", weight.zeros.T.contiguous().to(device))  # [G, N] float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N]
-        return quant_matmul(x, self.qweight, self.scales, self.zeros, bits=self.bits)
+        return quant_matmul(x, self.qweight, self.scales, self.zeros, bits=self.bits, float8=self.float8)
 
 
-class Float8Matmul(nn.Module):
+class Float8CPU(nn.Module):
     @staticmethod
     def supports(weight: QuantizedWeight) -> bool:
         return weight.float8
@@ -109,14 +112,16 @@ class Float8Matmul(nn.Module):
         self.group = weight.group_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N]
-        scales = self.scales if self.scales.shape[1] == 1 else self.scales.repeat_interleave(self.group, 1)
+        if self.scales.shape[1] == 1:  # one scale per output: applied to the product
+            return nn.functional.linear(x, self.codes.to(x.dtype)) * self.scales[:, 0].to(x.dtype)
+        scales = self.scales.repeat_interleave(self.group, 1)
         return nn.functional.linear(x, (self.codes.float() * scales).to(x.dtype))
 
 
 # device type -> candidates, the first that supports a weight wins
 MATMULS: dict[str, tuple[type[nn.Module], ...]] = {
-    "cpu": (Float8Matmul, Int8PerChannelCPU, Int4CPU, DequantMatmul),
-    "cuda": (Float8Matmul, DequantMatmul),
+    "cpu": (Float8CPU, Int8PerChannelCPU, Int4CPU, DequantMatmul),
+    "cuda": (DequantMatmul,),
 }
 
 

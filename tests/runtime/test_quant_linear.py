@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from sprig.runtime.quantization.matmul import (
     MATMULS,
     DequantMatmul,
-    Float8Matmul,
+    Float8CPU,
     Int4CPU,
     Int8PerChannelCPU,
     build_matmul,
@@ -48,8 +48,8 @@ CPU_CASES = [
     ("int4-per-channel", QuantScheme(4, None), 32, 192, Int4CPU),  # runs as groups of 64
     ("int4-g16", QuantScheme(4, 16), 32, 64, DequantMatmul),  # too small for torch's kernel
     ("int8-g32", QuantScheme(8, 32, symmetric=False), 32, 64, DequantMatmul),
-    ("fp8-per-channel", QuantScheme(8, float8=True), 40, 96, Float8Matmul),
-    ("fp8-g32", QuantScheme(8, 32, float8=True), 24, 64, Float8Matmul),
+    ("fp8-per-channel", QuantScheme(8, float8=True), 40, 96, Float8CPU),
+    ("fp8-g32", QuantScheme(8, 32, float8=True), 24, 64, Float8CPU),
 ]
 
 
@@ -69,7 +69,7 @@ def test_cpu_matmul_matches_the_dequantized_weight(
     torch.testing.assert_close(got.float(), want, **tol)
 
 
-TORCH_KERNEL_CASES = [c for c in CPU_CASES if c[4] not in (DequantMatmul, Float8Matmul)]
+TORCH_KERNEL_CASES = [c for c in CPU_CASES if c[4] not in (DequantMatmul, Float8CPU)]
 
 
 @pytest.mark.parametrize(("name", "scheme", "n", "k", "cls"), TORCH_KERNEL_CASES, ids=[c[0] for c in TORCH_KERNEL_CASES])
@@ -87,8 +87,8 @@ def test_torch_kernel_rows_do_not_depend_on_the_batch(
 
 
 def test_registry_prefers_torch_kernels_on_cpu_and_triton_on_cuda() -> None:
-    assert MATMULS["cpu"] == (Float8Matmul, Int8PerChannelCPU, Int4CPU, DequantMatmul)
-    assert MATMULS["cuda"] == (Float8Matmul, DequantMatmul)
+    assert MATMULS["cpu"] == (Float8CPU, Int8PerChannelCPU, Int4CPU, DequantMatmul)
+    assert MATMULS["cuda"] == (DequantMatmul,)
 
 
 @pytest.mark.parametrize("group", [None, 32])
@@ -147,3 +147,18 @@ def test_scheme_validation(bits: int, group: int | None, message: str) -> None:
         QuantScheme(bits, group)
     with pytest.raises(ValueError, match="group size 48 does not divide in_features 64"):
         QuantScheme(4, 48).num_groups(64)
+
+
+@pytest.mark.parametrize(
+    "scheme", [QuantScheme(8, None, float8=True), QuantScheme(8, 32, float8=True), QuantScheme(8),
+               QuantScheme(8, 32, symmetric=False), QuantScheme(4, 32)], ids=str,
+)
+def test_cuda_path_runs_through_the_triton_kernel(scheme: QuantScheme, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What CUDA runs for every weight (`DequantMatmul`: the Triton kernel, decoding e4m3
+    for fp8), here under the interpreter, equals the dequantized weight's product; 8-bit
+    codes are packed from a transposed view, which must come out row-major."""
+    monkeypatch.setenv("SPRIG_FORCE_TRITON", "1")
+    weight = _weight(40, 64, scheme)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    got = DequantMatmul(weight, torch.float32, CPU)(x)
+    torch.testing.assert_close(got, F.linear(x, weight.dequantize()), atol=2e-5, rtol=1e-5)
