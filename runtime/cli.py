@@ -75,6 +75,11 @@ HELP = {
     "in_batch_prefix_min": "shared uncached prefix length that defers a request by a step",
     "check_integrity": "check the KV accounting after every step (slow; for debugging)",
     "grammar_compile_timeout_s": "seconds a regex, JSON schema or ebnf grammar may take to compile; longer is a 400",
+    "speculative_algorithm": "speculative decoding's drafter (off by default): ngram (prompt lookup in the "
+    "request's own context) or radix (the radix cache's most visited continuation: sibling samples, earlier "
+    "branches); outputs are exactly those without it",
+    "speculative_num_draft_tokens": "most drafted tokens verified per request and step (each request's length "
+    "adapts to its acceptance)",
     "grammar_backend": "what compiles regex / json_schema / response_format constraints: outlines (slow to compile, "
                        "cheap per token) or llguidance (compiles in milliseconds, costlier per token); "
                        "ebnf grammars always use llguidance",
@@ -109,7 +114,11 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from sprig.runtime.attention import ATTENTION_BACKENDS
     from sprig.runtime.model_runner import DTYPES
     from sprig.runtime.quantization.formats import ONLINE_GROUP_SIZES, ONLINE_SCHEMES
-    from sprig.runtime.scheduler.config import GRAMMAR_BACKENDS, SCHEDULE_POLICIES
+    from sprig.runtime.scheduler.config import (
+        GRAMMAR_BACKENDS,
+        SCHEDULE_POLICIES,
+        SPECULATIVE_ALGORITHMS,
+    )
     from sprig.runtime.server.config import LOG_LEVELS, REASONING_PARSERS, TOOL_CALL_PARSERS
     from sprig.runtime.server.gateway import ROUTER_POLICIES
 
@@ -121,6 +130,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
         "kv_cache_dtype": tuple(KV_CACHE_DTYPES),
         "schedule_policy": SCHEDULE_POLICIES,
         "grammar_backend": GRAMMAR_BACKENDS,
+        "speculative_algorithm": SPECULATIVE_ALGORITHMS,
         "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
         "log_level": LOG_LEVELS,
         "tool_call_parser": TOOL_CALL_PARSERS,
