@@ -121,6 +121,8 @@ class StatsReport:
     gen_throughput: float
     prefill_throughput: float
     integrity: str = "unchecked"
+    spec_accept_rate: float = 0.0  # speculative decoding: drafts accepted / drafted since start
+    spec_accept_length: float = 0.0  # tokens per request per verification pass since start
 
 
 @dataclass

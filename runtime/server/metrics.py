@@ -29,6 +29,12 @@ class Metrics:
         self.hit_rate = Gauge("sprig_cache_hit_rate", "Share of looked-up prompt tokens found in the radix cache.", registry=r)
         self.gen_throughput = Gauge("sprig_gen_throughput", "Generated tokens per second (recent).", registry=r)
         self.prefill_throughput = Gauge("sprig_prefill_throughput", "Prompt tokens computed per second (recent).", registry=r)
+        self.spec_accept_rate = Gauge(
+            "sprig_spec_accept_rate", "Speculative decoding: share of drafted tokens accepted.", registry=r
+        )
+        self.spec_accept_length = Gauge(
+            "sprig_spec_accept_length", "Speculative decoding: tokens per request per verification pass.", registry=r
+        )
         self.prompt_tokens = Counter("sprig_prompt_tokens", "Prompt tokens computed.", registry=r)
         self.cached_tokens = Counter("sprig_cached_tokens", "Prompt tokens reused from the cache.", registry=r)
         self.generation_tokens = Counter("sprig_generation_tokens", "Tokens generated.", registry=r)
@@ -64,6 +70,8 @@ class Metrics:
         self.hit_rate.set(s.cache_hit_rate)
         self.gen_throughput.set(s.gen_throughput)
         self.prefill_throughput.set(s.prefill_throughput)
+        self.spec_accept_rate.set(s.spec_accept_rate)
+        self.spec_accept_length.set(s.spec_accept_length)
         last = self._last
         for counter, now, before in (
             (self.prompt_tokens, s.prefill_tokens, last.prefill_tokens if last else 0),

@@ -67,6 +67,7 @@ class StatsTracker:
         gen, prefill = self._report_window.rates(st.decode_tokens, st.prefill_tokens)
         self._report_window.reset(st.decode_tokens, st.prefill_tokens)
         kv = scheduler.kv
+        spec = scheduler.speculative.stats if scheduler.speculative is not None else None
         return StatsReport(
             running=len(scheduler.running),
             queued=len(scheduler.waiting),
@@ -82,6 +83,8 @@ class StatsTracker:
             gen_throughput=gen,
             prefill_throughput=prefill,
             integrity=self.integrity,
+            spec_accept_rate=spec.acceptance_rate if spec else 0.0,
+            spec_accept_length=spec.mean_accept_length if spec else 0.0,
         )
 
     @staticmethod
@@ -93,3 +96,7 @@ class StatsTracker:
             len(scheduler.running), len(scheduler.waiting), 100 * used / kv.allocator.size, used,
             kv.allocator.size, 100 * kv.cache.hit_rate, gen, prefill,
         )
+        if scheduler.speculative is not None:
+            spec = scheduler.speculative.stats
+            log.info("speculative: %.1f%% of drafts accepted, %.2f tokens per verification",
+                     100 * spec.acceptance_rate, spec.mean_accept_length)
