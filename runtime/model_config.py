@@ -4,6 +4,7 @@ config.json (and generation_config.json for the stop tokens)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,20 +66,22 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, context_length: int | None = None) -> ModelConfig:
-        """Parse `path`/config.json; raises ValueError naming what is missing or unsupported,
-        or a `context_length` the model cannot serve (`longest_context`)."""
-        from sprig.runtime.models import supported_architectures
-
+    def from_pretrained(
+        cls, path: str | Path, *, context_length: int | None = None, supported: Collection[str] | None = None
+    ) -> ModelConfig:
+        """Parse `path`/config.json; raises ValueError naming what is missing or unsupported
+        (an architecture not in `supported`, when given: the model registry's names, which
+        this module does not import), or a `context_length` the model cannot serve
+        (`longest_context`)."""
         path = Path(path)
         if not path.is_dir():
             raise ValueError(f"model path {str(path)!r} is not a directory")
         cfg = _read_json(path / "config.json", required=True)
         archs = cfg.get("architectures") or []
-        if not archs or archs[0] not in supported_architectures():
+        if not archs or (supported is not None and archs[0] not in supported):
             raise ValueError(
                 f"{path / 'config.json'}: unsupported architecture {archs[:1] or None}; "
-                f"supported: {', '.join(supported_architectures())}"
+                f"supported: {', '.join(supported or ())}"
             )
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"{path / 'config.json'}: hidden_act {cfg['hidden_act']!r} is not silu")

@@ -15,6 +15,7 @@ from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.models import supported_architectures
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.step_input import StepInput, build_forward_batch
 from sprig.runtime.weight_loader import load_model
@@ -128,7 +129,9 @@ class ModelRunner:
 
     def __init__(self, config: RunnerConfig, tp: TPGroup | None = None) -> None:
         self.config = config
-        self.model_config = ModelConfig.from_pretrained(config.model_path, context_length=config.context_length)
+        self.model_config = ModelConfig.from_pretrained(
+            config.model_path, context_length=config.context_length, supported=supported_architectures()
+        )
         self.device = _resolve_device(config.device)
         if config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)

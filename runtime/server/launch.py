@@ -117,7 +117,8 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
            children: dict[str, BaseProcess], tokenizer, info: dict) -> None:
     import uvicorn
 
-    from sprig.runtime.server.app import ServerState, create_app
+    from sprig.runtime.server.app import create_app
+    from sprig.runtime.server.http_io import ServerState
     from sprig.runtime.server.http_protocol import with_header_timeout
     from sprig.runtime.server.inputs import InputBuilder
     from sprig.runtime.server.metrics import Metrics

@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from sprig.runtime.server.app import json_response, prepare, state_of
 from sprig.runtime.server.errors import ApiError, parse
+from sprig.runtime.server.http_io import json_response, prepare, state_of
 from sprig.runtime.server.inputs import InputBuilder
 from sprig.runtime.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
 

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from sprig.runtime.sampling import SamplingParams
-from sprig.runtime.server.app import (
+from sprig.runtime.server.errors import ApiError, error_response, parse
+from sprig.runtime.server.http_io import (
     SSE_DONE,
     SSEResponse,
     client_gone,
@@ -25,7 +26,6 @@ from sprig.runtime.server.app import (
     sse,
     state_of,
 )
-from sprig.runtime.server.errors import ApiError, error_response, parse
 from sprig.runtime.server.inputs import LogprobArgs
 from sprig.runtime.server.messages import GenerateReq
 from sprig.runtime.server.protocol import AbortRequest, GenerateRequest

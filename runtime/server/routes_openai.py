@@ -13,7 +13,10 @@ from starlette.responses import Response
 
 from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.scheduler.grammar import GRAMMAR_ERROR
-from sprig.runtime.server.app import (
+from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
+from sprig.runtime.server.constraints import Constraint, request_constraint
+from sprig.runtime.server.errors import ApiError, parse
+from sprig.runtime.server.http_io import (
     SSE_DONE,
     ServerState,
     SSEResponse,
@@ -26,9 +29,6 @@ from sprig.runtime.server.app import (
     sse,
     state_of,
 )
-from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
-from sprig.runtime.server.constraints import Constraint, request_constraint
-from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.inputs import LogprobArgs
 from sprig.runtime.server.messages import GenerateReq
 from sprig.runtime.server.openai_format import (

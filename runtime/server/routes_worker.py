@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from sprig.runtime.server.app import ServerState, json_response, state_of
+from sprig.runtime.server.http_io import ServerState, json_response, state_of
 
 router = APIRouter()
 

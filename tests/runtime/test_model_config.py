@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.models import supported_architectures
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -94,7 +95,8 @@ def test_missing_config_json(tmp_path: Path) -> None:
 
 def test_unknown_architecture_lists_supported(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*supported: LlamaForCausalLM, "):
-        ModelConfig.from_pretrained(write_config(tmp_path, {**BASE, "architectures": ["GPT2LMHeadModel"]}))
+        ModelConfig.from_pretrained(write_config(tmp_path, {**BASE, "architectures": ["GPT2LMHeadModel"]}),
+                                    supported=supported_architectures())
 
 
 @pytest.mark.parametrize(
