@@ -5,8 +5,8 @@ A schema asks for two or more of a domain's fields, in random order, under one o
 names such a field goes by (`name`, `full_name`, ...), with plain types (string,
 integer, list of strings) and no bounds — written as pydantic writes one (titles) or
 plainly. The prompt gives the schema in the user's turn or in a system turn, or only
-names the fields. The answer lists the fields in the schema's order, compact or spaced
-as `json.dumps` writes them.
+names the fields. The answer lists the fields in the schema's order, spaced as
+`json.dumps` writes them (so a number is the same tokens in the answer as in the text).
 """
 
 from __future__ import annotations
@@ -156,7 +156,6 @@ def make_extraction_dialogue(rng: random.Random) -> Dialogue:
     schema = schema_for(domain.title, [(n, domain.fields[f][0]) for n, f in zip(names, chosen, strict=True)],
                         pydantic=rng.random() < 0.5)
     answer = {n: record[f] for n, f in zip(names, chosen, strict=True)}
-    spacing = (",", ":") if rng.random() < 0.5 else (", ", ": ")
-    text = json.dumps(answer, separators=spacing)
+    text = json.dumps(answer)
     messages = [*_prompt(rng, domain, schema, names, domain.texts(rng, record)), assistant(text)]
     return Dialogue("json", tuple(messages), json.dumps(answer), schema=schema)

@@ -120,9 +120,11 @@ def tok():
     return tok
 
 
-def test_packed_training_loss_equals_one_example_per_row(train, tok):
+@pytest.mark.parametrize("prompt_weight", [0.0, 1.0])
+def test_packed_training_loss_equals_one_example_per_row(train, tok, prompt_weight):
     """The training script packs several dialogues into a row; loss and gradients must be
-    those of padding each dialogue to its own row (nothing attends across dialogues)."""
+    those of padding each dialogue to its own row (nothing attends across dialogues), with
+    the loss on the assistant's tokens, or (prompt weight 1) on every token."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -147,12 +149,28 @@ def test_packed_training_loss_equals_one_example_per_row(train, tok):
     labels = torch.full((len(examples), width), -100)
     for row, (ids, target) in enumerate(examples):
         padded[row, : len(ids)] = torch.tensor(ids)
-        labels[row, : len(ids)] = torch.tensor(target)
+        labels[row, : len(ids)] = torch.tensor(target if prompt_weight == 0 else ids)
     want, want_grads = loss_and_grads(model(input_ids=padded, labels=labels).loss)
-    got, got_grads = loss_and_grads(train.packed_loss(model, examples, tok.pad_token_id))
+    got, got_grads = loss_and_grads(train.packed_loss(model, examples, tok.pad_token_id, prompt_weight))
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_a_word_is_the_same_tokens_wherever_it_stands(train):
+    """With word tokens a name reads the same at a line's start, after a space and inside
+    JSON quotes (a space before it is a token of its own), so copying it from the prompt
+    is copying the same ids."""
+    corpus = [train.render_plain(d) for d in mixture.take("train", 2000)]
+    tok = train.build_tokenizer(corpus, 1024, word_tokens=True)
+
+    def ids(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    for word in ("Olga", "Porto", "Tara", "Brouzai"):
+        assert ids(f"{word} is 30.")[: len(ids(word))] == ids(word)
+        assert ids(f"is {word}?") == ids("is") + ids(" ") + ids(word) + ids("?")
+        assert ids(f'"{word}"') == ids('"') + ids(word) + ids('"')
 
 
 def test_loss_falls_on_every_assistant_turn_and_nothing_else(train, tok):
