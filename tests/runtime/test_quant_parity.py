@@ -50,7 +50,7 @@ LLAMA_ONLY = [  # the other variants
     Spec("compressed-tensors", 8, None),
 ]
 CASES = [(arch, spec) for spec in EVERY_ARCH for arch in ARCHITECTURES] + [("llama", s) for s in LLAMA_ONLY]
-ONLINE = [(arch, m, 32) for m in ("int8", "int4", "fp8") for arch in ARCHITECTURES] + [("llama", "int4", 64)]
+ONLINE = [(arch, m, 32) for m in ("int8", "int4") for arch in ARCHITECTURES] + [("llama", "int4", 64), ("llama", "fp8", 32)]
 ONLINE_SCHEMES = {"int8": QuantScheme(8), "fp8": QuantScheme(8, float8=True)}
 FP8_EVERY_ARCH = [Fp8Spec("fp8", "block"), Fp8Spec("compressed-tensors", "channel")]
 FP8_LLAMA_ONLY = [Fp8Spec("fp8", "tensor", static=True), Fp8Spec("compressed-tensors", "tensor"),
