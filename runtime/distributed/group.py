@@ -3,8 +3,8 @@ groups may live in one process, e.g. an engine per test).
 
 Two process groups over one TCP store: `compute` (NCCL on CUDA, gloo on CPU) carries the
 all-reduces and all-gathers inside a step and times out after `dist_timeout`; `control`
-(gloo, CPU tensors) carries the steps rank 0 sends and waits for the next one without a
-time limit, since a server may stay idle for days. A rank that dies closes its
+(gloo, CPU tensors) carries the steps rank 0 sends, which the other ranks wait for
+without a time limit, since a server may stay idle for days. A rank that dies closes its
 connections, which fails the others' next collective at once."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class TPGroup:
     def __init__(self, rank: int, size: int, address: tuple[str, int], *, device: torch.device,
                  timeout_s: float) -> None:
         self.rank, self.size = rank, size
-        timeout = datetime.timedelta(seconds=timeout_s)
+        self.timeout = timeout = datetime.timedelta(seconds=timeout_s)
         host, port = address
         self.store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False)
         self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", self.store), rank, size, CONTROL_TIMEOUT)
@@ -51,10 +51,12 @@ class TPGroup:
         x = torch.tensor([value], dtype=torch.int64)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MIN
+        opts.timeout = self.timeout
         self.control.allreduce([x], opts).wait()
         return int(x)
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
-        """Rank 0's CPU tensor `x` into every rank's `x` (same shape and dtype); no time limit."""
-        self.control.broadcast(x, 0).wait()
+        """Rank 0's CPU tensor `x` into every rank's `x` (same shape and dtype). Rank 0 waits
+        at most the group's timeout for every rank to take it; the others wait without limit."""
+        self.control.broadcast(x, 0, self.timeout if self.rank == 0 else None).wait()
         return x

@@ -13,7 +13,9 @@ import torch
 
 from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.rank import connect, rank_config, spawn_rank
+from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.distributed.step_message import send_step, send_stop
+from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 from sprig.runtime.server.gateway import free_port
 from sprig.runtime.step_input import StepInput
@@ -38,6 +40,7 @@ class TPRunner:
                  on_failure: Callable[[str], None] | None = None) -> None:
         if dist.node_rank != 0:
             raise ValueError("rank 0 runs on node 0; other nodes run `sprig serve --node-rank N` (no scheduler)")
+        check_splittable(config, dist)
         self.dist, self.on_failure = dist, on_failure
         self.failure: str | None = None
         self._closing = False
@@ -121,6 +124,17 @@ class TPRunner:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def check_splittable(config: RunnerConfig, dist: DistConfig) -> None:
+    """ValueError, before any rank starts, if the model cannot be split over `tp_size` ranks."""
+    model = ModelConfig.from_pretrained(config.model_path, context_length=config.context_length)
+    ShardPlan(model, 0, dist.tp_size)
+    quantized = model.quantization.name if model.quantization is not None else config.quantization
+    if quantized is not None:
+        raise ValueError(
+            f"tensor parallelism does not shard quantized ({quantized}) linear layers yet; use tp_size 1"
+        )
 
 
 def make_runner(config: RunnerConfig, dist: DistConfig,

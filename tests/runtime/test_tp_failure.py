@@ -1,0 +1,43 @@
+"""Tensor parallelism's failures are bounded and named: a model that does not split, or
+quantized layers, are refused before any rank starts; a rank that stops answering fails
+the step after `dist_timeout` instead of hanging it, and the engine stays failed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from sprig.runtime import Engine
+
+GREEDY = {"max_new_tokens": 4, "temperature": 0.0}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"tp_size": 3}, "4 attention heads do not split over 3 ranks"),
+    ({"tp_size": 2, "quantization": "int8"}, "does not shard quantized (int8)"),
+    ({"tp_size": 2, "nnodes": 2}, "dist_init_addr"),
+    ({"tp_size": 2, "dist_init_addr": "localhost"}, "host:port"),
+])
+def test_refused_before_any_rank_starts(tiny_llama: Path, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Engine(str(tiny_llama), device="cpu", **kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_rank_fails_the_step_after_the_timeout(tiny_llama: Path) -> None:
+    engine = Engine(str(tiny_llama), dtype="float32", device="cpu", cpu_threads=1, max_total_tokens=1024,
+                    tp_size=2, dist_timeout=3)
+    try:
+        assert len(engine.generate("the cat", GREEDY)["output_ids"]) == 4
+        (rank1,) = engine.runner.ranks.values()
+        os.kill(rank1.pid, signal.SIGSTOP)
+        with pytest.raises(RuntimeError, match="the tensor-parallel group failed"):  # not a hang
+            engine.generate("the dog", GREEDY)
+        with pytest.raises(RuntimeError, match="the tensor-parallel group failed"):  # it stays failed
+            engine.generate("the cat", GREEDY)
+    finally:
+        engine.shutdown()
+    assert rank1.poll() is not None  # killed on shutdown
