@@ -129,9 +129,10 @@ class Stats:
     by_backend: dict[str, int] = field(default_factory=dict)
     by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
+    by_tp: dict[str, int] = field(default_factory=dict)  # workloads by tensor-parallel ranks
 
     def line(self) -> str:
-        kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights}
+        kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp}
         backends = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
@@ -143,9 +144,11 @@ class Stats:
 # ---------------------------------------------------------------- workloads
 
 
-def make_workload(seed: int, model: str, vocab: int, *, triton: bool, int4_share: float = 0.25) -> Workload:
-    """A random workload and engine config, a function of `seed` alone (and of the share
-    of workloads with int4 weights)."""
+def make_workload(
+    seed: int, model: str, vocab: int, *, triton: bool, int4_share: float = 0.25, tp_share: float = 0.0
+) -> Workload:
+    """A random workload and engine config, a function of `seed` alone (and of the shares
+    of workloads with int4 weights and with two tensor-parallel ranks)."""
     rng = random.Random(seed)
 
     def ids(n: int) -> list[int]:
@@ -174,7 +177,7 @@ def make_workload(seed: int, model: str, vocab: int, *, triton: bool, int4_share
             arrival=rng.choice([0, 0, rng.randint(0, 12)]),
             abort_at=rng.randint(0, 16) if rng.random() < 0.1 else None,
         ))
-    return Workload(seed, model, tuple(requests), _options(rng, requests, triton, int4_share))
+    return Workload(seed, model, tuple(requests), _options(rng, requests, triton, int4_share, tp_share))
 
 
 def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
@@ -207,7 +210,9 @@ def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
     return SamplingParams.from_dict(p)
 
 
-def _options(rng: random.Random, requests: list[Request], triton: bool, int4_share: float) -> dict[str, Any]:
+def _options(
+    rng: random.Random, requests: list[Request], triton: bool, int4_share: float, tp_share: float
+) -> dict[str, Any]:
     page = rng.choice([1, 1, 4, 16])
     need = max(-(-(len(r.prompt) + r.params.max_new_tokens) // page) * page for r in requests)
     tight = rng.random() < 0.35
@@ -230,6 +235,8 @@ def _options(rng: random.Random, requests: list[Request], triton: bool, int4_sha
     if rng.random() < int4_share:  # drawn last: the options above do not depend on the share
         options["quantization"] = "int4"
         options["quantization_group_size"] = rng.choice([32, 64])
+    if tp_share and "quantization" not in options and rng.random() < tp_share:  # TP shards no quantized layer
+        options["tp_size"] = 2  # the batched run on two ranks over gloo; the alone runs on one
     return options
 
 
@@ -471,6 +478,7 @@ def fuzz(
     seed: int,
     triton_share: float = 0.1,
     int4_share: float = 0.25,
+    tp_share: float = 0.0,
     min_workloads: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> Stats:
@@ -488,7 +496,8 @@ def fuzz(
         name = names[rng.randrange(len(names))]
         triton = rng.random() < triton_share
         ref = refs[name]
-        workload = make_workload(workload_seed, name, ref.vocab, triton=triton, int4_share=int4_share)
+        workload = make_workload(workload_seed, name, ref.vocab, triton=triton, int4_share=int4_share,
+                                 tp_share=tp_share)
         run_one(workload, models[name], ref, stats)
         i += 1
         if progress is not None and (stats.workloads % 10 == 0):
@@ -513,3 +522,5 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     stats.by_kv_cache[kv] = stats.by_kv_cache.get(kv, 0) + 1
     weights = "weights " + options.get("quantization", "float")
     stats.by_weights[weights] = stats.by_weights.get(weights, 0) + 1
+    tp = f"tp {options.get('tp_size', 1)}"
+    stats.by_tp[tp] = stats.by_tp.get(tp, 0) + 1

@@ -13,6 +13,7 @@ from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 CI_SECONDS = 50
 INT4_CI_SECONDS = 20
+TP_CI_SECONDS = 30
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +75,15 @@ def test_int4_weights_every_request_equals_itself_alone(models: dict[str, Path],
     stats = fuzz(chosen, seconds=INT4_CI_SECONDS, seed=seed, int4_share=1.0, min_workloads=3)
     print(stats.line())
     assert stats.by_weights == {"weights int4": stats.workloads} and stats.tokens > 0
+
+
+@pytest.mark.fuzz
+def test_tp2_every_request_equals_itself_alone(models: dict[str, Path], request: pytest.FixtureRequest) -> None:
+    """Every workload's batched run on two tensor-parallel ranks (gloo; the MQA model's one
+    KV head replicated on both), each request against itself alone on one rank."""
+    seed = request.config.getoption("--fuzz-seed")
+    chosen = {name: models[name] for name in ("llama", "llama-mqa-sharp")}
+    stats = fuzz(chosen, seconds=TP_CI_SECONDS, seed=seed, triton_share=0.0, int4_share=0.0, tp_share=1.0,
+                 min_workloads=2)
+    print(stats.line())
+    assert stats.by_tp == {"tp 2": stats.workloads} and stats.tokens > 0
