@@ -87,23 +87,24 @@ def worker_command(model_path: str, server: ServerConfig, engine: EngineConfig, 
     return [
         sys.executable, "-m", "sprig.runtime", "serve", "--model", model_path, "--host", WORKER_HOST, "--port", "0",
         *config_flags(server, frozenset({"host", "port", "api_keys"})),
-        *config_flags(runner, frozenset({"model_path"})), *config_flags(engine.scheduler),
+        *config_flags(runner, frozenset({"model_path"})), *config_flags(engine.scheduler), *config_flags(engine.dist),
     ]
 
 
-def worker_devices(device: str, n: int) -> tuple[list[str | None], int | None]:
+def worker_devices(device: str, n: int, ranks: int = 1) -> tuple[list[str | None], int | None]:
     """(CUDA_VISIBLE_DEVICES for each worker, or None to inherit; torch CPU threads per
-    worker, or None for the default): one GPU each when there are n, else shared."""
+    worker rank, or None for the default): `ranks` GPUs each (one per tensor-parallel
+    rank) when there are `n * ranks`, else shared."""
     import torch
 
     if device in ("auto", "cuda") and torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-        if len(ids) >= n:
-            return ids[:n], None
+        if len(ids) >= n * ranks:
+            return [",".join(ids[i * ranks : (i + 1) * ranks]) for i in range(n)], None
         log.warning("%d workers share %d GPU(s)", n, len(ids))
         return [None] * n, None
-    return [None] * n, max(1, (os.cpu_count() or 1) // n) if device in ("auto", "cpu") else None
+    return [None] * n, max(1, (os.cpu_count() or 1) // (n * ranks)) if device in ("auto", "cpu") else None
 
 
 class Worker:
@@ -143,8 +144,11 @@ def launch_data_parallel(model_path: str, server: ServerConfig, engine: EngineCo
     exit_on_stop_signals()
     if len(server.api_keys) > 1:
         raise ValueError("--dp-size takes at most one API key (the gateway checks one)")
+    if engine.dist.nnodes > 1 or engine.dist.dist_init_addr is not None:
+        raise ValueError("--dp-size starts each worker's tensor-parallel group on this machine: "
+                         "no --nnodes or --dist-init-addr")
     key = server.api_keys[0] if server.api_keys else None
-    gpus, threads = worker_devices(engine.runner.device, dp.dp_size)
+    gpus, threads = worker_devices(engine.runner.device, dp.dp_size, engine.dist.tp_size)
     cmd = worker_command(model_path, server, engine, threads)
     workers: list[Worker] = []
     gateway: Gateway | None = None

@@ -160,7 +160,8 @@ def test_load_routes_count_what_is_in_flight(server: Server) -> None:
 
 def test_workers_get_the_servers_settings(tmp_path) -> None:
     flags = ["--max-total-tokens", "640", "--chunked-prefill-size", "none", "--no-enable-jump-forward",
-             "--shadow-attention", "--schedule-policy", "lpm", "--read-timeout", "2.5", "--served-model-name", "m"]
+             "--shadow-attention", "--schedule-policy", "lpm", "--read-timeout", "2.5", "--served-model-name", "m",
+             "--tp-size", "2", "--dist-timeout", "30"]
     server, engine = configs_from_args(build_parser().parse_args(["serve", "--model", str(tmp_path), *flags]))
     cmd = worker_command(str(tmp_path), dataclasses.replace(server, host="0.0.0.0", port=8000), engine, 3)
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "0"
@@ -168,6 +169,7 @@ def test_workers_get_the_servers_settings(tmp_path) -> None:
     assert worker_server == dataclasses.replace(server, host="127.0.0.1", port=0)
     assert worker_engine.scheduler == engine.scheduler
     assert worker_engine.runner == dataclasses.replace(engine.runner, cpu_threads=3)
+    assert worker_engine.dist == engine.dist and engine.dist.tp_size == 2  # each worker its own TP group
     assert config_flags(server) == ["--served-model-name", "m", "--read-timeout", "2.5"]
 
 
