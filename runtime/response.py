@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from sprig.runtime.detokenizer import (
@@ -20,27 +20,10 @@ from sprig.runtime.detokenizer import (
     RequestDetokenizer,
     decode_tokens_for_logprobs,
 )
-from sprig.runtime.scheduler import Req, TokenOutput
+from sprig.runtime.scheduler import Req
+from sprig.runtime.wire import DetokenizedOutput, TokenOutput
 
-
-@dataclass
-class DetokenizedOutput:
-    """What one scheduler step added to one request, as text. Plain fields (crosses
-    processes as msgpack). Logprob entries are `[logprob, token_id, text | None]`."""
-
-    rid: str
-    text_delta: str
-    new_ids: list[int]
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    jump_forward_tokens: int = 0
-    spec_verify_ct: int = 0  # speculative verification passes so far (0: none)
-    finish_reason: dict[str, Any] | None = None
-    output_logprobs: list[list[Any]] = field(default_factory=list)
-    output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
-    input_logprobs: list[list[Any]] | None = None
-    input_top_logprobs: list[list[list[Any]] | None] | None = None
+LOGPROB_FIELDS = frozenset({"output_logprobs", "output_top_logprobs", "input_logprobs", "input_top_logprobs"})
 
 
 def detokenize_config(req: Req) -> DetokenizeConfig:
@@ -79,22 +62,17 @@ class OutputDecoder:
         self._held: list[int] = []
 
     def decode(self, out: TokenOutput) -> DetokenizedOutput:
+        """`out` with its text delta, and its logprob entries with their texts."""
+        entries = self._entries
+        plain = {f.name: getattr(out, f.name) for f in dataclasses.fields(TokenOutput) if f.name not in LOGPROB_FIELDS}
         return DetokenizedOutput(
-            rid=out.rid,
+            **plain,
             text_delta=self._text(out),
-            new_ids=list(out.new_ids),
-            prompt_tokens=out.prompt_tokens,
-            completion_tokens=out.completion_tokens,
-            cached_tokens=out.cached_tokens,
-            jump_forward_tokens=out.jump_forward_tokens,
-            spec_verify_ct=out.spec_verify_ct,
-            finish_reason=out.finish_reason,
-            output_logprobs=self._entries(out.output_logprobs),
-            output_top_logprobs=[self._entries(row) for row in out.output_top_logprobs],
-            input_logprobs=None if out.input_logprobs is None else self._entries(out.input_logprobs),
-            input_top_logprobs=None
-            if out.input_top_logprobs is None
-            else [None if row is None else self._entries(row) for row in out.input_top_logprobs],
+            output_logprobs=entries(out.output_logprobs),
+            output_top_logprobs=[entries(row) for row in out.output_top_logprobs],
+            input_logprobs=None if out.input_logprobs is None else entries(out.input_logprobs),
+            input_top_logprobs=None if out.input_top_logprobs is None
+            else [None if row is None else entries(row) for row in out.input_top_logprobs],
         )
 
     def _text(self, out: TokenOutput) -> str:

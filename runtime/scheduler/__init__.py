@@ -1,7 +1,6 @@
 """Continuous batching with radix prefix reuse, chunked prefill and retraction."""
 
 from sprig.runtime.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
-from sprig.runtime.scheduler.output import TokenOutput
 from sprig.runtime.scheduler.request import FinishReason, Req
 from sprig.runtime.scheduler.scheduler import QueueFull, RequestRejected, Scheduler, SchedulerStats
 
@@ -14,5 +13,4 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStats",
-    "TokenOutput",
 ]

@@ -1,56 +1,32 @@
-"""What the scheduler reports after each step: per request, what is new since last time.
-
-Plain fields only, so the same record can cross a process boundary as msgpack.
-"""
+"""What the scheduler reports after each step: per request, what is new since last time."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from sprig.runtime.scheduler.request import Req
+from sprig.runtime.wire import TokenOutput
 
 
-@dataclass
-class TokenOutput:
-    """New output of one request. Logprob entries are `[logprob, token_id]` pairs;
-    `input_*` are sent once, in the step where the prompt finished prefilling."""
-
-    rid: str
-    new_ids: list[int]
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    jump_forward_tokens: int = 0
-    spec_verify_ct: int = 0
-    finish_reason: dict[str, Any] | None = None
-    output_logprobs: list[list[Any]] = field(default_factory=list)
-    output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
-    input_logprobs: list[list[Any]] | None = None
-    input_top_logprobs: list[list[list[Any]] | None] | None = None
-
-    @classmethod
-    def collect(cls, req: Req, sent_ids: int, sent_input_logprobs: bool) -> TokenOutput:
-        """What `req` has that was not reported: tokens from `sent_ids` on, and its
-        input logprobs unless `sent_input_logprobs`."""
-        out = cls(
-            rid=req.rid,
-            new_ids=req.output_ids[sent_ids:],
-            prompt_tokens=len(req.prompt_ids),
-            completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
-            jump_forward_tokens=req.jump_forward_tokens,
-            spec_verify_ct=req.spec_verify_ct,
-            finish_reason=req.finish.to_json() if req.finish else None,
-        )
-        if req.return_logprob:
-            out.output_logprobs = [list(e) for e in req.output_logprobs[sent_ids:]]
+def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool) -> TokenOutput:
+    """What `req` has that was not reported: tokens from `sent_ids` on, and its input
+    logprobs unless `sent_input_logprobs`."""
+    out = TokenOutput(
+        rid=req.rid,
+        new_ids=req.output_ids[sent_ids:],
+        prompt_tokens=len(req.prompt_ids),
+        completion_tokens=len(req.output_ids),
+        cached_tokens=req.cached_tokens,
+        jump_forward_tokens=req.jump_forward_tokens,
+        spec_verify_ct=req.spec_verify_ct,
+        finish_reason=req.finish.to_json() if req.finish else None,
+    )
+    if req.return_logprob:
+        out.output_logprobs = [list(e) for e in req.output_logprobs[sent_ids:]]
+        if req.top_logprobs_num:
+            out.output_top_logprobs = [[list(e) for e in row] for row in req.output_top_logprobs[sent_ids:]]
+        if req.input_logprobs_done and not sent_input_logprobs and req.logprob_start_len >= 0:
+            out.input_logprobs = [list(e) for e in req.input_logprobs]
             if req.top_logprobs_num:
-                out.output_top_logprobs = [[list(e) for e in row] for row in req.output_top_logprobs[sent_ids:]]
-            if req.input_logprobs_done and not sent_input_logprobs and req.logprob_start_len >= 0:
-                out.input_logprobs = [list(e) for e in req.input_logprobs]
-                if req.top_logprobs_num:
-                    out.input_top_logprobs = [
-                        None if row is None else [list(e) for e in row] for row in req.input_top_logprobs
-                    ]
-        return out
+                out.input_top_logprobs = [
+                    None if row is None else [list(e) for e in row] for row in req.input_top_logprobs
+                ]
+    return out

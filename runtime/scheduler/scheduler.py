@@ -22,10 +22,11 @@ from sprig.runtime.scheduler.admission import Admission, Extend
 from sprig.runtime.scheduler.config import SchedulerConfig
 from sprig.runtime.scheduler.grammar import GrammarError, Grammars
 from sprig.runtime.scheduler.kv import RequestKV
-from sprig.runtime.scheduler.output import TokenOutput
+from sprig.runtime.scheduler.output import collect_output
 from sprig.runtime.scheduler.request import FinishReason, Req
 from sprig.runtime.speculative import SpeculativeDecoder
 from sprig.runtime.step_input import StepInput
+from sprig.runtime.wire import TokenOutput
 
 log = logging.getLogger("sprig.scheduler")
 JUMP_CONTEXT_TOKENS = 4  # output tokens re-tokenized with a forced continuation
@@ -466,7 +467,7 @@ class Scheduler:
 
     def _collect(self, req: Req) -> TokenOutput:
         sent_ids, sent_input = self._sent.get(req.rid, (0, False))
-        out = TokenOutput.collect(req, sent_ids, sent_input)
+        out = collect_output(req, sent_ids, sent_input)
         if req.finished:
             self._reqs.pop(req.rid, None)
             self._sent.pop(req.rid, None)

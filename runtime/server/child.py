@@ -17,7 +17,7 @@ import time
 from multiprocessing.connection import Connection
 
 from sprig.runtime.server.ipc import IpcPaths
-from sprig.runtime.server.messages import StartupReport, encode
+from sprig.runtime.wire import StartupReport, encode
 
 log = logging.getLogger("sprig.server")
 HEARTBEAT_INTERVAL_S = 1.0

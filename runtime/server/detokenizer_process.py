@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 import zmq
 
 from sprig.runtime.detokenizer import DetokenizeConfig
-from sprig.runtime.response import DetokenizedOutput, OutputDecoder
+from sprig.runtime.response import OutputDecoder
 from sprig.runtime.server.child import (
     HeartbeatClock,
     ParentWatch,
@@ -23,8 +23,9 @@ from sprig.runtime.server.child import (
     setup_child,
 )
 from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
-from sprig.runtime.server.messages import (
+from sprig.runtime.wire import (
     DetokenizedBatch,
+    DetokenizedOutput,
     DetokRegister,
     Forget,
     Heartbeat,

@@ -18,8 +18,8 @@ from sprig.runtime.generate_input import expand, ids_batch, params_per_prompt, r
 from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.server.chat_render import ChatRenderer
 from sprig.runtime.server.errors import ApiError
-from sprig.runtime.server.messages import GenerateReq
 from sprig.runtime.server.protocol import ChatMessage
+from sprig.runtime.wire import GenerateReq
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from sprig.runtime.server.child import setup_logging
 from sprig.runtime.server.config import ServerConfig, default_model_name
 from sprig.runtime.server.detokenizer_process import run_detokenizer_process
 from sprig.runtime.server.ipc import IpcPaths
-from sprig.runtime.server.messages import StartupReport, decode
 from sprig.runtime.server.scheduler_process import run_scheduler_process
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
+from sprig.runtime.wire import StartupReport, decode
 
 log = logging.getLogger("sprig.launch")
 CHILD_STOP_TIMEOUT_S = 5.0

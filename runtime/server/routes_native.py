@@ -27,9 +27,9 @@ from sprig.runtime.server.http_io import (
     state_of,
 )
 from sprig.runtime.server.inputs import LogprobArgs
-from sprig.runtime.server.messages import GenerateReq
 from sprig.runtime.server.protocol import AbortRequest, GenerateRequest
 from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
+from sprig.runtime.wire import GenerateReq
 
 router = APIRouter()
 HEALTH_GENERATE_TIMEOUT_S = 20.0

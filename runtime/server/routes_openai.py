@@ -30,7 +30,6 @@ from sprig.runtime.server.http_io import (
     state_of,
 )
 from sprig.runtime.server.inputs import LogprobArgs
-from sprig.runtime.server.messages import GenerateReq
 from sprig.runtime.server.openai_format import (
     chat_logprobs,
     completion_logprobs,
@@ -44,6 +43,7 @@ from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
 from sprig.runtime.server.refused_fields import CHAT, COMPLETIONS, check_refused
 from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
 from sprig.runtime.server.tool_calls import plan_tool_use
+from sprig.runtime.wire import GenerateReq
 
 router = APIRouter()
 ChoiceFn = Callable[[int, dict[str, Any]], list[dict[str, Any]]]

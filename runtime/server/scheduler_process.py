@@ -34,7 +34,8 @@ from sprig.runtime.server.child import (
     setup_child,
 )
 from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
-from sprig.runtime.server.messages import (
+from sprig.runtime.server.stats import StatsTracker
+from sprig.runtime.wire import (
     AbortReq,
     ControlReply,
     ControlReq,
@@ -48,7 +49,6 @@ from sprig.runtime.server.messages import (
     decode,
     encode,
 )
-from sprig.runtime.server.stats import StatsTracker
 
 log = logging.getLogger("sprig.scheduler")
 Send = Callable[[object], None]

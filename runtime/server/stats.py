@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from sprig.runtime.scheduler import Scheduler
-from sprig.runtime.server.messages import StatsReport
+from sprig.runtime.wire import StatsReport
 
 log = logging.getLogger("sprig.scheduler")
 

@@ -34,7 +34,8 @@ import zmq.asyncio
 
 from sprig.runtime.response import ResponseState
 from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
-from sprig.runtime.server.messages import (
+from sprig.runtime.server.metrics import Metrics
+from sprig.runtime.wire import (
     AbortReq,
     ControlReply,
     ControlReq,
@@ -46,7 +47,6 @@ from sprig.runtime.server.messages import (
     decode,
     encode,
 )
-from sprig.runtime.server.metrics import Metrics
 
 log = logging.getLogger("sprig.server")
 FATAL_EXIT_GRACE_S = 1.0  # a fatal error is answered this long before the server exits

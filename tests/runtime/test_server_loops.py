@@ -12,23 +12,24 @@ import msgpack
 import pytest
 
 from sprig.runtime import Engine
-from sprig.runtime.response import DetokenizedOutput, ResponseState
-from sprig.runtime.scheduler import TokenOutput
+from sprig.runtime.response import ResponseState
 from sprig.runtime.server.detokenizer_process import DetokenizerLoop
-from sprig.runtime.server.messages import (
+from sprig.runtime.server.scheduler_process import SchedulerLoop
+from sprig.runtime.server.stats import StatsTracker
+from sprig.runtime.wire import (
     AbortReq,
     ControlReq,
     DetokenizedBatch,
+    DetokenizedOutput,
     DetokRegister,
     Forget,
     GenerateReq,
     StatsReport,
     TokenBatch,
+    TokenOutput,
     decode,
     encode,
 )
-from sprig.runtime.server.scheduler_process import SchedulerLoop
-from sprig.runtime.server.stats import StatsTracker
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
 
@@ -59,12 +60,13 @@ def drain(loop: SchedulerLoop) -> None:
 
 
 def test_codec_round_trips_nested_messages() -> None:
-    out = TokenOutput("r", [1, 2], 3, 2, 1, {"type": "stop", "matched": "x"}, [[-0.5, 1]], [[[-0.5, 1]]],
-                      [[None, 0], [-1.0, 5]], [None, [[-1.0, 5]]])
+    out = TokenOutput("r", [1, 2], 3, 2, 1, finish_reason={"type": "stop", "matched": "x"},
+                      output_logprobs=[[-0.5, 1]], output_top_logprobs=[[[-0.5, 1]]],
+                      input_logprobs=[[None, 0], [-1.0, 5]], input_top_logprobs=[None, [[-1.0, 5]]])
     for msg in (
         TokenBatch([out, TokenOutput("s", [], 1, 0, 0)]),
         GenerateReq("r", [1, 2], {"logit_bias": {"5": 1.0}, "seed": 2**64 - 1}, True, 0, 2, True),
-        DetokenizedBatch([DetokenizedOutput("r", "é", [3], 1, 1, 0, None, [[-0.1, 3, "é"]])]),
+        DetokenizedBatch([DetokenizedOutput("r", [3], 1, 1, 0, output_logprobs=[[-0.1, 3, "é"]], text_delta="é")]),
         StatsReport(1, 2, 3, 4, 0.5, 6, 7, 8, 9, 10, 11, 12.5, 13.5, "ok"),
         AbortReq("r"), ControlReq(3, "flush_cache"), Forget(["a", "b"]),
     ):

@@ -7,7 +7,8 @@ once a second, and each child reports a StartupReport to the launcher once.
 
 Fields are plain (str, int, float, bool, None, lists, dicts) so msgpack carries them
 as they are. `decode` builds only the classes registered here: a peer can name no other
-type.
+type. This module imports nothing of sprig: every process, and the offline engine, builds
+these records from its own state.
 """
 
 from __future__ import annotations
@@ -18,8 +19,33 @@ from typing import Any
 
 import msgpack
 
-from sprig.runtime.response import DetokenizedOutput
-from sprig.runtime.scheduler import TokenOutput
+
+@dataclass
+class TokenOutput:
+    """What one scheduler step added to one request (the scheduler's `collect_output`).
+    Logprob entries are `[logprob, token_id]` pairs; `input_*` are sent once, in the step
+    where the prompt finished prefilling."""
+
+    rid: str
+    new_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    jump_forward_tokens: int = 0
+    spec_verify_ct: int = 0  # speculative verification passes so far (0: none)
+    finish_reason: dict[str, Any] | None = None
+    output_logprobs: list[list[Any]] = field(default_factory=list)
+    output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    input_logprobs: list[list[Any]] | None = None
+    input_top_logprobs: list[list[list[Any]] | None] | None = None
+
+
+@dataclass
+class DetokenizedOutput(TokenOutput):
+    """A `TokenOutput` with its text: `text_delta` is what the step added to the request's
+    text, and logprob entries are `[logprob, token_id, text | None]`."""
+
+    text_delta: str = ""
 
 
 @dataclass
