@@ -59,3 +59,8 @@ def test_every_module_imports_alone() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_the_wire_format_imports_nothing_of_sprig() -> None:
+    """Every process decodes messages with `sprig.runtime.wire` alone."""
+    assert import_graph.graph()["sprig.runtime.wire"] == set()
