@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sprig.runtime.distributed.group import TPGroup
-from sprig.runtime.layers.embedding import VocabEmbedding
+from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
 from sprig.runtime.layers.linear import MergedLinear
 
 Index = tuple[slice, ...]
@@ -68,17 +68,15 @@ class VocabParallelEmbedding(VocabEmbedding):
         return self.group.all_reduce(hidden.masked_fill_(outside[:, None], 0))
 
 
-class VocabParallelLMHead(nn.Module):
+class VocabParallelLMHead(LMHead):
     """The logits of this rank's vocabulary rows (the same rows as the embedding's, whose
     weight a tied head uses), gathered from every rank into the whole vocabulary:
     `sizes[r]` rows per rank r in rank order; shorter slices are padded for the gather."""
 
     def __init__(self, sizes: list[int], hidden_size: int, *, tied: bool, group: TPGroup) -> None:
-        super().__init__()
+        super().__init__(sizes[group.rank], hidden_size, tied=tied)  # weight [V / tp, H]
         self.group, self.sizes = group, sizes
         self.start = sum(sizes[: group.rank])
-        rows = sizes[group.rank]
-        self.weight = None if tied else nn.Parameter(torch.empty(rows, hidden_size))  # [V / tp, H]
         self.register_buffer("keep", torch.empty(sum(sizes), dtype=torch.int64), persistent=False)
         self.reset_buffers()
 
@@ -99,8 +97,7 @@ class VocabParallelLMHead(nn.Module):
         hidden: torch.Tensor,  # [R, H]
         embedding: VocabEmbedding,
     ) -> torch.Tensor:  # [R, V] float32
-        weight = embedding.weight if self.weight is None else self.weight
-        logits = F.linear(hidden, weight).float()  # [R, V / tp]
+        logits = super().forward(hidden, embedding)  # [R, V / tp]
         logits = F.pad(logits, (0, max(self.sizes) - logits.shape[1]))
         gathered = self.group.all_gather(logits)  # [R, tp * max(sizes)]
         return gathered if len(set(self.sizes)) == 1 else gathered[:, self.keep]
