@@ -19,7 +19,7 @@ from sprig.runtime.server import routes_info, routes_native, routes_openai, rout
 from sprig.runtime.server.errors import ApiError, error_response
 from sprig.runtime.server.http_io import ServerState, json_response
 from sprig.runtime.server.openapi import openapi_document
-from sprig.runtime.server.tokenizer_manager import RequestFailed
+from sprig.runtime.server.request_manager import RequestFailed
 
 log = logging.getLogger("sprig.server")
 OPEN_PATHS = frozenset({"/health", "/metrics"})

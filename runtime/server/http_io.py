@@ -22,7 +22,7 @@ from sprig.runtime.json_limits import check_depth
 from sprig.runtime.server.config import ServerConfig
 from sprig.runtime.server.errors import ApiError, error_body
 from sprig.runtime.server.inputs import InputBuilder
-from sprig.runtime.server.tokenizer_manager import RequestFailed, TokenizerManager
+from sprig.runtime.server.request_manager import RequestFailed, RequestManager
 from sprig.runtime.server.tool_calls import ToolFormat
 
 log = logging.getLogger("sprig.server")
@@ -38,7 +38,7 @@ class ServerState:
     model_path: str
     model_name: str
     model_info: dict[str, Any]  # the scheduler's startup report
-    manager: TokenizerManager
+    manager: RequestManager
     inputs: InputBuilder
     tool_format: ToolFormat | None  # how chat answers hold tool calls; None: not parsed
     started: float  # time.monotonic() at launch

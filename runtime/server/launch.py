@@ -122,7 +122,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
     from sprig.runtime.server.http_protocol import with_header_timeout
     from sprig.runtime.server.inputs import InputBuilder
     from sprig.runtime.server.metrics import Metrics
-    from sprig.runtime.server.tokenizer_manager import TokenizerManager
+    from sprig.runtime.server.request_manager import RequestManager
     from sprig.runtime.server.tool_calls import resolve_format
 
     fatal: list[str] = []
@@ -141,7 +141,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         model_path=model_path,
         model_name=server.served_model_name or default_model_name(model_path),
         model_info=info,
-        manager=TokenizerManager(
+        manager=RequestManager(
             ipc, children, Metrics(), engine.scheduler.max_queued_requests, server.watchdog_timeout, on_fatal
         ),
         inputs=inputs,

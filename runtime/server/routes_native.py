@@ -28,7 +28,7 @@ from sprig.runtime.server.http_io import (
 )
 from sprig.runtime.server.inputs import LogprobArgs
 from sprig.runtime.server.protocol import AbortRequest, GenerateRequest
-from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
+from sprig.runtime.server.request_manager import Call, RequestFailed
 from sprig.runtime.wire import GenerateReq
 
 router = APIRouter()

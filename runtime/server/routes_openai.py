@@ -41,7 +41,7 @@ from sprig.runtime.server.openai_format import (
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
 from sprig.runtime.server.refused_fields import CHAT, COMPLETIONS, check_refused
-from sprig.runtime.server.tokenizer_manager import Call, RequestFailed
+from sprig.runtime.server.request_manager import Call, RequestFailed
 from sprig.runtime.server.tool_calls import plan_tool_use
 from sprig.runtime.wire import GenerateReq
 

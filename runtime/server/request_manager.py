@@ -76,7 +76,7 @@ class _Track:
 class Call:
     """The sequences of one HTTP request, in output order."""
 
-    def __init__(self, manager: TokenizerManager, reqs: list[GenerateReq], client: int | None) -> None:
+    def __init__(self, manager: RequestManager, reqs: list[GenerateReq], client: int | None) -> None:
         self.manager = manager
         self.rids = [r.rid for r in reqs]
         self.updates: asyncio.Queue[str | None] = asyncio.Queue()  # None: the client is gone
@@ -131,7 +131,7 @@ class Call:
                 self.manager.abort_untracked(rid)
 
 
-class TokenizerManager:
+class RequestManager:
     """Owns the sockets to the scheduler (send) and from both children (receive)."""
 
     def __init__(self, ipc: IpcPaths, children: dict[str, BaseProcess], metrics: Metrics, max_inflight: int,
