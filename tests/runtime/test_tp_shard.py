@@ -1,0 +1,68 @@
+"""What each tensor-parallel rank holds, checked without processes: the rank's model,
+loaded from the checkpoint as its slices, against slices of the whole model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from sprig.runtime.distributed.shard import ShardPlan
+from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
+from sprig.runtime.weight_loader import load_model
+
+
+@dataclass
+class Ranks:  # what loading needs of a group: no collective runs while weights load
+    rank: int
+    size: int
+
+
+def load(path: Path, tp: Ranks | None = None) -> torch.nn.Module:
+    config = ModelConfig.from_pretrained(path)
+    return load_model(config, path, dtype=torch.float32, device=torch.device("cpu"), tp=tp)
+
+
+@pytest.fixture(scope="module")
+def gqa1_tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("shard") / "m", "qwen2", num_key_value_heads=1,
+                                 tie_word_embeddings=True, vocab_size=301)
+
+
+@pytest.mark.parametrize(("name", "size"), [("qwen2", 2), ("qwen2", 4), ("gqa1", 2), ("gqa1", 4)])
+def test_each_rank_holds_its_slices(name: str, size: int, tiny_checkpoints: dict[str, Path], gqa1_tied: Path) -> None:
+    path = gqa1_tied if name == "gqa1" else tiny_checkpoints[name]
+    full = load(path)
+    config = full.config
+    D, Hq, Hkv, inter = config.head_dim, config.num_heads, config.num_kv_heads, config.intermediate_size
+    q_rows = Hq // size * D
+    vocab = []
+    for rank in range(size):
+        plan = ShardPlan(config, rank, size)
+        part = load(path, Ranks(rank, size))
+        for a, b in zip(part.model.layers, full.model.layers, strict=True):
+            kv = slice(plan.kv_start * D, (plan.kv_start + plan.kv_heads) * D)  # within k, and within v
+            q, k, v = (b.self_attn.qkv_proj.weight[b.self_attn.qkv_proj.shard_rows(s)] for s in "qkv")
+            want = torch.cat([q[rank * q_rows : (rank + 1) * q_rows], k[kv], v[kv]])
+            assert torch.equal(a.self_attn.qkv_proj.weight, want)
+            qb, kb, vb = (b.self_attn.qkv_proj.bias[b.self_attn.qkv_proj.shard_rows(s)] for s in "qkv")
+            assert torch.equal(a.self_attn.qkv_proj.bias, torch.cat([qb[rank * q_rows : (rank + 1) * q_rows], kb[kv], vb[kv]]))
+            assert torch.equal(a.self_attn.o_proj.weight, b.self_attn.o_proj.weight[:, rank * q_rows : (rank + 1) * q_rows])
+            cols = slice(rank * inter // size, (rank + 1) * inter // size)
+            gate, up = (b.mlp.gate_up_proj.weight[b.mlp.gate_up_proj.shard_rows(s)] for s in ("gate", "up"))
+            assert torch.equal(a.mlp.gate_up_proj.weight, torch.cat([gate[cols], up[cols]]))
+            assert torch.equal(a.mlp.down_proj.weight, b.mlp.down_proj.weight[:, cols])
+            assert torch.equal(a.input_layernorm.weight, b.input_layernorm.weight)
+        rows = part.model.embed_tokens.weight
+        if config.tie_word_embeddings:
+            assert part.lm_head.weight is None  # the head reads the embedding's rows
+        else:
+            assert torch.equal(part.lm_head.weight, full.lm_head.weight[part.lm_head.start :][: rows.shape[0]])
+        vocab.append(rows)
+        if Hkv < size:  # the KV head this rank's q heads read
+            assert plan.kv_start == rank * Hq // size // (Hq // Hkv)
+    assert torch.equal(torch.cat(vocab), full.model.embed_tokens.weight)  # 301 rows, split unevenly
+    assert len({w.shape[0] for w in vocab}) == (1 if config.vocab_size % size == 0 else 2)
