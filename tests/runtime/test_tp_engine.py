@@ -22,6 +22,7 @@ SAMPLED = {"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9, "sampling_seed
 CASES = [(arch, 2) for arch in ("llama", "mistral", "qwen2", "qwen3", "gqa1")] + [
     (arch, 4) for arch in ("llama", "qwen2", "qwen3")
 ]
+INT8_KV = {"kv_cache_dtype": "int8"}  # one scale per token and KV head: each rank scales its own heads
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +79,12 @@ def test_tp_matches_tp1(name: str, tp: int, checkpoints: dict[str, Path], refere
                 assert len(la) == len(lb)
                 worst = max([worst, *(abs(x - y) for x, y in zip(la, lb, strict=True))])
     assert worst < 1e-4, worst
+
+
+def test_tp_with_an_int8_kv_cache_matches_tp1(checkpoints: dict[str, Path]) -> None:
+    path = str(checkpoints["qwen2"])
+    with Engine(path, **ENGINE, **INT8_KV) as engine:
+        expected = run(engine)
+    with Engine(path, tp_size=2, **ENGINE, **INT8_KV) as engine:
+        got = run(engine)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]

@@ -1,11 +1,12 @@
 """Tensor parallelism through the real server: `sprig serve --tp-size 2` (and the same
 group spread over two "nodes" of one process each, over gloo on 127.0.0.1) answers
-/generate with the greedy tokens and logprobs of TP=1; a rank that dies makes the server
+/generate with the greedy tokens and logprobs of TP=1, and constrained decoding holds; a rank that dies makes the server
 unhealthy and exit 1, the log naming the rank."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,6 +68,9 @@ def test_tp2_server_matches_tp1_and_dies_naming_a_killed_rank(qwen2: Path, expec
     with running_server(qwen2, "--tp-size", "2", "--max-total-tokens", "2048", exit_code=1) as server:
         assert server.info()["model"]["tp_size"] == 2
         assert_same_as_tp1(server, expected)
+        constrained = server.generate({"text": PROMPTS[0], "sampling_params": {
+            "max_new_tokens": 12, "temperature": 1.0, "regex": "(yes|no), [0-9]{3}"}})
+        assert re.fullmatch("(yes|no), [0-9]{3}", constrained["text"]), constrained  # the grammar runs on rank 0
         (rank1,) = rank_pids(server.pids["scheduler"])
         os.kill(rank1, signal.SIGKILL)
         deadline = time.monotonic() + 30
