@@ -20,7 +20,7 @@ from sprig.ir import (
     generated_names,
 )
 from sprig.reasoning import reasoning_format
-from sprig.sampling import SamplingParams
+from sprig.sampling import GenParams
 
 
 def gen(
@@ -61,7 +61,7 @@ def gen(
                       choices_method or token_length_normalized)
     if regex is not None:
         re.compile(regex)
-    return Gen(name, SamplingParams(
+    return Gen(name, GenParams(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
         stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,

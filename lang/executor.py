@@ -41,7 +41,7 @@ from sprig.ir import (
     bound_names,
 )
 from sprig.reasoning import reasoning_name
-from sprig.sampling import SamplingParams, parse_typed
+from sprig.sampling import GenParams, parse_typed
 
 Site = tuple[types.FrameType, int, int]  # (frame, f_lasti, f_lineno) where an expr was queued
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -83,7 +83,7 @@ class StreamExecutor:
     def __init__(
         self,
         backend: Backend,
-        defaults: SamplingParams,
+        defaults: GenParams,
         *,
         stream: bool = False,
         ledger: Ledger | None = None,

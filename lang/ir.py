@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sprig.choices import ChoicesSamplingMethod
 from sprig.reasoning import ReasoningFormat, reasoning_name
-from sprig.sampling import SamplingParams
+from sprig.sampling import GenParams
 
 
 class Expr:
@@ -72,7 +72,7 @@ class Gen(Expr):
     parsed to `params.dtype` when one is set."""
 
     name: str | None
-    params: SamplingParams
+    params: GenParams
 
 
 @dataclass(frozen=True)

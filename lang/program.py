@@ -24,11 +24,11 @@ from tqdm import tqdm
 
 from sprig.backend.base import resolve_backend
 from sprig.executor import StreamExecutor
-from sprig.sampling import SamplingParams
+from sprig.sampling import GenParams
 from sprig.state import ProgramState
 
-_RUN_DEFAULTS = SamplingParams(max_new_tokens=128)
-_SAMPLING_NAMES = frozenset(SamplingParams.field_names()) - {"dtype", "regex", "json_schema", "n"}
+_RUN_DEFAULTS = GenParams(max_new_tokens=128)
+_SAMPLING_NAMES = frozenset(GenParams.field_names()) - {"dtype", "regex", "json_schema", "n"}
 
 
 class Program:
@@ -56,14 +56,14 @@ class Program:
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
         return self.run(*args, **kwargs)
 
-    def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], SamplingParams]:
+    def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], GenParams]:
         program_kwargs, sampling = {}, {}
         for key, value in kwargs.items():
             if key in _SAMPLING_NAMES and key not in self.arg_names:
                 sampling[key] = value
             else:
                 program_kwargs[key] = value
-        return {**self.bind_arguments, **program_kwargs}, _RUN_DEFAULTS.merged(SamplingParams(**sampling))
+        return {**self.bind_arguments, **program_kwargs}, _RUN_DEFAULTS.merged(GenParams(**sampling))
 
     def run(self, *args: Any, stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
         """Run the program once and return its state (see the module docstring)."""
@@ -71,7 +71,7 @@ class Program:
         return self._start(resolve_backend(backend), args, program_kwargs, defaults, stream)
 
     def _start(self, backend: Any, args: Sequence[Any], kwargs: dict[str, Any],
-               defaults: SamplingParams, stream: bool) -> ProgramState:
+               defaults: GenParams, stream: bool) -> ProgramState:
         executor = StreamExecutor(backend, defaults, stream=stream)
         state = ProgramState(executor)
         if stream:
@@ -114,7 +114,7 @@ class Program:
         if not items:
             return []
         chosen = resolve_backend(backend)
-        defaults = _RUN_DEFAULTS.merged(SamplingParams(**sampling))
+        defaults = _RUN_DEFAULTS.merged(GenParams(**sampling))
         if num_threads == "auto":
             num_threads = max(96, (os.cpu_count() or 1) * 16)
         workers = max(1, min(int(num_threads), len(items)))

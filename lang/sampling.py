@@ -50,7 +50,7 @@ def _stop_tuple(stop: str | list[str] | tuple[str, ...] | None) -> tuple[str, ..
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class GenParams:
     """One gen's sampling parameters; every field `None` means "not set".
 
     Invariants: `stop` and `stop_regex` are tuples; `dtype` is a canonical name or None; `json_schema` is a
@@ -101,7 +101,7 @@ class SamplingParams:
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
-    def merged(self, overrides: SamplingParams) -> SamplingParams:
+    def merged(self, overrides: GenParams) -> GenParams:
         """These parameters with every set field of `overrides` taking precedence."""
         changes = {k: v for k, v in dataclasses.asdict(overrides).items() if v is not None}
         if changes.get("dtype") is not None or changes.get("regex") is not None:
@@ -109,13 +109,13 @@ class SamplingParams:
             changes.setdefault("regex", None)
         return dataclasses.replace(self, **changes)
 
-    def with_stop(self, extra: tuple[str, ...]) -> SamplingParams:
+    def with_stop(self, extra: tuple[str, ...]) -> GenParams:
         """`stop` extended by `extra` (order kept, duplicates dropped)."""
         if not extra:
             return self
         return dataclasses.replace(self, stop=tuple(dict.fromkeys((*(self.stop or ()), *extra))))
 
-    def resolve_dtype(self) -> SamplingParams:
+    def resolve_dtype(self) -> GenParams:
         """`dtype` replaced by its regex (and stop strings), as SGLang's backend does."""
         if self.dtype is None:
             return self

@@ -18,7 +18,7 @@ from typing import Any
 from sprig.chat_template import ChatTemplate
 from sprig.choices import ChoicesSamplingMethod, TokenEntry, mean_logprob
 from sprig.cost import Cost
-from sprig.sampling import SamplingParams
+from sprig.sampling import GenParams
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,11 @@ class Backend(ABC):
     chat_template: ChatTemplate
 
     @abstractmethod
-    def generate(self, prompt: Prompt, params: SamplingParams) -> Generation:
+    def generate(self, prompt: Prompt, params: GenParams) -> Generation:
         """Continue `prompt.text` (or its messages) under `params` (dtype still set)."""
 
     @abstractmethod
-    def generate_stream(self, prompt: Prompt, params: SamplingParams) -> Iterator[StreamChunk]:
+    def generate_stream(self, prompt: Prompt, params: GenParams) -> Iterator[StreamChunk]:
         """`generate` as pieces in order; their texts concatenate to the generation."""
 
     @abstractmethod

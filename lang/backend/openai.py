@@ -21,7 +21,7 @@ from sprig.backend.base import Backend, ChoiceLogprobs, Generation, Prompt, Stre
 from sprig.backend.http import HttpClient
 from sprig.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from sprig.cost import Cost
-from sprig.sampling import SamplingParams
+from sprig.sampling import GenParams
 
 _RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 _PASSED = ("n", "temperature", "top_p", "frequency_penalty", "presence_penalty", "top_k", "min_p",
@@ -68,7 +68,7 @@ class OpenAI(Backend):
     def get_model_name(self) -> str:
         return self.model
 
-    def _request(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
+    def _request(self, prompt: Prompt, params: GenParams) -> tuple[str, dict[str, Any]]:
         params = params.resolve_dtype()
         body: dict[str, Any] = {"model": self.model}
         if prompt.uses_roles:
@@ -104,7 +104,7 @@ class OpenAI(Backend):
             return choice["delta"].get("content") or ""
         return choice.get("text") or ""
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> Generation:
+    def generate(self, prompt: Prompt, params: GenParams) -> Generation:
         path, body = self._request(prompt, params)
         answer, waited = self.http.post(path, body)
         usage = _usage_meta(answer)
@@ -118,7 +118,7 @@ class OpenAI(Backend):
             return Generation(self._text(choices[0]), metas[0], cost)
         return Generation(tuple(self._text(c) for c in choices), metas, cost)
 
-    def generate_stream(self, prompt: Prompt, params: SamplingParams) -> Iterator[StreamChunk]:
+    def generate_stream(self, prompt: Prompt, params: GenParams) -> Iterator[StreamChunk]:
         path, body = self._request(prompt, params)
         body.update(stream=True, stream_options={"include_usage": True})
         meta: dict[str, Any] = {}

@@ -45,7 +45,7 @@ from sprig.backend.http import HttpClient, ServerError
 from sprig.chat_template import ChatTemplate
 from sprig.choices import TokenEntry
 from sprig.cost import Cost
-from sprig.sampling import SamplingParams
+from sprig.sampling import GenParams
 from sprig.template_source import resolve_chat_template
 
 _SCORE_PARAMS = {"max_new_tokens": 0, "temperature": 0}
@@ -134,17 +134,17 @@ class RuntimeEndpoint(Backend):
         return answer["meta_info"], Cost.of_call(answer["meta_info"], waited)
 
     @staticmethod
-    def _payload(prompt: Prompt, params: SamplingParams) -> dict[str, Any]:
+    def _payload(prompt: Prompt, params: GenParams) -> dict[str, Any]:
         return {"text": prompt.text, "sampling_params": params.to_native(), **params.logprob_fields()}
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> Generation:
+    def generate(self, prompt: Prompt, params: GenParams) -> Generation:
         answer, waited = self.http.post("/generate", self._payload(prompt, params))
         if isinstance(answer, list):
             metas = tuple(a["meta_info"] for a in answer)
             return Generation(tuple(a["text"] for a in answer), metas, Cost.of_call(metas, waited))
         return Generation(answer["text"], answer["meta_info"], Cost.of_call(answer["meta_info"], waited))
 
-    def generate_stream(self, prompt: Prompt, params: SamplingParams) -> Iterator[StreamChunk]:
+    def generate_stream(self, prompt: Prompt, params: GenParams) -> Iterator[StreamChunk]:
         sent = 0
         gathered: dict[str, list[Any]] = {}
         for event, waited in self.http.stream("/generate", {**self._payload(prompt, params), "stream": True}):

@@ -19,7 +19,7 @@ from typing import Any
 from sprig.backend.base import Backend, ChoiceLogprobs, Generation, Prompt, StreamChunk
 from sprig.chat_template import ChatTemplate, get_chat_template
 from sprig.cost import Cost
-from sprig.sampling import SamplingParams
+from sprig.sampling import GenParams
 
 
 def default_logprob(context: str, char: str) -> float:
@@ -32,14 +32,14 @@ def default_logprob(context: str, char: str) -> float:
 class Call:
     kind: str  # "generate" | "stream" | "score" | "commit"
     prompt: Prompt
-    params: SamplingParams | None = None
+    params: GenParams | None = None
     choices: tuple[str, ...] = ()
 
 
 class ScriptedBackend(Backend):
     def __init__(
         self,
-        replies: Callable[[str, SamplingParams], str] | Sequence[str] = (),
+        replies: Callable[[str, GenParams], str] | Sequence[str] = (),
         *,
         logprob: Callable[[str, str], float] = default_logprob,
         chat_template: ChatTemplate | None = None,
@@ -63,7 +63,7 @@ class ScriptedBackend(Backend):
         with self._lock:
             self.calls.append(call)
 
-    def _reply(self, text: str, params: SamplingParams) -> str:
+    def _reply(self, text: str, params: GenParams) -> str:
         if callable(self._replies):
             return self._replies(text, params)
         with self._lock:
@@ -77,7 +77,7 @@ class ScriptedBackend(Backend):
         return {"prompt_tokens": len(text), "completion_tokens": len(out), "cached_tokens": cached,
                 "e2e_latency": self.latency, "finish_reason": {"type": "stop"}}
 
-    def _one(self, text: str, params: SamplingParams) -> tuple[str, dict[str, Any]]:
+    def _one(self, text: str, params: GenParams) -> tuple[str, dict[str, Any]]:
         with self._lock:
             self._active += 1
             self.max_concurrent = max(self.max_concurrent, self._active)
@@ -94,7 +94,7 @@ class ScriptedBackend(Backend):
             ]
         return out, meta
 
-    def generate(self, prompt: Prompt, params: SamplingParams) -> Generation:
+    def generate(self, prompt: Prompt, params: GenParams) -> Generation:
         self._record(Call("generate", prompt, params))
         if (params.n or 1) == 1:
             out, meta = self._one(prompt.text, params)
@@ -103,7 +103,7 @@ class ScriptedBackend(Backend):
         metas = tuple(m for _, m in pairs)
         return Generation(tuple(o for o, _ in pairs), metas, Cost.of_call(metas, 0.0))
 
-    def generate_stream(self, prompt: Prompt, params: SamplingParams) -> Iterator[StreamChunk]:
+    def generate_stream(self, prompt: Prompt, params: GenParams) -> Iterator[StreamChunk]:
         self._record(Call("stream", prompt, params))
         out, meta = self._one(prompt.text, params)
         for start in range(0, len(out), self.chunk):
