@@ -1,9 +1,11 @@
 """Speculative decoding on the demo task: each drafter vs plain decoding, in one run.
 
 Workloads (held-out demo problems, chat-formatted): greedy, and self-consistency (n = 8
-seeded samples per problem at T = 0.6, top_p 0.9), each at batch 1, 8 and 64 sequences
-in flight (self-consistency: batch / 8 problems of 8 samples, at least one problem).
-Every side runs on its own engine, warmed up first; timed runs alternate sides
+seeded samples per problem at T = 0.6, top_p 0.9), each at batch 1, 8 and 64: at most
+that many sequences in flight (`max_running_requests`); greedy runs `batch` problems,
+self-consistency batch / 8 problems of 8 samples (one problem at batch 1, whose samples
+then run one after another). Every side runs on its own engine per batch size, warmed up
+first; timed runs alternate sides
 (off, ngram, radix, off, ...) with the radix cache flushed before each, and each side's
 median run is reported: wall time, target forward passes (extend + verification/decode
 steps), mean tokens per request per pass, and the ratios against off. Outputs are
@@ -69,10 +71,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     engines = {
-        side: Engine(dtype="float32", speculative_algorithm=side, speculative_num_draft_tokens=args.num_draft_tokens)
-        for side in SIDES
+        (side, batch): Engine(dtype="float32", speculative_algorithm=side, max_running_requests=batch,
+                              speculative_num_draft_tokens=args.num_draft_tokens)
+        for side in SIDES for batch in args.batches
     }
-    tokenizer = engines[None].tokenizer
+    tokenizer = engines[None, args.batches[0]].tokenizer
     problems = prompts(tokenizer, take("heldout", max(args.batches), seed=0))
     for engine in engines.values():  # warm-up
         engine.generate(problems[:2], {"max_new_tokens": 8, "temperature": 0})
@@ -85,7 +88,7 @@ def main() -> None:
             runs: dict[str | None, list[Run]] = {side: [] for side in SIDES}
             for _ in range(args.repeats):
                 for side in SIDES:
-                    runs[side].append(timed(engines[side], texts, params))
+                    runs[side].append(timed(engines[side, batch], texts, params))
             base = runs[None][0].outputs
             for side in SIDES:
                 if any(r.outputs != base for r in runs[side]):

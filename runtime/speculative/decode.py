@@ -24,6 +24,8 @@ from sprig.runtime.speculative.draft_length import DraftLength
 from sprig.runtime.speculative.drafter import DRAFTERS
 from sprig.runtime.step_input import StepInput
 
+PUBLISH_EVERY = 4  # radix drafting: running requests put their verified tokens in the tree this often
+
 if TYPE_CHECKING:
     from sprig.radix import PrefixCache
     from sprig.runtime.scheduler.request import Req
@@ -121,5 +123,5 @@ class SpeculativeDecoder:
             self.lengths[req.rid].update(len(draft), accepted)
         if not req.finished:
             sched.kv.shrink(req)
-            if self.publish and req.kv_len // 16 > (req.kv_len - j - 1) // 16:
+            if self.publish and req.kv_len // PUBLISH_EVERY > (req.kv_len - j - 1) // PUBLISH_EVERY:
                 sched.kv.cache_prefix(req)

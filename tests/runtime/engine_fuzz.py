@@ -8,7 +8,8 @@ different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, 
 mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
 engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
 retract, radix on or off, few or many running requests, each schedule policy, either
-attention backend, a float or an int8 KV cache, float or int4 weights), in shadow mode,
+attention backend, a float or an int8 KV cache, float or int4 weights, speculative
+decoding off or with either drafter: alone runs never speculate), in shadow mode,
 driven step by step through the scheduler.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
@@ -129,10 +130,11 @@ class Stats:
     by_backend: dict[str, int] = field(default_factory=dict)
     by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
+    by_spec: dict[str, int] = field(default_factory=dict)  # workloads by speculative drafter
     by_tp: dict[str, int] = field(default_factory=dict)  # workloads by tensor-parallel ranks
 
     def line(self) -> str:
-        kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp}
+        kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec}
         backends = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
@@ -237,6 +239,9 @@ def _options(
         options["quantization_group_size"] = rng.choice([32, 64])
     if tp_share and "quantization" not in options and rng.random() < tp_share:  # TP shards no quantized layer
         options["tp_size"] = 2  # the batched run on two ranks over gloo; the alone runs on one
+    if rng.random() < 0.3 and "tp_size" not in options:  # drawn last: the draws above do not depend on it
+        options["speculative_algorithm"] = rng.choice(["ngram", "radix"])
+        options["speculative_num_draft_tokens"] = rng.choice([1, 2, 4, 8])
     return options
 
 
@@ -522,5 +527,7 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     stats.by_kv_cache[kv] = stats.by_kv_cache.get(kv, 0) + 1
     weights = "weights " + options.get("quantization", "float")
     stats.by_weights[weights] = stats.by_weights.get(weights, 0) + 1
+    spec = "spec " + (options.get("speculative_algorithm") or "off")
+    stats.by_spec[spec] = stats.by_spec.get(spec, 0) + 1
     tp = f"tp {options.get('tp_size', 1)}"
     stats.by_tp[tp] = stats.by_tp.get(tp, 0) + 1

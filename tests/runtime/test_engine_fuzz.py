@@ -67,6 +67,11 @@ def test_workloads_draw_int4_weights() -> None:
     assert kv == [o["kv_cache_dtype"] for o in options]  # the share changes nothing else
 
 
+def test_workloads_draw_speculative_decoding() -> None:
+    drafters = [make_workload(seed, "m", 512, triton=False).options.get("speculative_algorithm") for seed in range(40)]
+    assert set(drafters) == {None, "ngram", "radix"}
+
+
 @pytest.mark.fuzz
 def test_int4_weights_every_request_equals_itself_alone(models: dict[str, Path], request: pytest.FixtureRequest) -> None:
     """Every workload with int4 weights (RTN, groups of 32 or 64), beside any KV cache."""
