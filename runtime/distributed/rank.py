@@ -19,7 +19,7 @@ import torch
 from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.step_message import receive
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig, _resolve_device
+from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 
 log = logging.getLogger("sprig.tp")
 
@@ -27,8 +27,8 @@ log = logging.getLogger("sprig.tp")
 def rank_config(config: RunnerConfig, dist: DistConfig, rank: int) -> RunnerConfig:
     """Rank `rank`'s runner settings: on CUDA the node's `rank % per_node`-th GPU; on CPU,
     unless `cpu_threads` is set, the node's cores shared among its ranks."""
-    device = _resolve_device(config.device)
-    if device.type == "cuda":
+    on_cuda = torch.cuda.is_available() if config.device == "auto" else torch.device(config.device).type == "cuda"
+    if on_cuda:
         return replace(config, device=f"cuda:{rank % dist.per_node}")
     if config.cpu_threads is None:
         return replace(config, device="cpu", cpu_threads=max(1, (os.cpu_count() or 1) // dist.per_node))
