@@ -13,8 +13,8 @@ class DistConfig:
     `n * per_node .. (n + 1) * per_node - 1`, rank 0 (the scheduler's) on node 0.
     `dist_init_addr` ("host:port") is where rank 0 listens for the others to meet; needed
     with several nodes (on one node a free port of 127.0.0.1 is used). `dist_timeout` bounds,
-    in seconds, every collective inside a step and the wait for all ranks to join, so a
-    stuck rank fails the step instead of hanging it."""
+    in seconds, every collective inside a step, so a stuck rank fails the step instead of
+    hanging it (starting ranks have longer: `group.JOIN_TIMEOUT_S`)."""
 
     tp_size: int = 1
     nnodes: int = 1

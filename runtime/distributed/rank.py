@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -35,12 +36,13 @@ def rank_config(config: RunnerConfig, dist: DistConfig, rank: int) -> RunnerConf
     return replace(config, device="cpu")
 
 
-def connect(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int]) -> TPGroup:
-    """Join the group as `rank` (blocks until every rank has joined, at most `dist_timeout`)."""
+def connect(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int],
+            failed: Callable[[], str | None] = lambda: None) -> TPGroup:
+    """Join the group as `rank` (see `TPGroup` for the waits and `failed`)."""
     device = torch.device(config.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return TPGroup(rank, dist.tp_size, address, device=device, timeout_s=dist.dist_timeout)
+    return TPGroup(rank, dist.tp_size, address, device=device, timeout_s=dist.dist_timeout, failed=failed)
 
 
 def run_rank(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int]) -> None:

@@ -52,11 +52,13 @@ class TPRunner:
                 self.ranks[rank] = spawn_rank(config, dist, rank, address)
                 threading.Thread(target=self._watch, args=(rank,), daemon=True, name=f"tp-watch-{rank}").start()
             config = rank_config(config, dist, 0)
-            self.group = connect(config, dist, 0, address)
+            self.group = connect(config, dist, 0, address, failed=lambda: self.failure)
             self.runner = ModelRunner(config, tp=self.group)
-        except BaseException:
+        except BaseException as e:
             self._closing = True
             self._stop_ranks(0.0)
+            if self.failure is not None and isinstance(e, RuntimeError):  # a rank exited first: name it
+                raise RuntimeError(self.failure) from e
             raise
 
     def __getattr__(self, name: str) -> Any:

@@ -1,16 +1,22 @@
 """Tensor parallelism's failures are bounded and named: a model that does not split, or
-quantized layers, are refused before any rank starts; a rank that stops answering fails
-the step after `dist_timeout` instead of hanging it, and the engine stays failed."""
+quantized layers, are refused before any rank starts; a rank that exits before joining
+fails the start naming it; a rank that stops answering fails the step after
+`dist_timeout` instead of hanging it (idle ranks wait for steps without a limit), and the
+engine stays failed."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from sprig.runtime import Engine
+from sprig.runtime.distributed import runner as runner_module
 
 GREEDY = {"max_new_tokens": 4, "temperature": 0.0}
 
@@ -32,6 +38,8 @@ def test_a_stopped_rank_fails_the_step_after_the_timeout(tiny_llama: Path) -> No
                     tp_size=2, dist_timeout=3)
     try:
         assert len(engine.generate("the cat", GREEDY)["output_ids"]) == 4
+        time.sleep(4)  # idle past the timeout: the other rank waits for the next step without one
+        assert len(engine.generate("the cat", GREEDY)["output_ids"]) == 4
         (rank1,) = engine.runner.ranks.values()
         os.kill(rank1.pid, signal.SIGSTOP)
         with pytest.raises(RuntimeError, match="the tensor-parallel group failed"):  # not a hang
@@ -41,3 +49,12 @@ def test_a_stopped_rank_fails_the_step_after_the_timeout(tiny_llama: Path) -> No
     finally:
         engine.shutdown()
     assert rank1.poll() is not None  # killed on shutdown
+
+
+def test_a_rank_that_exits_before_joining_fails_the_start_naming_it(tiny_llama: Path, monkeypatch) -> None:
+    def exiting_rank(*args: object) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+
+    monkeypatch.setattr(runner_module, "spawn_rank", exiting_rank)
+    with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 \(pid \d+\) exited with code 3"):
+        Engine(str(tiny_llama), device="cpu", tp_size=2)
