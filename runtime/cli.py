@@ -91,8 +91,8 @@ HELP = {
     "node_rank": "this node's index; node 0 runs the server, the others only their ranks",
     "dist_init_addr": "host:port where node 0's rank 0 meets the other ranks (needed with --nnodes > 1; "
                       "default: a free port of 127.0.0.1)",
-    "dist_timeout": "seconds a collective inside a step, or the ranks' meeting at start-up, may take before "
-                    "the server counts a rank failed and exits",
+    "dist_timeout": "seconds a collective inside a step may take before the server counts a rank failed and "
+                    "exits (idle ranks wait for the next step without a limit)",
     "router_policy": "how the gateway picks a worker; cache_aware: the one whose cache most likely holds the "
                      "prompt's prefix, unless it is far busier than the others",
 }
