@@ -13,7 +13,7 @@ from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 CI_SECONDS = 50
 INT4_CI_SECONDS = 20
-TP_CI_SECONDS = 30
+TP_CI_SECONDS = 20
 
 
 @pytest.fixture(scope="module")
