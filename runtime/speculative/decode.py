@@ -24,6 +24,7 @@ from sprig.runtime.speculative.draft_length import DraftLength
 from sprig.runtime.speculative.drafter import DRAFTERS
 from sprig.runtime.step_input import StepInput
 
+MIN_EXPECTED_GAIN = 0.15  # drafted tokens a pass must be expected to keep, per request in it
 PUBLISH_EVERY = 4  # radix drafting: running requests put their verified tokens in the tree this often
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class SpeculativeDecoder:
         already reserved); returns the requests it touched."""
         batch = list(sched.running)
         self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len) for r in batch}
-        drafts = [self._draft(sched, r) for r in batch]
+        drafts = self._drafts(sched, batch)
         pending = [r.seq_len - r.kv_len for r in batch]
         q_lens = [n + len(d) for n, d in zip(pending, drafts, strict=True)]
         ends = [r.kv_len + q for r, q in zip(batch, q_lens, strict=True)]
@@ -91,18 +92,28 @@ class SpeculativeDecoder:
         self.stats.verify_steps += 1
         return batch
 
-    def _draft(self, sched: Scheduler, req: Req) -> list[int]:
-        """The drafts `req` verifies this step; their slots are reserved."""
+    def _drafts(self, sched: Scheduler, batch: list[Req]) -> list[list[int]]:
+        """The drafts each request verifies this step, their slots reserved. None at all
+        when they are expected to add fewer than `MIN_EXPECTED_GAIN` tokens per request:
+        a pass with drafts leaves the decode path for every request in it."""
+        proposals = [self._propose(r) for r in batch]
+        gain = sum(self.lengths[r.rid].expected(len(d)) for r, d in zip(batch, proposals, strict=True))
+        if gain < MIN_EXPECTED_GAIN * len(batch):
+            return [[] for _ in batch]
+        return [
+            d if d and sched.kv.reserve_free(r, r.seq_len + len(d)) else []
+            for r, d in zip(batch, proposals, strict=True)
+        ]
+
+    def _propose(self, req: Req) -> list[int]:
+        """The drafter's guess for `req`, as long as its adaptive length allows."""
         if req.grammar is not None or req.seq_len - req.kv_len != 1:
             return []
         room = req.params.max_new_tokens - len(req.output_ids) - 1
         k = min(self.lengths[req.rid].next(), room)
         if k <= 0:
             return []
-        draft = self.drafter.propose(req.fill_ids, k)
-        if draft and not sched.kv.reserve_free(req, req.seq_len + len(draft)):
-            return []
-        return draft
+        return self.drafter.propose(req.fill_ids, k)
 
     def _accept(self, sched: Scheduler, req: Req, draft: list[int], drawn: Drawn, base: int) -> None:
         """Emit the target's tokens for `req` up to and including the first that differs

@@ -1,12 +1,14 @@
-"""How many drafts each request verifies next: more while they are accepted, fewer when
-they are not, none for a while when nothing has been accepted twice in a row (so a
-drafter that guesses badly costs a big batch almost nothing)."""
+"""How many drafts each request verifies next, and what they are expected to yield: more
+while they are accepted, fewer when they are not, none for a while after two misses in a
+row."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 MAX_PAUSE_STEPS = 32
+RATE_DECAY = 0.5  # weight of the past in the acceptance-rate average
+START_RATE = 0.5  # assumed acceptance of a request's first drafts
 
 
 @dataclass
@@ -17,6 +19,7 @@ class DraftLength:
     length: int = 0  # 0: start at max_len
     misses: int = 0  # verifications in a row that accepted nothing
     pause: int = 0  # steps left without drafting
+    rate: float = START_RATE  # running average of the share of drafts accepted
 
     def next(self) -> int:
         if self.pause > 0:
@@ -24,11 +27,16 @@ class DraftLength:
             return 0
         return self.length or self.max_len
 
+    def expected(self, drafts: int) -> float:
+        """Tokens `drafts` drafts are expected to add: each is kept only after the ones before it."""
+        return sum(self.rate ** (i + 1) for i in range(drafts))
+
     def update(self, drafted: int, accepted: int) -> None:
         """Record one verification of `drafted` (> 0) drafts of which `accepted` were kept."""
+        self.rate = RATE_DECAY * self.rate + (1 - RATE_DECAY) * accepted / drafted
         if accepted == drafted:
             self.length, self.misses = min(self.max_len, drafted + 1), 0
-        elif accepted > 0:
+        elif accepted:
             self.length, self.misses = accepted + 1, 0
         else:
             self.length, self.misses = 1, self.misses + 1

@@ -148,6 +148,7 @@ def test_draft_length_adapts() -> None:
     assert [n.next() for _ in range(3)] == [0, 0, 1]
     n.update(1, 1)
     assert n.next() == 2
+    assert 0 < n.expected(2) < n.expected(3) < 3
 
 
 def test_proposals_are_pure() -> None:
