@@ -1,8 +1,9 @@
 """Continuous batching with radix prefix reuse, chunked prefill and retraction."""
 
 from sprig.runtime.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
+from sprig.runtime.scheduler.intake import QueueFull, RequestRejected
 from sprig.runtime.scheduler.request import FinishReason, Req
-from sprig.runtime.scheduler.scheduler import QueueFull, RequestRejected, Scheduler, SchedulerStats
+from sprig.runtime.scheduler.scheduler import Scheduler, SchedulerStats
 
 __all__ = [
     "SCHEDULE_POLICIES",

@@ -13,48 +13,23 @@ import torch
 
 from sprig.radix import ReqToTokenPool, SlotAllocator, make_prefix_cache
 from sprig.runtime.constrained import CompilerConfig
-from sprig.runtime.detokenizer import DecodeDelta, DetokenizeConfig, RequestDetokenizer
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner
-from sprig.runtime.sampling import SamplingBatch, sample
-from sprig.runtime.sampling.logprobs import token_logprobs
 from sprig.runtime.scheduler.admission import Admission, Extend
 from sprig.runtime.scheduler.config import SchedulerConfig
+from sprig.runtime.scheduler.draw import Drawn, draw_tokens
 from sprig.runtime.scheduler.grammar import GrammarError, Grammars
+from sprig.runtime.scheduler.intake import Limits, RequestRejected, check_request
 from sprig.runtime.scheduler.kv import RequestKV
+from sprig.runtime.scheduler.logprob_record import logits_from, record_input_logprobs
 from sprig.runtime.scheduler.output import collect_output
 from sprig.runtime.scheduler.request import FinishReason, Req
+from sprig.runtime.scheduler.stops import Stops
 from sprig.runtime.speculative import SpeculativeDecoder
 from sprig.runtime.step_input import StepInput
 from sprig.runtime.wire import TokenOutput
 
 log = logging.getLogger("sprig.scheduler")
-JUMP_CONTEXT_TOKENS = 4  # output tokens re-tokenized with a forced continuation
-
-
-class RequestRejected(ValueError):
-    """A request that can never be served as given (too long, bad ids, duplicate rid)."""
-
-
-class QueueFull(RuntimeError):
-    """More requests are queued than `max_queued_requests` allows."""
-
-
-def _text_stop(delta: DecodeDelta) -> FinishReason | None:
-    """How a stop string or `stop_regex` ends the request, if this step's text does."""
-    if delta.stop_error is not None:
-        return FinishReason("abort", message=delta.stop_error, status_code=400)
-    return None if delta.stop_matched is None else FinishReason("stop", matched=delta.stop_matched)
-
-
-@dataclass(frozen=True)
-class Drawn:
-    """One sampling call's tokens, their raw logprobs and top logprobs, per row."""
-
-    ids: list[int]
-    logprobs: list[float]
-    top: tuple[list[list[float]], list[list[int]]] | None
-    top_n: list[int]
 
 
 @dataclass
@@ -102,57 +77,29 @@ class Scheduler:
             None if config.speculative_algorithm is None
             else SpeculativeDecoder(config.speculative_algorithm, config.speculative_num_draft_tokens, self.kv.cache)
         )
+        self.limits = Limits(mc.vocab_size, mc.context_len, allocator.size, allocator.page_size,
+                             config.max_queued_requests)
+        self.stops = Stops(tokenizer, mc.context_len)
         self._reqs: dict[str, Req] = {}
         self._sent: dict[str, tuple[int, bool]] = {}
-        self._stop_checkers: dict[str, RequestDetokenizer] = {}
         self._aborted: list[Req] = []
         self._last_was_prefill = False
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
         """Queue `req`; raises `RequestRejected` if it can never run, `QueueFull` if the
-        queue is at its bound."""
-        p = req.params
-        if req.rid in self._reqs:
-            raise RequestRejected(f"request id {req.rid!r} is already in use")
-        if not req.prompt_ids:
-            raise RequestRejected("the prompt is empty")
-        if bad := [t for t in req.prompt_ids if not 0 <= t < self.vocab_size]:
-            raise RequestRejected(f"input_ids contain token ids outside [0, {self.vocab_size}): {bad[:5]}")
-        total = len(req.prompt_ids) + p.max_new_tokens
-        if total > self.context_len:
-            raise RequestRejected(
-                f"prompt ({len(req.prompt_ids)} tokens) + max_new_tokens ({p.max_new_tokens}) = {total} "
-                f"exceeds the model's context length {self.context_len}"
-            )
-        if self.kv.pages(total) > self.kv.allocator.size:
-            raise RequestRejected(
-                f"prompt + max_new_tokens = {total} tokens exceeds the KV pool ({self.kv.allocator.size} tokens)"
-            )
+        queue is at its bound (`intake.check_request`)."""
+        check_request(req, self.limits, known=req.rid in self._reqs, queued=len(self.waiting))
         try:
-            p.validate_for_model(self.vocab_size)
+            self.stops.register(req)
         except ValueError as e:
             raise RequestRejected(str(e)) from None
-        if req.top_logprobs_num < 0:
-            raise RequestRejected(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num}")
-        if len(self.waiting) >= self.config.max_queued_requests:
-            raise QueueFull(f"{len(self.waiting)} requests are queued (max_queued_requests); retry later")
-        if p.stop or p.stop_regex:
-            if self.tokenizer is None:
-                raise RequestRejected("stop strings and stop_regex need the scheduler to have a tokenizer")
-            config = DetokenizeConfig(
-                skip_special_tokens=p.skip_special_tokens,
-                spaces_between_special_tokens=p.spaces_between_special_tokens,
-                stop=p.stop,
-                no_stop_trim=p.no_stop_trim,
-                stop_regex=p.stop_regex,
-            )
-            self._stop_checkers[req.rid] = RequestDetokenizer(self.tokenizer, req.prompt_ids, config)
         try:
             self.grammars.submit(req)
         except GrammarError as e:
+            self.stops.forget(req.rid)
             raise RequestRejected(str(e)) from None
-        req.stop_ids = p.stop_token_set(self.eos_ids)
+        req.stop_ids = req.params.stop_token_set(self.eos_ids)
         self._reqs[req.rid] = req
         self._sent[req.rid] = (0, False)
         self.waiting.append(req)
@@ -237,7 +184,7 @@ class Scheduler:
         return ready
 
     def _run_extend(self, extends: list[Extend]) -> list[Req]:
-        firsts = [self._logits_from(e) for e in extends]
+        firsts = [logits_from(e) for e in extends]
         ends = [e.req.kv_len + e.length for e in extends]
         step = StepInput(
             mode=ForwardMode.EXTEND,
@@ -256,7 +203,7 @@ class Scheduler:
             req, rows = ext.req, logits[offset : offset + ext.length - first]
             offset += ext.length - first
             if req.wants_input_logprobs:
-                self._record_input_logprobs(req, rows, req.kv_len + first)
+                record_input_logprobs(req, rows, req.kv_len + first)
             self.stats.prefill_tokens += ext.length
             self.stats.cached_tokens += ext.cached
             completes = ext.completes
@@ -350,21 +297,7 @@ class Scheduler:
     def draw(self, reqs: list[Req], logits: torch.Tensor, outputs: list[list[int]]) -> Drawn:
         """Sample row b of `logits` for `reqs[b]` as if it had generated `outputs[b]` so far
         (a request may fill several rows: speculative verification)."""
-        batch = SamplingBatch.build(
-            [r.params for r in reqs],
-            output_ids=outputs,
-            prompt_ids=[r.prompt_ids for r in reqs] if any(r.params.repetition_penalty != 1.0 for r in reqs) else None,
-            eos_ids=self.eos_ids,
-            vocab_size=logits.shape[-1],
-            device=logits.device,
-        )
-        top_n = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
-        logits = self.grammars.mask(reqs, logits)
-        wanted = any(r.return_logprob for r in reqs)
-        out = sample(logits, batch, top_logprobs_num=top_n, logprobs=wanted, generator=self.runner.generator)
-        logprobs = out.logprobs.tolist() if out.logprobs is not None else []
-        top = (out.top_logprobs.values.tolist(), out.top_logprobs.ids.tolist()) if out.top_logprobs else None
-        return Drawn(out.next_ids.tolist(), logprobs, top, top_n)
+        return draw_tokens(reqs, logits, outputs, self.eos_ids, self.grammars, self.runner.generator)
 
     def emit(self, req: Req, drawn: Drawn, b: int) -> None:
         """Append row b's token to `req` (with its logprobs) and check whether it stops."""
@@ -379,56 +312,12 @@ class Scheduler:
         self._check_stop(req, token)
 
     def _check_stop(self, req: Req, token: int) -> None:
-        p, n_out = req.params, len(req.output_ids)
-        reason = None
-        if req.grammar is not None and not req.grammar.accept_token(token):
-            reason = FinishReason("abort", message=f"the grammar refused sampled token {token}")
-        elif token in req.stop_ids and n_out >= p.min_new_tokens:
-            reason = FinishReason("stop", matched=token)
-        elif req.grammar is not None and req.grammar.is_finished():
-            reason = FinishReason("stop", matched=None)
-        elif (checker := self._stop_checkers.get(req.rid)) is not None:
-            reason = _text_stop(checker.step([token]))
-        if reason is None and n_out >= p.max_new_tokens:
-            reason = FinishReason("length", length=n_out)
-        if reason is None and len(req.prompt_ids) + n_out >= self.context_len:
-            reason = FinishReason("length", length=n_out)
+        reason = self.stops.after_token(req, token)
+        if reason is None and req.grammar is not None and self.config.enable_jump_forward and not req.return_logprob:
+            jumped, reason = self.stops.jump_forward(req)
+            self.stats.jump_forward_tokens += jumped
         if reason is not None:
             self._finish(req, reason)
-        elif req.grammar is not None and self.config.enable_jump_forward and not req.return_logprob:
-            self._jump_forward(req)
-
-    def _jump_forward(self, req: Req) -> None:
-        """Append the text the grammar forces next (e.g. `{"name":"`) without sampling it.
-
-        The forced text is tokenized in context (after the last few output tokens); the
-        jump happens only where that tokenization keeps the existing tokens, so no
-        emitted token is ever taken back. The tokens are fed in the next step at once.
-        """
-        forced = req.grammar.forced_continuation()
-        room = min(req.params.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len - 1)
-        if not forced or room <= 0 or self.tokenizer is None:
-            return
-        tail = req.output_ids[-JUMP_CONTEXT_TOKENS:]
-        context = self.tokenizer.decode(tail)
-        if "\ufffd" in context:
-            return
-        ids = self.tokenizer.encode(context + forced, add_special_tokens=False)
-        if ids[: len(tail)] != tail:
-            return
-        new = ids[len(tail) : len(tail) + room]
-        if not new or not req.grammar.accept_tokens(new):
-            return
-        req.output_ids.extend(new)
-        req.jump_forward_tokens += len(new)
-        self.stats.jump_forward_tokens += len(new)
-        checker = self._stop_checkers.get(req.rid)
-        reason = _text_stop(checker.step(new)) if checker is not None else None
-        if reason is not None:
-            self._finish(req, reason)
-        elif req.grammar.is_finished() or len(req.output_ids) >= req.params.max_new_tokens:
-            self._finish(req, FinishReason("stop" if req.grammar.is_finished() else "length",
-                                           matched=None, length=len(req.output_ids)))
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finish = reason
@@ -436,42 +325,14 @@ class Scheduler:
             self.running.remove(req)
         self.kv.release(req)
 
-    # ------------------------------------------------------------------ logprobs and outputs
-    def _logits_from(self, ext: Extend) -> int:
-        """First new-token row whose logits this step needs (the last one at least)."""
-        req = ext.req
-        if not req.wants_input_logprobs:
-            return ext.length - 1
-        first_needed = max(req.logprob_start_len, 1) - 1
-        return min(max(0, first_needed - req.kv_len), ext.length - 1)
-
-    def _record_input_logprobs(self, req: Req, rows: torch.Tensor, first_pos: int) -> None:
-        """`rows[i]` holds the model's prediction after position `first_pos + i`; record the
-        logprob of each prompt token at or after `logprob_start_len` it predicts."""
-        prompt, start = req.prompt_ids, req.logprob_start_len
-        if start == 0 and not req.input_logprobs:
-            req.input_logprobs.append((None, prompt[0]))
-            req.input_top_logprobs.append(None)
-        positions = [first_pos + i for i in range(rows.shape[0])]
-        keep = [i for i, pos in enumerate(positions) if max(start, 1) <= pos + 1 < len(prompt)]
-        if not keep:
-            return
-        targets = torch.tensor([prompt[positions[i] + 1] for i in keep], device=rows.device)
-        chosen, top = token_logprobs(rows[keep], targets, top_k=req.top_logprobs_num)
-        top_vals = (top.values.tolist(), top.ids.tolist()) if top is not None else None
-        for j, (lp, tok) in enumerate(zip(chosen.tolist(), targets.tolist(), strict=True)):
-            req.input_logprobs.append((lp, tok))
-            req.input_top_logprobs.append(
-                list(zip(top_vals[0][j], top_vals[1][j], strict=True)) if top_vals else None
-            )
-
+    # ------------------------------------------------------------------ outputs
     def _collect(self, req: Req) -> TokenOutput:
         sent_ids, sent_input = self._sent.get(req.rid, (0, False))
         out = collect_output(req, sent_ids, sent_input)
         if req.finished:
             self._reqs.pop(req.rid, None)
             self._sent.pop(req.rid, None)
-            self._stop_checkers.pop(req.rid, None)
+            self.stops.forget(req.rid)
         else:
             self._sent[req.rid] = (len(req.output_ids), sent_input or out.input_logprobs is not None)
         return out

@@ -1,0 +1,97 @@
+"""When a request stops: stop tokens, its grammar, stop strings and `stop_regex`, its
+token budget and the context; and the grammar's forced text appended without sampling
+(jump-forward).
+
+Stop strings are checked here, on the token ids as they are emitted, by one incremental
+detokenizer per request that has them, so a request ends on the step its stop appears;
+the text the client receives is decoded once more, by the detokenizer process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sprig.runtime.detokenizer import DecodeDelta, DetokenizeConfig, RequestDetokenizer
+from sprig.runtime.scheduler.request import FinishReason, Req
+
+JUMP_CONTEXT_TOKENS = 4  # output tokens re-tokenized with a forced continuation
+
+
+def _text_stop(delta: DecodeDelta) -> FinishReason | None:
+    """How a stop string or `stop_regex` ends the request, if this step's text does."""
+    if delta.stop_error is not None:
+        return FinishReason("abort", message=delta.stop_error, status_code=400)
+    return None if delta.stop_matched is None else FinishReason("stop", matched=delta.stop_matched)
+
+
+class Stops:
+    """The stop checks of every request in the scheduler (`register` when it is queued,
+    `forget` when it has reported its end)."""
+
+    def __init__(self, tokenizer: Any, context_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.context_len = context_len
+        self._text: dict[str, RequestDetokenizer] = {}
+
+    def register(self, req: Req) -> None:
+        """Prepare `req`'s stop-string checker; ValueError without a tokenizer to run it."""
+        p = req.params
+        if not (p.stop or p.stop_regex):
+            return
+        if self.tokenizer is None:
+            raise ValueError("stop strings and stop_regex need the scheduler to have a tokenizer")
+        config = DetokenizeConfig(
+            skip_special_tokens=p.skip_special_tokens, spaces_between_special_tokens=p.spaces_between_special_tokens,
+            stop=p.stop, no_stop_trim=p.no_stop_trim, stop_regex=p.stop_regex,
+        )
+        self._text[req.rid] = RequestDetokenizer(self.tokenizer, req.prompt_ids, config)
+
+    def forget(self, rid: str) -> None:
+        self._text.pop(rid, None)
+
+    def after_token(self, req: Req, token: int) -> FinishReason | None:
+        """Whether `req`, having just emitted `token` (already in its output), stops."""
+        p, n_out = req.params, len(req.output_ids)
+        reason = None
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            reason = FinishReason("abort", message=f"the grammar refused sampled token {token}")
+        elif token in req.stop_ids and n_out >= p.min_new_tokens:
+            reason = FinishReason("stop", matched=token)
+        elif req.grammar is not None and req.grammar.is_finished():
+            reason = FinishReason("stop", matched=None)
+        elif (checker := self._text.get(req.rid)) is not None:
+            reason = _text_stop(checker.step([token]))
+        if reason is None and (n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.context_len):
+            reason = FinishReason("length", length=n_out)
+        return reason
+
+    def jump_forward(self, req: Req) -> tuple[int, FinishReason | None]:
+        """Append the text `req`'s grammar forces next (e.g. `{"name":"`) without sampling
+        it: (tokens appended, how the request stops, if it does).
+
+        The forced text is tokenized in context (after the last few output tokens); the
+        jump happens only where that tokenization keeps the existing tokens, so no
+        emitted token is ever taken back. The tokens are fed in the next step at once.
+        """
+        forced = req.grammar.forced_continuation()
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len - 1)
+        if not forced or room <= 0 or self.tokenizer is None:
+            return 0, None
+        tail = req.output_ids[-JUMP_CONTEXT_TOKENS:]
+        context = self.tokenizer.decode(tail)
+        if "\ufffd" in context:
+            return 0, None
+        ids = self.tokenizer.encode(context + forced, add_special_tokens=False)
+        if ids[: len(tail)] != tail:
+            return 0, None
+        new = ids[len(tail) : len(tail) + room]
+        if not new or not req.grammar.accept_tokens(new):
+            return 0, None
+        req.output_ids.extend(new)
+        req.jump_forward_tokens += len(new)
+        checker = self._text.get(req.rid)
+        reason = _text_stop(checker.step(new)) if checker is not None else None
+        if reason is None and (req.grammar.is_finished() or len(req.output_ids) >= req.params.max_new_tokens):
+            reason = FinishReason("stop" if req.grammar.is_finished() else "length",
+                                  matched=None, length=len(req.output_ids))
+        return len(new), reason
