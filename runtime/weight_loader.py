@@ -22,6 +22,7 @@ from safetensors import safe_open
 from torch import nn
 
 from sprig.runtime.distributed.group import TPGroup
+from sprig.runtime.distributed.quantized import install_split_quantized
 from sprig.runtime.distributed.shard import build_sharded
 from sprig.runtime.layers.linear import MergedLinear
 from sprig.runtime.model_config import ModelConfig
@@ -64,14 +65,11 @@ def load_model(
                 f"quantization ({quantization.name}) applies to float checkpoints"
             )
         fmt = quantization
-    if fmt is not None and tp is not None:
-        raise ValueError(
-            f"{Path(path)}: tensor parallelism does not shard quantized ({fmt.name}) linear layers yet; "
-            "serve this model with tp_size 1"
-        )
     with torch.device("meta"):
         model = model_class(config.architecture)(config) if tp is None else build_sharded(config, tp)
         if fmt is not None:
+            if tp is not None:
+                install_split_quantized(model, fmt)
             install_quantized_linears(model, fmt)
     integer = any(isinstance(m, QuantizedLinear) and not m.scheme.float8 for m in model.modules())
     if integer and device.type == "cpu" and dtype == torch.float32:

@@ -17,11 +17,13 @@ Index = tuple[slice, ...]
 
 class ColumnParallelLinear(MergedLinear):
     """A `MergedLinear` holding `out_sizes[s]` rows of each shard s: checkpoint rows
-    `starts[s] .. starts[s] + out_sizes[s] - 1`. Its outputs stay split across the ranks."""
+    `starts[s] .. starts[s] + out_sizes[s] - 1` of its `full_sizes[s]`. Its outputs stay
+    split across the ranks."""
 
-    def __init__(self, in_features: int, out_sizes: dict[str, int], *, bias: bool, starts: dict[str, int]) -> None:
+    def __init__(self, in_features: int, out_sizes: dict[str, int], *, bias: bool, starts: dict[str, int],
+                 full_sizes: dict[str, int]) -> None:
         super().__init__(in_features, out_sizes, bias=bias)
-        self.starts = dict(starts)
+        self.starts, self.full_sizes = dict(starts), dict(full_sizes)
 
     def checkpoint_index(self, leaf: str, shard: str | None) -> Index:
         start = self.starts[shard]

@@ -132,11 +132,6 @@ def check_splittable(config: RunnerConfig, dist: DistConfig) -> None:
     """ValueError, before any rank starts, if the model cannot be split over `tp_size` ranks."""
     model = ModelConfig.from_pretrained(config.model_path, context_length=config.context_length)
     ShardPlan(model, 0, dist.tp_size)
-    quantized = model.quantization.name if model.quantization is not None else config.quantization
-    if quantized is not None:
-        raise ValueError(
-            f"tensor parallelism does not shard quantized ({quantized}) linear layers yet; use tp_size 1"
-        )
 
 
 def make_runner(config: RunnerConfig, dist: DistConfig,

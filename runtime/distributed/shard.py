@@ -92,6 +92,7 @@ def _attention(attn: SelfAttention, plan: ShardPlan, group: TPGroup) -> SelfAtte
     attn.qkv_proj = ColumnParallelLinear(
         plan.full.hidden_size, attn.qkv_proj.out_sizes, bias=attn.qkv_proj.bias is not None,
         starts={"q": plan.rank * q_rows, "k": kv_start, "v": kv_start},
+        full_sizes={"q": plan.full.num_heads * D, "k": plan.full.num_kv_heads * D, "v": plan.full.num_kv_heads * D},
     )
     attn.o_proj = RowParallelLinear(q_rows, plan.full.hidden_size, bias=attn.o_proj.bias is not None, group=group)
     return attn
@@ -103,6 +104,7 @@ def _mlp(mlp: GatedMLP, plan: ShardPlan, group: TPGroup) -> GatedMLP:
     mlp.gate_up_proj = ColumnParallelLinear(
         plan.full.hidden_size, mlp.gate_up_proj.out_sizes, bias=mlp.gate_up_proj.bias is not None,
         starts={"gate": start, "up": start},
+        full_sizes={"gate": plan.full.intermediate_size, "up": plan.full.intermediate_size},
     )
     mlp.down_proj = RowParallelLinear(rows, plan.full.hidden_size, bias=mlp.down_proj.bias is not None, group=group)
     return mlp

@@ -64,12 +64,17 @@ class QuantizedLinear(nn.Module):
             pieces = {"bias": tensor}
         else:
             pieces = self.fmt.convert(leaf, tensor, self.scheme, size, self.in_features)
+        self.stage(pieces, shard)
+
+    def stage(self, pieces: dict[str, torch.Tensor], shard: str | None) -> None:
+        """Stage canonical pieces (`QuantizedWeight`'s, "g_idx", "bias") of `shard`."""
+        rows = self.shard_rows(shard)
         for piece, value in pieces.items():
             if piece == "g_idx":
                 self._stage_g_idx(value)
                 continue
             if (piece, shard) in self._filled:
-                raise ValueError(f"{leaf}: the {piece} of this shard are already loaded")
+                raise ValueError(f"the {piece} of shard {shard!r} are already loaded")
             staged = self._staged.get(piece)
             if staged is None:
                 staged = torch.empty((self.out_features, *value.shape[1:]), dtype=value.dtype)

@@ -1,5 +1,5 @@
 """Tensor parallelism's failures are bounded and named: a model that does not split, or
-quantized layers, are refused before any rank starts; a rank that exits before joining
+a bad address, is refused before any rank starts; a rank that exits before joining
 fails the start naming it; a rank that stops answering fails the step after
 `dist_timeout` instead of hanging it (idle ranks wait for steps without a limit), and the
 engine stays failed."""
@@ -23,12 +23,11 @@ GREEDY = {"max_new_tokens": 4, "temperature": 0.0}
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"tp_size": 3}, "4 attention heads do not split over 3 ranks"),
-    ({"tp_size": 2, "quantization": "int8"}, "does not shard quantized (int8)"),
     ({"tp_size": 2, "nnodes": 2}, "dist_init_addr"),
     ({"tp_size": 2, "dist_init_addr": "localhost"}, "host:port"),
 ])
 def test_refused_before_any_rank_starts(tiny_llama: Path, kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=message):
         Engine(str(tiny_llama), device="cpu", **kwargs)
 
 
