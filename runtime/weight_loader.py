@@ -54,8 +54,9 @@ def load_model(
     modules with derived buffers recompute them through `reset_buffers()`. Linear layers
     are quantized as the checkpoint's `quantization_config` says, or, for a float
     checkpoint, with the online format `quantization`. With a tensor-parallel group `tp`
-    the model holds rank `tp.rank`'s part (`sprig.runtime.distributed.shard`), and only
-    that part of each checkpoint tensor is read.
+    the model holds rank `tp.rank`'s part (`sprig.runtime.distributed.shard`): only that
+    part of each float tensor is read (a quantized layer's tensors are read whole,
+    converted, then cut: `sprig.runtime.distributed.quantized`).
     """
     fmt = config.quantization
     if quantization is not None:
