@@ -240,7 +240,7 @@ def _options(
     # not with int4: groups of 64 do not tile a rank's 32 inputs of the tiny models' o_proj
     if tp_share and "quantization" not in options and rng.random() < tp_share:
         options["tp_size"] = 2  # the batched run on two ranks over gloo; the alone runs on one
-    if rng.random() < 0.3 and "tp_size" not in options:  # drawn last: the draws above do not depend on it
+    if rng.random() < 0.3:  # drawn last: the draws above do not depend on it
         options["speculative_algorithm"] = rng.choice(["ngram", "radix"])
         options["speculative_num_draft_tokens"] = rng.choice([1, 2, 4, 8])
     return options

@@ -89,3 +89,17 @@ def test_tp_with_an_int8_kv_cache_matches_tp1(checkpoints: dict[str, Path]) -> N
     with Engine(path, tp_size=2, **ENGINE, **INT8_KV) as engine:
         got = run(engine)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]
+
+
+def test_tp_with_speculative_decoding_matches_tp1(checkpoints: dict[str, Path]) -> None:
+    """Drafts are verified in one extend, which every rank runs like any other step."""
+    prompts = [[1, 5, 9, 33, 2] * 3, [7, 8, 9, 10, 11] * 3]  # repeats: n-gram drafts to verify
+    params = {"max_new_tokens": 24, "temperature": 0.0}
+    with Engine(str(checkpoints["llama"]), **ENGINE) as engine:
+        expected = engine.generate(input_ids=prompts, sampling_params=params)
+    spec = {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 4}
+    with Engine(str(checkpoints["llama"]), tp_size=2, **ENGINE, **spec) as engine:
+        got = engine.generate(input_ids=prompts, sampling_params=params)
+        assert_idle_and_intact(engine)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]
+    assert all(o["meta_info"]["spec_verify_ct"] < len(o["output_ids"]) for o in got)  # drafts were accepted
