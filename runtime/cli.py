@@ -80,6 +80,8 @@ HELP = {
     "branches); outputs are exactly those without it",
     "speculative_num_draft_tokens": "most drafted tokens verified per request and step (each request's length "
     "adapts to its acceptance)",
+    "speculative_min_gain": "a step drafts only if its drafts are expected to add this many tokens per request "
+    "in it (each request's acceptance rate predicts its drafts' yield; 0: whenever the drafter proposes)",
     "grammar_backend": "what compiles regex / json_schema / response_format constraints: outlines (slow to compile, "
                        "cheap per token) or llguidance (compiles in milliseconds, costlier per token); "
                        "ebnf grammars always use llguidance",

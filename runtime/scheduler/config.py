@@ -38,7 +38,9 @@ class SchedulerConfig:
     - `speculative_algorithm`: the drafter of speculative decoding (None: off): `ngram`
       (prompt lookup in the request's own context) or `radix` (the radix cache's most
       visited continuation); `speculative_num_draft_tokens` bounds the drafts verified per
-      request and step (each request's length adapts to its acceptance).
+      request and step (each request's length adapts to its acceptance);
+      `speculative_min_gain`: a step drafts only if its drafts are expected to add this
+      many tokens per request in it (0: whenever the drafter proposes).
     """
 
     max_running_requests: int = 64
@@ -57,6 +59,7 @@ class SchedulerConfig:
     enable_jump_forward: bool = True
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4
+    speculative_min_gain: float = 0.5
     check_integrity: bool = False
 
     def __post_init__(self) -> None:
@@ -88,5 +91,7 @@ class SchedulerConfig:
             )
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
+        if not 0.0 <= self.speculative_min_gain <= 64.0:
+            raise ValueError(f"speculative_min_gain must be in [0, 64], got {self.speculative_min_gain}")
         if self.in_batch_prefix_min < 1:
             raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

@@ -75,7 +75,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.speculative = (
             None if config.speculative_algorithm is None
-            else SpeculativeDecoder(config.speculative_algorithm, config.speculative_num_draft_tokens, self.kv.cache)
+            else SpeculativeDecoder(config, self.kv.cache)
         )
         self.limits = Limits(mc.vocab_size, mc.context_len, allocator.size, allocator.page_size,
                              config.max_queued_requests)

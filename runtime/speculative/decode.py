@@ -24,11 +24,9 @@ from sprig.runtime.speculative.draft_length import DraftLength
 from sprig.runtime.speculative.drafter import DRAFTERS
 from sprig.runtime.step_input import StepInput
 
-MIN_EXPECTED_GAIN = 0.15  # drafted tokens a pass must be expected to keep, per request in it
-PUBLISH_EVERY = 4  # radix drafting: running requests put their verified tokens in the tree this often
-
 if TYPE_CHECKING:
     from sprig.radix import PrefixCache
+    from sprig.runtime.scheduler.config import SchedulerConfig
     from sprig.runtime.scheduler.request import Req
     from sprig.runtime.scheduler.scheduler import Drawn, Scheduler
 
@@ -57,10 +55,10 @@ class SpeculativeStats:
 class SpeculativeDecoder:
     """Replaces the scheduler's plain decode step when speculative decoding is on."""
 
-    def __init__(self, algorithm: str, num_draft_tokens: int, cache: PrefixCache) -> None:
-        self.drafter = DRAFTERS[algorithm](cache)
-        self.max_len = num_draft_tokens
-        self.publish = algorithm == "radix"
+    def __init__(self, config: SchedulerConfig, cache: PrefixCache) -> None:
+        self.drafter = DRAFTERS[config.speculative_algorithm](cache)
+        self.max_len = config.speculative_num_draft_tokens
+        self.min_gain = config.speculative_min_gain
         self.lengths: dict[str, DraftLength] = {}
         self.stats = SpeculativeStats()
 
@@ -94,11 +92,11 @@ class SpeculativeDecoder:
 
     def _drafts(self, sched: Scheduler, batch: list[Req]) -> list[list[int]]:
         """The drafts each request verifies this step, their slots reserved. None at all
-        when they are expected to add fewer than `MIN_EXPECTED_GAIN` tokens per request:
+        when they are expected to add fewer than `min_gain` tokens per request:
         a pass with drafts leaves the decode path for every request in it."""
         proposals = [self._propose(r) for r in batch]
         gain = sum(self.lengths[r.rid].expected(len(d)) for r, d in zip(batch, proposals, strict=True))
-        if gain < MIN_EXPECTED_GAIN * len(batch):
+        if gain < self.min_gain * len(batch):
             return [[] for _ in batch]
         return [
             d if d and sched.kv.reserve_free(r, r.seq_len + len(d)) else []
@@ -134,5 +132,3 @@ class SpeculativeDecoder:
             self.lengths[req.rid].update(len(draft), accepted)
         if not req.finished:
             sched.kv.shrink(req)
-            if self.publish and req.kv_len // PUBLISH_EVERY > (req.kv_len - j - 1) // PUBLISH_EVERY:
-                sched.kv.cache_prefix(req)

@@ -1,8 +1,8 @@
 """Radix-tree drafting: the prefix cache's continuations of a request's context.
 
-Everything the tree holds is verified output of some request (finished ones, and running
-ones up to their verified tokens), so sibling samples of `n > 1`, earlier branches and
-earlier turns sharing the context are all candidate drafts.
+Everything the tree holds is verified output of some finished request (or a prompt), so
+finished sibling samples of `n > 1`, earlier branches and earlier turns sharing the
+context are all candidate drafts.
 """
 
 from __future__ import annotations

@@ -243,6 +243,7 @@ def _options(
     if rng.random() < 0.3:  # drawn last: the draws above do not depend on it
         options["speculative_algorithm"] = rng.choice(["ngram", "radix"])
         options["speculative_num_draft_tokens"] = rng.choice([1, 2, 4, 8])
+        options["speculative_min_gain"] = rng.choice([0.0, 0.0, 0.5])
     return options
 
 

@@ -39,7 +39,7 @@ class UniformDrafter:
 
 
 def _samples(path: Path, drafter_tokens: list[int] | None) -> tuple[Counter, decode.SpeculativeStats | None]:
-    options = {} if drafter_tokens is None else {"speculative_algorithm": "ngram"}
+    options = {} if drafter_tokens is None else {"speculative_algorithm": "ngram", "speculative_min_gain": 0.0}
     with Engine(path, dtype="float32", max_running_requests=64, **options) as engine:
         if drafter_tokens is not None:
             engine.scheduler.speculative.drafter = UniformDrafter(drafter_tokens)
