@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     rank = spec["rank"]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole group; rank 0 decides
     if spec["parent"] is not None:
-        from sprig.runtime.server.gateway import die_with_parent
+        from sprig.runtime.processes import die_with_parent
 
         die_with_parent(spec["parent"])
     logging.basicConfig(level=spec["log_level"].upper(),

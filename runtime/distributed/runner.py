@@ -17,7 +17,7 @@ from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.distributed.step_message import send_step, send_stop
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
-from sprig.runtime.server.gateway import free_port
+from sprig.runtime.processes import free_port
 from sprig.runtime.step_input import StepInput
 
 log = logging.getLogger("sprig.tp")

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.processes import die_with_parent
 from sprig.runtime.server.child import setup_logging
 from sprig.runtime.server.config import ServerConfig
-from sprig.runtime.server.gateway import ROUTER_POLICIES, Gateway, GatewayConfig, die_with_parent
+from sprig.runtime.server.gateway import ROUTER_POLICIES, Gateway, GatewayConfig
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
 
 log = logging.getLogger("sprig.dp")

@@ -15,20 +15,18 @@ from there, not from a command line: an API key never shows in `ps`.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import importlib.util
 import json
 import logging
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 import urllib.request
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
+from sprig.runtime.processes import die_with_parent, free_port
 from sprig.runtime.server.child import setup_logging
 from sprig.runtime.server.config import LOG_LEVELS
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
@@ -178,23 +176,6 @@ def serve_gateway(config: GatewayConfig) -> None:
     finally:
         ignore_stop_signals()
         gateway.stop()
-
-
-def free_port(host: str) -> int:
-    """A port free on `host` now (another process may take it before it is bound)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def die_with_parent(parent: int) -> None:
-    """Linux: have the kernel send SIGTERM to this process when `parent` (its parent now, or
-    until a moment ago) exits, however it exits (SIGKILL included); exit at once if it
-    already has. A no-op elsewhere."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the line above: no signal will come
-        os._exit(1)
 
 
 def _run_gateway(argv: list[str], parent: int) -> None:

@@ -158,3 +158,12 @@ def test_proposals_are_pure() -> None:
     assert d.propose(ctx, 4) == d.propose(list(ctx), 4)
     for k in range(1, 6):
         assert d.propose(ctx, k) == d.propose(ctx, 8)[:k]
+
+
+def test_the_config_accepts_every_registered_drafter() -> None:
+    """`SchedulerConfig` validates names from its own list (no import of the drafters):
+    the list is the registry's keys."""
+    from sprig.runtime.scheduler.config import SPECULATIVE_ALGORITHMS
+    from sprig.runtime.speculative.drafter import DRAFTERS
+
+    assert set(SPECULATIVE_ALGORITHMS) == set(DRAFTERS)

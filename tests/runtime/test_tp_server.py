@@ -20,7 +20,7 @@ from server_helpers import Server, pid_alive, running_server
 from test_server_liveness import health_or_gone, wait_for_exit
 
 from sprig.runtime import Engine
-from sprig.runtime.server.gateway import free_port
+from sprig.runtime.processes import free_port
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
 PROMPTS = ["the quick fox", "one two three four five six", "what is the cache of the tree", "a red dog"]
