@@ -168,7 +168,7 @@ class ModelRunner:
                 self.model, self.backend, self.kv_cache, max_bs=config.cuda_graph_max_bs,
                 context_len=self.model_config.context_len, device=self.device,
             )
-            if self.device.type == "cuda" and self.attention_backend == "triton" and tp is None
+            if self.device.type == "cuda" and self.backend.supports_cuda_graph and tp is None
             and not config.disable_cuda_graph and not config.shadow_attention
             else None
         )

@@ -13,8 +13,11 @@ class AttentionBackend(Protocol):
     """Stores a layer's new K/V in the paged pool, then attends over each request's context.
 
     Per step: `begin_step(batch)` once, then `forward(..., layer, batch)` for each layer
-    with that same batch.
+    with that same batch. `supports_cuda_graph`: a decode step through it can be captured
+    and replayed (fixed-shape buffers, no host synchronisation).
     """
+
+    supports_cuda_graph: bool
 
     def begin_step(self, batch: ForwardBatch) -> None:
         """Prepare what every layer of this step shares (split factors, buffers)."""

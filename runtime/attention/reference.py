@@ -20,6 +20,8 @@ class ReferenceAttentionBackend:
     """Stateless: `begin_step` does nothing, and each `forward` reads only its arguments
     and the pool."""
 
+    supports_cuda_graph = False
+
     def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
         """The registry's constructor convention; nothing is kept."""
 

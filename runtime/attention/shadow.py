@@ -33,6 +33,8 @@ class ShadowAttention:
     Raises `ShadowMismatch` naming the step, mode, layer and batch rows that differ.
     """
 
+    supports_cuda_graph = False  # the reference and the comparison run on the host's schedule
+
     def __init__(self, backend: AttentionBackend, reference: AttentionBackend) -> None:
         self.backend = backend
         self.reference = reference

@@ -35,6 +35,8 @@ class TritonAttentionBackend:
     output buffer: the next layer's call overwrites it, so consume it first.
     """
 
+    supports_cuda_graph = True
+
     def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
         self.num_heads = model_config.num_heads
         self.num_kv_heads = model_config.num_kv_heads

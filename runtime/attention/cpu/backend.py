@@ -30,6 +30,8 @@ class TorchAttentionBackend:
     could rewrite slots whose gathered K/V it keeps).
     """
 
+    supports_cuda_graph = False
+
     def __init__(self, model_config: ModelConfig, kv_cache: KVCache) -> None:
         """The registry's constructor convention; the pool comes with each batch."""
         self.q_heads, self.kv_heads = model_config.num_heads, model_config.num_kv_heads
