@@ -107,7 +107,7 @@ def speed(args: argparse.Namespace) -> None:
         for name, options in PRECISIONS.items()
     }
     params = sum(p.numel() for p in runners["float32"].model.parameters())
-    print(f"random llama {args.size}: {params / 1e6:.0f}M parameters, built and loaded 4 ways in "
+    print(f"random llama {args.size}: {params / 1e6:.0f}M parameters, built and loaded {len(PRECISIONS)} ways in "
           f"{time.monotonic() - started:.0f} s; torch threads {torch.get_num_threads()}")
     for runner in runners.values():  # warm-up
         decode_rate(runner, 1, args.prompt_len, 2, seed=0)
