@@ -330,9 +330,10 @@ class Reference:
         with torch.inference_mode():
             return self.hf[key](torch.tensor([ids])).logits[0].float()
 
-    def kv_rounding_effect(self, ids: list[int], key: Numerics) -> float:
-        """The most the int8 KV cache's rounding moves a logprob of `ids` (transformers with
-        the cache's rounding vs without): the tolerance between a batched and an alone run.
+    def kv_rounding_effect(self, ids: list[int], key: Numerics, rounded: torch.Tensor) -> float:
+        """The most the int8 KV cache's rounding moves a logprob of `ids`: transformers'
+        logits with the cache's rounding (`rounded`, `self.logits(ids, key)`) vs without.
+        The tolerance between a batched and an alone run.
 
         Their ~1e-6 float differences (chunks and batches reduce in different orders) can
         tip a K/V element across a rounding boundary: one element moves one step, where the
@@ -344,8 +345,9 @@ class Reference:
             return 0.0
         float_key = tuple(kv for kv in key if kv[0] != "kv_cache_dtype")
         target = torch.tensor(ids[1:])[:, None]
-        rounded, exact = (torch.log_softmax(self.logits(ids, k)[:-1], -1).gather(1, target) for k in (key, float_key))
-        return (rounded - exact).abs().max().item()
+        with_rounding, exact = (torch.log_softmax(logits[:-1], -1).gather(1, target)
+                                for logits in (rounded, self.logits(ids, float_key)))
+        return (with_rounding - exact).abs().max().item()
 
     def decide(self, logits: torch.Tensor, params: SamplingParams, prompt: list[int], outputs: list[list[int]]) -> list[int]:
         """sprig's sampler on `logits` [L, V]: row i continues `prompt + outputs[i]`."""
@@ -393,7 +395,8 @@ def _check_sequence(
         raise Mismatch(f"{where}\nthe request alone was aborted: {want.finish}")
     prompt = list(request.prompt)
     seq_params = want.params
-    rows = _hf_rows(ref, prompt, want.ids, key)
+    logits = ref.logits(prompt + want.ids, key)  # transformers' after prompt + ids[:i], for each i
+    rows = logits[len(prompt) - 1 :]  # [len(want.ids) + 1, V]
     stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where)
     stats.hf_tokens += len(want.ids)
     n = _common_len(got.ids, want.ids)
@@ -409,7 +412,7 @@ def _check_sequence(
         raise Mismatch(f"{where}\nbatched {got.ids} {got.finish}\nalone   {want.ids} {want.finish}")
     tol = LOGPROB_TOL
     if ("kv_cache_dtype", "int8") in key:
-        tol = max(tol, ref.kv_rounding_effect(prompt + want.ids, key))
+        tol = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits))
     _close(got.logprobs[:n], want.logprobs[:n], f"{where}\noutput logprobs", tol)
     for a, b in zip(got.top[:n], want.top[:n], strict=True):
         _close_top(a, b, f"{where}\noutput top logprobs", tol)
@@ -422,12 +425,6 @@ def _check_sequence(
                 _close_top(a, b, f"{where}\ninput top logprobs", tol)
     stats.requests += 1
     stats.tokens += n
-
-
-def _hf_rows(ref: Reference, prompt: list[int], ids: list[int], key: Numerics) -> torch.Tensor:  # [len(ids) + 1, V]
-    """transformers' logits after `prompt + ids[:i]`, for i = 0 ..= len(ids)."""
-    logits = ref.logits(prompt + ids, key)
-    return logits[len(prompt) - 1 :]
 
 
 def _check_against_transformers(

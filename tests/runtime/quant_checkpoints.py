@@ -170,9 +170,6 @@ def quantize_checkpoint(src: Path, dst: Path, spec: Spec, *, seed: int = 0) -> t
         raise ValueError("AWQ GEMM checkpoints are 4-bit with zero points")
     if spec.method == "gptq" and spec.keep_float:
         raise ValueError("GPTQ configs name no float layers")
-    quant_dir, deq_dir = dst / "quantized", dst / "dequantized"
-    for d in (quant_dir, deq_dir):
-        shutil.copytree(src, d)
     tensors = load_file(str(src / "model.safetensors"))
     g = torch.Generator().manual_seed(seed)
     orders: dict[str, torch.Tensor] = {}
@@ -189,13 +186,7 @@ def quantize_checkpoint(src: Path, dst: Path, spec: Spec, *, seed: int = 0) -> t
         q = quantize(w, spec, orders.get(key))
         dequantized[name] = q.dequantize().to(w.dtype)
         quantized.update({f"{module}.{k}": v for k, v in _tensors(spec, q).items()})
-    (quant_dir / "model.safetensors").unlink()
-    save_file(quantized, str(quant_dir / "model.safetensors"), metadata={"format": "pt"})
-    save_file(dequantized, str(deq_dir / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = _quantization_config(spec)
-    (quant_dir / "config.json").write_text(json.dumps(config, indent=2))
-    return quant_dir, deq_dir
+    return _write(src, dst, quantized, dequantized, _quantization_config(spec))
 
 
 def prompts(vocab: int, lens: tuple[int, ...] = PROMPT_LENS) -> list[list[int]]:
@@ -306,9 +297,6 @@ def quantize_fp8_checkpoint(src: Path, dst: Path, spec: Fp8Spec) -> tuple[Path, 
     checkpoint it stands for to `dst / "dequantized"`; returns both paths."""
     if spec.method == "fp8" and spec.strategy not in ("tensor", "block"):
         raise ValueError("quant_method fp8 checkpoints are scaled per tensor or per block")
-    quant_dir, deq_dir = dst / "quantized", dst / "dequantized"
-    for d in (quant_dir, deq_dir):
-        shutil.copytree(src, d)
     tensors = load_file(str(src / "model.safetensors"))
     quantized, dequantized = {}, dict(tensors)
     scale_leaf = "weight_scale_inv" if spec.method == "fp8" and spec.strategy == "block" else "weight_scale"
@@ -322,10 +310,19 @@ def quantize_fp8_checkpoint(src: Path, dst: Path, spec: Fp8Spec) -> tuple[Path, 
         quantized.update({name: q, f"{module}.{scale_leaf}": scale})
         if spec.static:
             quantized[f"{module}.input_scale"] = torch.tensor(0.02 if spec.method == "fp8" else [0.02])
-    (quant_dir / "model.safetensors").unlink()
-    save_file(quantized, str(quant_dir / "model.safetensors"), metadata={"format": "pt"})
-    save_file(dequantized, str(deq_dir / "model.safetensors"), metadata={"format": "pt"})
+    return _write(src, dst, quantized, dequantized, _fp8_config(spec))
+
+
+def _write(src: Path, dst: Path, quantized: dict[str, torch.Tensor], dequantized: dict[str, torch.Tensor],
+           quantization_config: dict) -> tuple[Path, Path]:
+    """`src` copied to `dst / "quantized"` with the `quantized` tensors and
+    `quantization_config`, and to `dst / "dequantized"` with the float tensors they stand for."""
+    quant_dir, deq_dir = dst / "quantized", dst / "dequantized"
+    for d, tensors in ((quant_dir, quantized), (deq_dir, dequantized)):
+        shutil.copytree(src, d)
+        (d / "model.safetensors").unlink()
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = _fp8_config(spec)
+    config["quantization_config"] = quantization_config
     (quant_dir / "config.json").write_text(json.dumps(config, indent=2))
     return quant_dir, deq_dir
