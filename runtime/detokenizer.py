@@ -27,6 +27,8 @@ from sprig.runtime.stop_regex import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from sprig.runtime.sampling import SamplingParams
+
 REPLACEMENT_CHAR = "\ufffd"
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded as left context (spacing, merges)
 
@@ -202,6 +204,17 @@ class DetokenizeConfig:
     def __post_init__(self) -> None:
         _check_stops(self.stop)
         object.__setattr__(self, "stop_regex", check_patterns(self.stop_regex))
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> DetokenizeConfig:
+        """The text-shaping fields of a request's `SamplingParams`."""
+        return cls(
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            stop=params.stop,
+            no_stop_trim=params.no_stop_trim,
+            stop_regex=params.stop_regex,
+        )
 
 
 @dataclass(frozen=True)

@@ -26,17 +26,6 @@ from sprig.runtime.wire import DetokenizedOutput, TokenOutput
 LOGPROB_FIELDS = frozenset({"output_logprobs", "output_top_logprobs", "input_logprobs", "input_top_logprobs"})
 
 
-def detokenize_config(req: Req) -> DetokenizeConfig:
-    p = req.params
-    return DetokenizeConfig(
-        skip_special_tokens=p.skip_special_tokens,
-        spaces_between_special_tokens=p.spaces_between_special_tokens,
-        stop=p.stop,
-        no_stop_trim=p.no_stop_trim,
-        stop_regex=p.stop_regex,
-    )
-
-
 class OutputDecoder:
     """Turns one request's `TokenOutput`s, in order, into `DetokenizedOutput`s.
 
@@ -158,7 +147,7 @@ class ResponseBuilder:
             r.rid: OutputDecoder(
                 tokenizer,
                 r.prompt_ids,
-                detokenize_config(r),
+                DetokenizeConfig.of(r.params),
                 logprob_text=return_text_in_logprobs,
                 incremental=stream,
             )

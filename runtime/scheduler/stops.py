@@ -40,11 +40,7 @@ class Stops:
             return
         if self.tokenizer is None:
             raise ValueError("stop strings and stop_regex need the scheduler to have a tokenizer")
-        config = DetokenizeConfig(
-            skip_special_tokens=p.skip_special_tokens, spaces_between_special_tokens=p.spaces_between_special_tokens,
-            stop=p.stop, no_stop_trim=p.no_stop_trim, stop_regex=p.stop_regex,
-        )
-        self._text[req.rid] = RequestDetokenizer(self.tokenizer, req.prompt_ids, config)
+        self._text[req.rid] = RequestDetokenizer(self.tokenizer, req.prompt_ids, DetokenizeConfig.of(p))
 
     def forget(self, rid: str) -> None:
         self._text.pop(rid, None)
