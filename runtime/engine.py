@@ -20,12 +20,12 @@ import torch
 
 from sprig.runtime.distributed.runner import make_runner
 from sprig.runtime.engine_config import EngineConfig
-from sprig.runtime.generate_input import (
+from sprig.runtime.request_contract import (
+    LogprobOptions,
+    ModelLimits,
     SamplingArg,
-    expand,
-    ids_batch,
-    params_per_prompt,
-    rids_per_prompt,
+    build_requests,
+    prompt_rows,
 )
 from sprig.runtime.response import ResponseBuilder
 from sprig.runtime.scheduler import Req, Scheduler
@@ -53,6 +53,7 @@ class Engine:
         self.runner = make_runner(self.config.runner, self.config.dist)
         self.scheduler = Scheduler(self.config.scheduler, self.runner, self.tokenizer)
         self._ids = itertools.count()
+        self.limits = ModelLimits(self.scheduler.context_len, self.scheduler.vocab_size)
 
     # ------------------------------------------------------------------ API
     def generate(
@@ -70,21 +71,16 @@ class Engine:
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back) or a batch (a list, n outputs per prompt in
         order). `stream=True` returns an iterator of partial outputs with cumulative text,
-        the last of which is final. An invalid argument raises `ValueError` naming it."""
-        batch, prompts = self._prompts(prompt, input_ids)
-        params = params_per_prompt(sampling_params, len(prompts))
-        rids = rids_per_prompt(rid, len(prompts), lambda: f"{uuid.uuid4().hex[:12]}-{next(self._ids)}")
-        reqs = [
-            Req(
-                rid=seq.rid,
-                prompt_ids=seq.prompt_ids,
-                params=seq.params,
-                return_logprob=return_logprob,
-                logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num,
-            )
-            for seq in expand(rids, prompts, params)
-        ]
+        the last of which is final. An invalid argument raises `InvalidRequest` (a
+        `ValueError`) naming it: the checks are the server's (`request_contract`)."""
+        batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
+        logprobs = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+        requests = build_requests(
+            prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
+            new_rid=lambda: f"{uuid.uuid4().hex[:12]}-{next(self._ids)}",
+            prompt_field="prompt" if prompt is not None else "input_ids",
+        )
+        reqs = [Req.of(r) for r in requests]
         builder = ResponseBuilder(
             self.tokenizer, reqs, return_text_in_logprobs=return_text_in_logprobs, stream=stream
         )
@@ -123,16 +119,6 @@ class Engine:
         self.shutdown()
 
     # ------------------------------------------------------------------ internals
-    def _prompts(self, prompt: Prompt, input_ids: Any) -> tuple[bool, list[list[int]]]:
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of prompt (text) and input_ids")
-        if prompt is not None:
-            texts = [prompt] if isinstance(prompt, str) else list(prompt)
-            if not texts or not all(isinstance(t, str) for t in texts):
-                raise ValueError("prompt must be a string or a non-empty list of strings")
-            return not isinstance(prompt, str), [self.tokenizer.encode(t) for t in texts]
-        return ids_batch(input_ids)
-
     def _submit(self, reqs: list[Req]) -> None:
         added: list[Req] = []
         try:

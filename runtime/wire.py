@@ -1,19 +1,22 @@
 """Every message that crosses a process boundary, and their msgpack codec (no pickle).
 
-Flow: HTTP --GenerateReq/AbortReq/ControlReq--> scheduler --DetokRegister/TokenBatch/
+Flow: HTTP --TokenizedRequest/AbortReq/ControlReq--> scheduler --DetokRegister/TokenBatch/
 Forget--> detokenizer --DetokenizedBatch--> HTTP; the scheduler also sends RequestError,
 StatsReport and ControlReply straight to HTTP, both children send HTTP a Heartbeat about
 once a second, and each child reports a StartupReport to the launcher once.
 
-Fields are plain (str, int, float, bool, None, lists, dicts) so msgpack carries them
-as they are. `decode` builds only the classes registered here: a peer can name no other
-type. This module imports nothing of sprig: every process, and the offline engine, builds
-these records from its own state.
+Fields are plain (str, int, float, bool, None, lists, dicts) or registered messages, so
+msgpack carries them as they are. `decode` builds only registered classes: a peer can
+name no other type. This module imports nothing of sprig: every process, and the offline
+engine, builds these records from its own state. The request a client sends,
+`TokenizedRequest` (with its `SamplingParams` and `LogprobOptions`), is defined and
+registered by `runtime/request_contract.py`, which validated it (`register`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,21 +49,6 @@ class DetokenizedOutput(TokenOutput):
     text, and logprob entries are `[logprob, token_id, text | None]`."""
 
     text_delta: str = ""
-
-
-@dataclass
-class GenerateReq:
-    """One sequence to generate, tokenized and validated by the HTTP process.
-    `sampling_params` is `SamplingParams.to_dict()`."""
-
-    rid: str
-    prompt_ids: list[int]
-    sampling_params: dict[str, Any]
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
-    stream: bool = False
 
 
 @dataclass
@@ -169,18 +157,28 @@ class StartupReport:
 
 
 _TAG = "__msg__"
-_TYPES: dict[str, type] = {
-    cls.__name__: cls
+Build = Callable[[dict[str, Any]], Any]
+_TYPES: dict[str, tuple[type, Build]] = {
+    cls.__name__: (cls, lambda fields, cls=cls: cls(**fields))
     for cls in (
-        GenerateReq, AbortReq, ControlReq, ControlReply, DetokRegister, TokenBatch, Forget,
+        AbortReq, ControlReq, ControlReply, DetokRegister, TokenBatch, Forget,
         DetokenizedBatch, RequestError, StatsReport, StartupReport, TokenOutput, DetokenizedOutput, Heartbeat,
     )
 }
 
 
+def register(cls: type, build: Build) -> None:
+    """Let dataclass `cls`, defined elsewhere, cross as a message: `build(fields)` makes
+    one from its decoded fields (nested messages already built). A module that registers
+    a class is imported by every process that sends or receives it."""
+    if _TYPES.get(cls.__name__, (cls,))[0] is not cls:
+        raise ValueError(f"another message is already registered as {cls.__name__}")
+    _TYPES[cls.__name__] = (cls, build)
+
+
 def _default(obj: object) -> dict[str, Any]:
     name = type(obj).__name__
-    if _TYPES.get(name) is not type(obj):
+    if _TYPES.get(name, (None,))[0] is not type(obj):
         raise TypeError(f"cannot encode {type(obj).__qualname__}: not a registered message")
     out = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     out[_TAG] = name
@@ -191,10 +189,10 @@ def _object_hook(d: dict[Any, Any]) -> Any:
     name = d.pop(_TAG, None)
     if name is None:
         return d
-    cls = _TYPES.get(name)
-    if cls is None:
+    entry = _TYPES.get(name)
+    if entry is None:
         raise ValueError(f"unknown message type {name!r}")
-    return cls(**d)
+    return entry[1](d)
 
 
 def encode(msg: object) -> bytes:

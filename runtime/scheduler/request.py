@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sprig.radix import TreeNode
+from sprig.runtime.request_contract import TokenizedRequest
 from sprig.runtime.sampling import SamplingParams
 
 
@@ -71,6 +72,14 @@ class Req:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs_done: bool = False
     grammar: Any = None  # the request's grammar matcher (constrained decoding), once compiled
+
+    @classmethod
+    def of(cls, request: TokenizedRequest) -> Req:
+        """The scheduler's state for a request built by the request contract."""
+        lp = request.logprobs
+        return cls(rid=request.rid, prompt_ids=list(request.prompt_ids), params=request.params,
+                   return_logprob=lp.return_logprob, logprob_start_len=lp.logprob_start_len,
+                   top_logprobs_num=lp.top_logprobs_num)
 
     @property
     def fill_ids(self) -> list[int]:

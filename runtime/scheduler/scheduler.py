@@ -77,7 +77,7 @@ class Scheduler:
             None if config.speculative_algorithm is None
             else SpeculativeDecoder(config, self.kv.cache)
         )
-        self.limits = Limits(mc.vocab_size, mc.context_len, allocator.size, allocator.page_size,
+        self.limits = Limits(mc.context_len, allocator.size, allocator.page_size,
                              config.max_queued_requests)
         self.stops = Stops(tokenizer, mc.context_len)
         self._reqs: dict[str, Req] = {}

@@ -1,6 +1,7 @@
-"""Turning validated request bodies into `GenerateReq`s: tokenize (chat templates
-included), check every limit the HTTP process can check, expand `n`. Every problem is a
-400 `ApiError` naming it, raised before anything reaches the scheduler.
+"""Turning parsed request bodies into `TokenizedRequest`s: tokenize (chat templates
+included), then the request contract (`runtime/request_contract.py` `build_requests`:
+every check, `n` expanded). Every problem is a 400 `ApiError` naming the field, raised
+before anything reaches the scheduler.
 
 Cheap checks come before expensive work: a text is refused unread when it is longer than
 any text of `context_len` tokens can be (`max_text_bytes`), and a list of ids when it is
@@ -10,24 +11,21 @@ off the event loop (`app.prepare`)."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from sprig.runtime import json_limits
-from sprig.runtime.generate_input import expand, ids_batch, params_per_prompt, rids_per_prompt
-from sprig.runtime.sampling import SamplingParams
+from sprig.runtime.request_contract import (
+    InvalidRequest,
+    LogprobOptions,
+    ModelLimits,
+    SamplingArg,
+    TokenizedRequest,
+    build_requests,
+    prompt_rows,
+)
 from sprig.runtime.server.chat_render import ChatRenderer
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.protocol import ChatMessage
-from sprig.runtime.wire import GenerateReq
-
-
-@dataclass(frozen=True)
-class LogprobArgs:
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
 
 
 def max_token_bytes(tokenizer: Any) -> int:
@@ -47,6 +45,7 @@ class InputBuilder:
         self.tokenizer = tokenizer
         self.context_len = context_len
         self.vocab_size = vocab_size
+        self.limits = ModelLimits(context_len, vocab_size)
         # Unicode normalization can shrink text up to 4x (a 4-byte character to 1 byte)
         self.max_text_bytes = 4 * context_len * max_token_bytes(tokenizer)
         self.chat = ChatRenderer.for_model(tokenizer, chat_template, self.max_text_bytes)
@@ -69,27 +68,12 @@ class InputBuilder:
             raise ApiError(400, f"cannot tokenize {param}: {e}", param) from None
 
     def prompts(self, text: Any, input_ids: Any, param: str = "text") -> tuple[bool, list[list[int]]]:
-        """(is_batch, token ids per prompt) from exactly one of `text` and `input_ids`."""
-        if (text is None) == (input_ids is None):
-            raise ApiError(400, "give exactly one of text and input_ids", param)
-        if text is not None:
-            texts = [text] if isinstance(text, str) else text
-            if not texts:
-                raise ApiError(400, f"{param} must not be an empty list", param)
-            return not isinstance(text, str), [self.encode(t, param=param) for t in texts]
+        """(is_batch, token ids per prompt) from exactly one of `text` and `input_ids`;
+        the ids are checked with the rest of the request (`requests`)."""
         try:
-            batch, rows = ids_batch(input_ids)
-        except ValueError as e:
-            raise ApiError(400, str(e), "input_ids") from None
-        for row in rows:
-            if not row:
-                raise ApiError(400, "input_ids must not contain an empty prompt", "input_ids")
-            if len(row) >= self.context_len:
-                raise ApiError(400, f"a prompt of input_ids has {len(row)} tokens; the model's context length is "
-                                    f"{self.context_len}", "input_ids")
-            if bad := [t for t in row if not 0 <= t < self.vocab_size]:
-                raise ApiError(400, f"input_ids has token ids outside [0, {self.vocab_size}): {bad[:5]}", "input_ids")
-        return batch, rows
+            return prompt_rows(text, input_ids, lambda t: self.encode(t, param=param), text_field=param)
+        except InvalidRequest as e:
+            raise ApiError(400, str(e), e.field) from None
 
     def chat_text(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
                   template_kwargs: dict[str, Any] | None, **render: bool) -> str:
@@ -116,57 +100,15 @@ class InputBuilder:
             raise ApiError(400, str(e), param) from None
 
     # ------------------------------------------------------------------ requests
-    def params(self, arg: Any, n_prompts: int) -> list[SamplingParams]:
+    def requests(self, prompts: list[list[int]], sampling: SamplingArg, rid: Any, logprobs: LogprobOptions, *,
+                 stream: bool, prompt_field: str = "input_ids") -> list[TokenizedRequest]:
+        """One `TokenizedRequest` per sequence (n per prompt, in output order): the request
+        contract's `build_requests`, its `InvalidRequest` as a 400 naming the field."""
         try:
-            params = params_per_prompt(arg, n_prompts)
-            for p in params:
-                p.validate_for_model(self.vocab_size)
-        except ValueError as e:
-            raise ApiError(400, str(e), "sampling_params") from None
-        return params
-
-    def requests(self, prompts: list[list[int]], params: list[SamplingParams], rid: Any,
-                 logprobs: LogprobArgs, *, stream: bool) -> list[GenerateReq]:
-        """One `GenerateReq` per sequence (n per prompt, in output order), with every
-        length limit checked. Only a `stream`ed request's text is decoded step by step."""
-        for ids, p in zip(prompts, params, strict=True):
-            self.check_length(len(ids), p.max_new_tokens)
-        if logprobs.top_logprobs_num > self.vocab_size:
-            raise ApiError(400, f"top_logprobs_num must be <= {self.vocab_size}", "top_logprobs_num")
-        try:
-            rids = rids_per_prompt(rid, len(prompts), self.new_rid)
-        except ValueError as e:
-            raise ApiError(400, str(e), "rid") from None
-        try:
-            seqs = expand(rids, prompts, params)
-        except ValueError as e:  # a seed + sample index out of range
-            raise ApiError(400, str(e), "sampling_params") from None
-        return [
-            GenerateReq(
-                rid=s.rid,
-                prompt_ids=s.prompt_ids,
-                sampling_params=s.params.to_dict(),
-                return_logprob=logprobs.return_logprob,
-                logprob_start_len=logprobs.logprob_start_len,
-                top_logprobs_num=logprobs.top_logprobs_num,
-                return_text_in_logprobs=logprobs.return_text_in_logprobs,
-                stream=stream,
-            )
-            for s in seqs
-        ]
-
-    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
-        if prompt_len >= self.context_len:
-            raise ApiError(
-                400, f"the prompt has {prompt_len} tokens; the model's context length is {self.context_len}"
-            )
-        if prompt_len + max_new_tokens > self.context_len:
-            raise ApiError(
-                400,
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                f"context length {self.context_len}",
-                "max_new_tokens",
-            )
+            return build_requests(prompts, sampling, self.limits, rid=rid, new_rid=self.new_rid,
+                                  logprobs=logprobs, stream=stream, prompt_field=prompt_field)
+        except InvalidRequest as e:
+            raise ApiError(400, str(e), e.field) from None
 
     def room(self, prompt_len: int) -> int:
         """The most tokens a prompt of this length can still generate."""

@@ -31,7 +31,7 @@ class IpcPaths:
 
     @property
     def scheduler(self) -> str:
-        """Read by the scheduler: GenerateReq, AbortReq, ControlReq."""
+        """Read by the scheduler: TokenizedRequest, AbortReq, ControlReq."""
         return self._addr("scheduler")
 
     @property

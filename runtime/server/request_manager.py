@@ -32,6 +32,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from sprig.runtime.request_contract import TokenizedRequest
 from sprig.runtime.response import ResponseState
 from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
 from sprig.runtime.server.metrics import Metrics
@@ -40,7 +41,6 @@ from sprig.runtime.wire import (
     ControlReply,
     ControlReq,
     DetokenizedBatch,
-    GenerateReq,
     Heartbeat,
     RequestError,
     StatsReport,
@@ -76,12 +76,12 @@ class _Track:
 class Call:
     """The sequences of one HTTP request, in output order."""
 
-    def __init__(self, manager: RequestManager, reqs: list[GenerateReq], client: int | None) -> None:
+    def __init__(self, manager: RequestManager, reqs: list[TokenizedRequest], client: int | None) -> None:
         self.manager = manager
         self.rids = [r.rid for r in reqs]
         self.updates: asyncio.Queue[str | None] = asyncio.Queue()  # None: the client is gone
         self.tracks = {
-            r.rid: _Track(i, ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.return_logprob), self.updates, client)
+            r.rid: _Track(i, ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.logprobs.return_logprob), self.updates, client)
             for i, r in enumerate(reqs)
         }
 
@@ -191,13 +191,12 @@ class RequestManager:
                 429, f"the server has {self.max_inflight} sequences in flight at most and no room for {n} more; retry later"
             )
 
-    def submit(self, reqs: list[GenerateReq], client: int | None) -> Call:
-        """Track and send every sequence of one call (all or none), sent with API key `client`."""
+    def submit(self, reqs: list[TokenizedRequest], client: int | None) -> Call:
+        """Track and send every sequence of one call (all or none), sent with API key `client`;
+        the requests were built by the request contract (their rids distinct)."""
         self.check_room(len(reqs))
         if taken := [r.rid for r in reqs if r.rid in self.tracks]:
             raise RequestFailed(400, f"request id {taken[0]!r} is already in use")
-        if len({r.rid for r in reqs}) < len(reqs):
-            raise RequestFailed(400, "the request ids of one call must be distinct")
         call = Call(self, reqs, client)
         self.tracks.update(call.tracks)
         for r in reqs:

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
 from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.server.errors import ApiError, error_response, parse
 from sprig.runtime.server.http_io import (
@@ -26,10 +27,8 @@ from sprig.runtime.server.http_io import (
     sse,
     state_of,
 )
-from sprig.runtime.server.inputs import LogprobArgs
 from sprig.runtime.server.protocol import AbortRequest, GenerateRequest
 from sprig.runtime.server.request_manager import Call, RequestFailed
-from sprig.runtime.wire import GenerateReq
 
 router = APIRouter()
 HEALTH_GENERATE_TIMEOUT_S = 20.0
@@ -39,13 +38,13 @@ HEALTH_GENERATE_TIMEOUT_S = 20.0
 async def generate(request: Request) -> Response:
     st = state_of(request)
 
-    def build(body: Any) -> tuple[GenerateRequest, bool, list[GenerateReq]]:
+    def build(body: Any) -> tuple[GenerateRequest, bool, list[TokenizedRequest]]:
         req: GenerateRequest = parse(GenerateRequest, body)
         batch, prompts = st.inputs.prompts(req.text, req.input_ids)
-        params = st.inputs.params(req.sampling_params, len(prompts))
-        logprobs = LogprobArgs(req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
-                               req.return_text_in_logprobs)
-        return req, batch, st.inputs.requests(prompts, params, req.rid, logprobs, stream=req.stream)
+        logprobs = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
+                                  req.return_text_in_logprobs)
+        return req, batch, st.inputs.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
+                                              prompt_field="text" if req.text is not None else "input_ids")
 
     req, batch, reqs = await prepare(request, build)
     call = st.manager.submit(reqs, client_of(request))
@@ -152,9 +151,7 @@ async def health_generate(request: Request) -> Response:
     st = state_of(request)
     bos = getattr(st.inputs.tokenizer, "bos_token_id", None)
     params = SamplingParams(max_new_tokens=1, temperature=0.0)
-    reqs = st.inputs.requests(
-        [[bos if bos is not None else 0]], [params], None, LogprobArgs(), stream=False
-    )
+    reqs = st.inputs.requests([[bos if bos is not None else 0]], params, None, LogprobOptions(), stream=False)
     try:
         call = st.manager.submit(reqs, client_of(request))
         await asyncio.wait_for(call.collect(), HEALTH_GENERATE_TIMEOUT_S)

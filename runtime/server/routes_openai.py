@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from sprig.runtime.sampling import SamplingParams
+from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
 from sprig.runtime.scheduler.grammar import GRAMMAR_ERROR
 from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
 from sprig.runtime.server.constraints import Constraint, request_constraint
@@ -29,7 +29,6 @@ from sprig.runtime.server.http_io import (
     sse,
     state_of,
 )
-from sprig.runtime.server.inputs import LogprobArgs
 from sprig.runtime.server.openai_format import (
     chat_logprobs,
     completion_logprobs,
@@ -43,7 +42,6 @@ from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
 from sprig.runtime.server.refused_fields import CHAT, COMPLETIONS, check_refused
 from sprig.runtime.server.request_manager import Call, RequestFailed
 from sprig.runtime.server.tool_calls import plan_tool_use
-from sprig.runtime.wire import GenerateReq
 
 router = APIRouter()
 ChoiceFn = Callable[[int, dict[str, Any]], list[dict[str, Any]]]
@@ -62,15 +60,22 @@ class _Envelope:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model, **fields}
 
 
-def _params(st: ServerState, req: CompletionRequest | ChatCompletionRequest, constraint: Constraint | None,
-            prompt_len: int, max_tokens: int | None, **extra: Any) -> SamplingParams:
-    """`extra`: sampling parameters of the server's own (a forced tool call's regex, the
-    reasoning markers). An invalid constraint is a 400 naming the field it came from."""
+def _sampling(st: ServerState, req: CompletionRequest | ChatCompletionRequest, constraint: Constraint | None,
+              prompt_len: int, max_tokens: int | None, **extra: Any) -> dict[str, Any]:
+    """The sampling parameters of one prompt, for the request contract to check. `extra`:
+    parameters of the server's own (a forced tool call's regex, the reasoning markers)."""
     max_new = st.inputs.room(prompt_len) if max_tokens is None else max_tokens
     d = sampling_dict(req, max_new, constraint)
     d.update({k: v for k, v in extra.items() if v is not None})
+    return d
+
+
+def _requests(st: ServerState, prompts: list[list[int]], sampling: list[dict[str, Any]], logprobs: LogprobOptions,
+              stream: bool, constraint: Constraint | None) -> list[TokenizedRequest]:
+    """The request contract over OpenAI prompts; an invalid constraint is a 400 naming
+    the field it came from."""
     try:
-        return st.inputs.params(d, 1)[0]
+        return st.inputs.requests(prompts, sampling, None, logprobs, stream=stream, prompt_field="prompt")
     except ApiError as e:
         if constraint is None or constraint.key not in e.message:
             raise
@@ -99,7 +104,7 @@ async def model(request: Request, model_id: str) -> Response:
 async def completions(request: Request) -> Response:
     st = state_of(request)
 
-    def build(body: Any) -> tuple[CompletionRequest, list[str], list[GenerateReq], Constraint | None]:
+    def build(body: Any) -> tuple[CompletionRequest, list[str], list[TokenizedRequest], Constraint | None]:
         check_refused(body, COMPLETIONS)
         req: CompletionRequest = parse(CompletionRequest, body)
         if req.suffix:
@@ -107,12 +112,13 @@ async def completions(request: Request) -> Response:
         p = req.prompt
         is_ids = isinstance(p, list) and bool(p) and not isinstance(p[0], str)
         _, prompts = st.inputs.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
-        texts = [st.inputs.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
         constraint = request_constraint(req)
-        params = [_params(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
+        sampling = [_sampling(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
         want = req.logprobs is not None
-        logprobs = LogprobArgs(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
-        return req, texts, st.inputs.requests(prompts, params, None, logprobs, stream=req.stream), constraint
+        logprobs = LogprobOptions(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
+        reqs = _requests(st, prompts, sampling, logprobs, req.stream, constraint)
+        texts = [st.inputs.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
+        return req, texts, reqs, constraint
 
     req, texts, reqs, constraint = await prepare(request, build)
     want = req.logprobs is not None
@@ -153,7 +159,7 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     st = state_of(request)
 
-    def build(body: Any) -> tuple[ChatCompletionRequest, AnswerFormat, list[GenerateReq], Constraint | None]:
+    def build(body: Any) -> tuple[ChatCompletionRequest, AnswerFormat, list[TokenizedRequest], Constraint | None]:
         check_refused(body, CHAT)
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
         if req.top_logprobs and not req.logprobs:
@@ -169,9 +175,9 @@ async def chat_completions(request: Request) -> Response:
                            one_call=req.parallel_tool_calls is False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         extra = reasoning.sampling(phase) if reasoning is not None else {}
-        params = [_params(st, req, constraint, len(ids), max_tokens, regex=tools.forced, **extra)]
-        logprobs = LogprobArgs(req.logprobs, -1, req.top_logprobs or 0, True)
-        return req, fmt, st.inputs.requests([ids], params, None, logprobs, stream=req.stream), constraint
+        sampling = [_sampling(st, req, constraint, len(ids), max_tokens, regex=tools.forced, **extra)]
+        logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
+        return req, fmt, _requests(st, [ids], sampling, logprobs, req.stream, constraint), constraint
 
     req, fmt, reqs, constraint = await prepare(request, build)
     call = st.manager.submit(reqs, client_of(request))

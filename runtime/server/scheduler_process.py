@@ -23,8 +23,9 @@ import zmq
 
 from sprig.runtime.detokenizer import PROMPT_CONTEXT_TOKENS
 from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.request_contract import TokenizedRequest
 from sprig.runtime.sampling import SamplingParams
-from sprig.runtime.scheduler import QueueFull, Req, Scheduler, SchedulerStats
+from sprig.runtime.scheduler import QueueFull, Req, RequestRejected, Scheduler, SchedulerStats
 from sprig.runtime.server.child import (
     HeartbeatClock,
     ParentWatch,
@@ -41,7 +42,6 @@ from sprig.runtime.wire import (
     ControlReq,
     DetokRegister,
     Forget,
-    GenerateReq,
     Heartbeat,
     RequestError,
     StartupReport,
@@ -68,7 +68,7 @@ class SchedulerLoop:
 
     # ------------------------------------------------------------------ messages
     def handle(self, msg: object) -> None:
-        if isinstance(msg, GenerateReq):
+        if isinstance(msg, TokenizedRequest):
             self._add(msg)
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
@@ -77,22 +77,16 @@ class SchedulerLoop:
         else:
             log.error("ignoring unexpected message %s", type(msg).__name__)
 
-    def _add(self, msg: GenerateReq) -> None:
+    def _add(self, msg: TokenizedRequest) -> None:
+        """Queue a request the HTTP process built (and validated: `request_contract`)."""
+        params = msg.params
         try:
-            params = SamplingParams.from_dict(msg.sampling_params)
-            req = Req(
-                rid=msg.rid,
-                prompt_ids=list(msg.prompt_ids),
-                params=params,
-                return_logprob=msg.return_logprob,
-                logprob_start_len=msg.logprob_start_len,
-                top_logprobs_num=msg.top_logprobs_num,
-            )
+            req = Req.of(msg)
             self.scheduler.add_request(req)
         except QueueFull as e:
             self.send_http(RequestError(msg.rid, str(e), 503))
             return
-        except ValueError as e:  # RequestRejected included
+        except RequestRejected as e:
             self.send_http(RequestError(msg.rid, str(e), 400))
             return
         except Exception:
@@ -109,7 +103,7 @@ class SchedulerLoop:
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
                 no_stop_trim=params.no_stop_trim,
                 stop_regex=list(params.stop_regex),
-                logprob_text=msg.return_text_in_logprobs,
+                logprob_text=msg.logprobs.return_text_in_logprobs,
                 incremental=msg.stream,
             )
         )

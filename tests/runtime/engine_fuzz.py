@@ -42,8 +42,8 @@ from hf_kv_quant import hf_model
 from quant_checkpoints import with_rtn_weights
 
 from sprig.runtime import Engine
-from sprig.runtime.generate_input import expand
 from sprig.runtime.quantization.formats import OnlineFormat
+from sprig.runtime.request_contract import LogprobOptions, ModelLimits, build_requests
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
 from sprig.runtime.scheduler import Req
 
@@ -254,6 +254,7 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
     """Run `requests` through the engine's scheduler step by step (arrivals and aborts at
     their steps); returns each sequence's outcome by rid (`{rid}-{j}` for n > 1)."""
     sched = engine.scheduler
+    limits = ModelLimits(sched.context_len, sched.vocab_size)
     reqs: dict[str, Req] = {}
     aborts: dict[int, list[str]] = {}
     last_arrival = max(r.arrival for r in requests)
@@ -265,12 +266,9 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
         for r in requests:
             if r.arrival != step:
                 continue
-            for seq in expand([r.rid], [list(r.prompt)], [r.params]):
-                req = Req(
-                    rid=seq.rid, prompt_ids=seq.prompt_ids, params=seq.params,
-                    return_logprob=r.return_logprob, logprob_start_len=r.logprob_start_len,
-                    top_logprobs_num=r.top_logprobs_num,
-                )
+            logprobs = LogprobOptions(r.return_logprob, r.logprob_start_len, r.top_logprobs_num)
+            for seq in build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs):
+                req = Req.of(seq)
                 sched.add_request(req)
                 reqs[seq.rid] = req
                 if r.abort_at is not None:

@@ -10,6 +10,7 @@ import pytest
 from engine_helpers import assert_idle_and_intact, make_prompts
 
 from sprig.runtime import Engine
+from sprig.runtime.request_contract import InvalidRequest
 from sprig.runtime.sampling.params import SamplingParams
 from sprig.runtime.scheduler import Req, RequestRejected
 
@@ -174,14 +175,21 @@ def test_invalid_requests_are_rejected_by_name(engine, kwargs, message) -> None:
 
 
 def test_prompt_errors(engine) -> None:
-    with pytest.raises(RequestRejected, match="empty"):
+    with pytest.raises(InvalidRequest, match="empty") as e:
         engine.generate(input_ids=[[]])
-    with pytest.raises(RequestRejected, match="outside"):
+    assert e.value.field == "input_ids"
+    with pytest.raises(InvalidRequest, match="outside"):
         engine.generate(input_ids=[1, 2, 10**7])
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(InvalidRequest, match="exactly one"):
         engine.generate()
-    with pytest.raises(RequestRejected, match="exceeds"):
+    with pytest.raises(InvalidRequest, match="exceeds"):
         engine.generate(input_ids=[5] * 2000, sampling_params={"max_new_tokens": 1})
+    with pytest.raises(InvalidRequest, match="context length") as e:
+        engine.generate(PROMPT, {"max_new_tokens": 10_000})
+    assert e.value.field == "max_new_tokens"
+    with pytest.raises(InvalidRequest, match="distinct") as e:
+        engine.generate(["a b", "c d"], rid=["x", "x"])
+    assert e.value.field == "rid"
 
 
 def test_pool_too_small_for_a_request(tiny_llama) -> None:

@@ -12,7 +12,14 @@ import msgpack
 import pytest
 
 from sprig.runtime import Engine
+from sprig.runtime.request_contract import (
+    LogprobOptions,
+    ModelLimits,
+    TokenizedRequest,
+    build_requests,
+)
 from sprig.runtime.response import ResponseState
+from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.server.detokenizer_process import DetokenizerLoop
 from sprig.runtime.server.scheduler_process import SchedulerLoop
 from sprig.runtime.server.stats import StatsTracker
@@ -23,7 +30,6 @@ from sprig.runtime.wire import (
     DetokenizedOutput,
     DetokRegister,
     Forget,
-    GenerateReq,
     StatsReport,
     TokenBatch,
     TokenOutput,
@@ -32,6 +38,7 @@ from sprig.runtime.wire import (
 )
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
+NO_LOGPROBS = LogprobOptions()
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +57,11 @@ def sinks(engine: Engine):
     engine.check_integrity()
 
 
-def req(engine: Engine, rid: str, text: str = "the quick brown fox", **params) -> GenerateReq:
-    return GenerateReq(rid, engine.tokenizer.encode(text), {**GREEDY, **params})
+def req(engine: Engine, rid: str, text: str = "the quick brown fox", *, stream: bool = False,
+        logprobs: LogprobOptions = NO_LOGPROBS, **params) -> TokenizedRequest:
+    """The request the HTTP process would send (built by the request contract)."""
+    return build_requests([engine.tokenizer.encode(text)], {**GREEDY, **params}, engine.limits, rid=rid,
+                          new_rid=str, logprobs=logprobs, stream=stream)[0]
 
 
 def drain(loop: SchedulerLoop) -> None:
@@ -65,12 +75,28 @@ def test_codec_round_trips_nested_messages() -> None:
                       input_logprobs=[[None, 0], [-1.0, 5]], input_top_logprobs=[None, [[-1.0, 5]]])
     for msg in (
         TokenBatch([out, TokenOutput("s", [], 1, 0, 0)]),
-        GenerateReq("r", [1, 2], {"logit_bias": {"5": 1.0}, "seed": 2**64 - 1}, True, 0, 2, True),
+        TokenizedRequest("r", (1, 2), SamplingParams(logit_bias={"5": 1.0}, seed=2**64 - 1, stop=["a", "b"]),
+                         LogprobOptions(True, 0, 2, True), stream=True),
         DetokenizedBatch([DetokenizedOutput("r", [3], 1, 1, 0, output_logprobs=[[-0.1, 3, "é"]], text_delta="é")]),
         StatsReport(1, 2, 3, 4, 0.5, 6, 7, 8, 9, 10, 11, 12.5, 13.5, "ok"),
         AbortReq("r"), ControlReq(3, "flush_cache"), Forget(["a", "b"]),
     ):
         assert decode(encode(msg)) == msg
+
+
+def test_a_request_crosses_as_built_and_is_not_checked_again() -> None:
+    """The scheduler side rebuilds a `TokenizedRequest` field by field (tuples stay
+    tuples, logit_bias keys ints) without running the contract's checks again; a message
+    with a missing or extra field is refused."""
+    sent = build_requests([[1, 2, 3]], {"stop": ["x"], "logit_bias": {"3": 2.0}, "n": 2, "seed": 7},
+                          ModelLimits(256, 32), rid="r", new_rid=str)
+    got = decode(encode(sent))
+    assert got == sent and [g.params.seed for g in got] == [7, 8]
+    assert got[0].prompt_ids == (1, 2, 3) and got[0].params.stop == ("x",) and got[0].params.logit_bias == {3: 2.0}
+    raw = msgpack.unpackb(encode(sent[0]), strict_map_key=False)
+    del raw["stream"]
+    with pytest.raises(ValueError, match="malformed TokenizedRequest"):
+        decode(msgpack.packb(raw))
 
 
 def test_codec_builds_only_registered_messages() -> None:
@@ -92,10 +118,8 @@ def test_every_request_is_answered(engine: Engine, sinks) -> None:
     loop, detok, http = sinks
     loop.handle(req(engine, "good"))
     loop.handle(req(engine, "good"))  # duplicate rid
-    loop.handle(GenerateReq("long", [5] * 1000, {"max_new_tokens": 100}))
-    loop.handle(GenerateReq("bad", [1], {"temperature": -1}))
-    assert [(m.rid, m.status) for m in http] == [("good", 400), ("long", 400), ("bad", 400)]
-    assert "already in use" in http[0].message and "temperature" in http[2].message
+    assert [(m.rid, m.status) for m in http] == [("good", 400)]
+    assert "already in use" in http[0].message
     drain(loop)
     assert isinstance(detok[0], DetokRegister) and detok[0].rid == "good"
     outputs = [o for m in detok[1:] for o in m.outputs]
@@ -150,8 +174,8 @@ def test_the_pipeline_reproduces_the_offline_engine(engine: Engine, sinks, strea
     assert ref["text"].find(stop) == 7, "the test needs text before the stop string"
     expected = engine.generate("what is the capital", {**GREEDY, "max_new_tokens": 12, "stop": stop},
                                return_logprob=True, return_text_in_logprobs=True)
-    loop.handle(GenerateReq("p", engine.tokenizer.encode("what is the capital"),
-                            {**GREEDY, "max_new_tokens": 12, "stop": stop}, True, -1, 0, True, stream))
+    loop.handle(req(engine, "p", "what is the capital", stream=stream, logprobs=LogprobOptions(True, -1, 0, True),
+                    max_new_tokens=12, stop=stop))
     drain(loop)
     texts: list[object] = []
     detokenizer = DetokenizerLoop(engine.tokenizer, texts.append)

@@ -1,0 +1,193 @@
+"""The request contract: every check a generation request must pass, in one place.
+
+`build_requests` turns one call (prompts, sampling parameters, logprob options, ids) into
+`TokenizedRequest`s, one per sequence to generate, or raises `InvalidRequest` naming the
+offending field. The HTTP routes (`runtime/server/request_builder.py`) and the offline
+`Engine` both call it; nothing downstream validates a request again (the scheduler
+checks only what it alone knows: a rid in use, the KV pool's size, its queue bound).
+
+A `TokenizedRequest` crosses to the scheduler process as a typed msgpack message
+(`runtime/wire.py` codec, registered here): it is rebuilt there field by field, without
+running the checks again, since only a request built here is ever sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sprig.runtime import wire
+from sprig.runtime.sampling import SamplingParams
+
+SamplingArg = dict[str, Any] | SamplingParams | Sequence[dict[str, Any] | SamplingParams] | None
+
+
+class InvalidRequest(ValueError):
+    """A request that cannot be served as given; `field` names the offending field."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the model allows: ids in `[0, vocab_size)`, prompt + output <= `context_len`."""
+
+    context_len: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class LogprobOptions:
+    """Which logprobs a request reports: output tokens' with `return_logprob`, prompt
+    tokens' from `logprob_start_len` on (-1: none), the `top_logprobs_num` most likely
+    tokens at each position, and the tokens' texts with `return_text_in_logprobs`."""
+
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("return_logprob", "return_text_in_logprobs"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequest(f"{name} must be true or false", name)
+        for name, low in (("logprob_start_len", -1), ("top_logprobs_num", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidRequest(f"{name} must be an integer >= {low}; got {value!r}", name)
+
+
+@dataclass(frozen=True)
+class TokenizedRequest:
+    """One sequence to generate, valid for the model it was built for: a non-empty prompt
+    of ids in the vocabulary, prompt + `params.max_new_tokens` within the context, sampling
+    parameters (constraints included) checked against the vocabulary. Only a `stream`ed
+    request's text is decoded step by step."""
+
+    rid: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    logprobs: LogprobOptions = LogprobOptions()
+    stream: bool = False
+
+
+def prompt_rows(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *,
+                text_field: str = "text") -> tuple[bool, list[list[int]]]:
+    """(is_batch, token ids per prompt) from exactly one of `text` (a string or a list of
+    strings, tokenized by `encode`) and `input_ids` (a list of ints or of lists of ints)."""
+    if (text is None) == (input_ids is None):
+        raise InvalidRequest(f"give exactly one of {text_field} and input_ids", text_field)
+    if text is not None:
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest(f"{text_field} must be a string or a list of strings", text_field)
+        if not texts:
+            raise InvalidRequest(f"{text_field} must not be an empty list", text_field)
+        return not isinstance(text, str), [encode(t) for t in texts]
+    if not isinstance(input_ids, list) or not input_ids:
+        raise InvalidRequest("input_ids must be a non-empty list of ints or of lists of ints", "input_ids")
+    batch = isinstance(input_ids[0], list)
+    rows = input_ids if batch else [input_ids]
+    for row in rows:
+        if not isinstance(row, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
+            raise InvalidRequest("input_ids must be a list of ints or a list of lists of ints", "input_ids")
+    return batch, [list(r) for r in rows]
+
+
+def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: ModelLimits, *,
+                   rid: Any = None, new_rid: Callable[[], str], logprobs: LogprobOptions = LogprobOptions(),
+                   stream: bool = False, prompt_field: str = "input_ids") -> list[TokenizedRequest]:
+    """Every sequence of one call in output order: prompt by prompt, `n` samples each
+    (sample j of n > 1 has rid `f"{rid}-{j}"` and seed `seed + j`). `sampling`: one
+    `SamplingParams` or dict for all prompts, or a list with one per prompt; `rid`: one
+    string per prompt (or None: `new_rid()` each). `prompt_field` names the prompts in
+    errors. Raises `InvalidRequest` naming the field at fault."""
+    for row in prompts:
+        _check_prompt(row, limits, prompt_field)
+    params = _params_per_prompt(sampling, len(prompts), limits)
+    for row, p in zip(prompts, params, strict=True):
+        if len(row) + p.max_new_tokens > limits.context_len:
+            raise InvalidRequest(
+                f"prompt ({len(row)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the model's "
+                f"context length {limits.context_len}",
+                "max_new_tokens",
+            )
+    if logprobs.top_logprobs_num > limits.vocab_size:
+        raise InvalidRequest(f"top_logprobs_num must be <= {limits.vocab_size}", "top_logprobs_num")
+    rids = _rids_per_prompt(rid, len(prompts), new_rid)
+    out = []
+    for r, ids, p in zip(rids, prompts, params, strict=True):
+        for j in range(p.n):
+            try:
+                seq_params = p if p.n == 1 or p.seed is None else replace(p, seed=p.seed + j)
+            except ValueError as e:  # a seed + sample index out of range
+                raise InvalidRequest(str(e), "sampling_params") from None
+            out.append(TokenizedRequest(f"{r}-{j}" if p.n > 1 else r, tuple(ids), seq_params, logprobs, stream))
+    if len({s.rid for s in out}) < len(out):
+        raise InvalidRequest("the request ids of one call must be distinct", "rid")
+    return out
+
+
+def _check_prompt(row: list[int], limits: ModelLimits, field: str) -> None:
+    if not row:
+        raise InvalidRequest(f"{field} must not contain an empty prompt", field)
+    if len(row) >= limits.context_len:
+        raise InvalidRequest(
+            f"a prompt of {field} has {len(row)} tokens, which exceeds what the model's context length "
+            f"({limits.context_len} tokens, output included) leaves for a prompt", field,
+        )
+    if bad := [t for t in row if not 0 <= t < limits.vocab_size]:
+        raise InvalidRequest(f"{field} has token ids outside [0, {limits.vocab_size}): {bad[:5]}", field)
+
+
+def _params_per_prompt(arg: SamplingArg, n: int, limits: ModelLimits) -> list[SamplingParams]:
+    """A list must have one entry per prompt; a single dict applies to all."""
+
+    def one(p: dict[str, Any] | SamplingParams | None) -> SamplingParams:
+        params = p if isinstance(p, SamplingParams) else SamplingParams.from_dict(p)
+        params.validate_for_model(limits.vocab_size)
+        return params
+
+    try:
+        if isinstance(arg, list | tuple):
+            if len(arg) != n:
+                raise ValueError(f"sampling_params has {len(arg)} entries for {n} prompts")
+            return [one(p) for p in arg]
+        return [one(arg)] * n
+    except ValueError as e:
+        raise InvalidRequest(str(e), "sampling_params") from None
+
+
+def _rids_per_prompt(rid: Any, n: int, new_rid: Callable[[], str]) -> list[str]:
+    if rid is None:
+        return [new_rid() for _ in range(n)]
+    rids = [rid] if isinstance(rid, str) else list(rid) if isinstance(rid, list | tuple) else None
+    if rids is None or len(rids) != n or not all(isinstance(r, str) and r for r in rids):
+        raise InvalidRequest(f"rid must be a non-empty string or a list of {n} non-empty strings", "rid")
+    return rids
+
+
+def _rebuilt(cls: type, tuples: frozenset[str] = frozenset()) -> Callable[[dict[str, Any]], Any]:
+    """How the codec rebuilds a `cls` sent by a peer: its fields set as they arrive (lists
+    back to tuples where the class keeps tuples), without `__post_init__`'s checks, which
+    ran when the sender built it. A missing or unknown field is a `ValueError`."""
+    names = frozenset(f.name for f in dataclasses.fields(cls))
+
+    def build(fields: dict[str, Any]) -> Any:
+        if fields.keys() != names:
+            raise ValueError(f"malformed {cls.__name__}: fields {sorted(fields.keys() ^ names)}")
+        obj = object.__new__(cls)
+        for name, value in fields.items():
+            object.__setattr__(obj, name, tuple(value) if name in tuples else value)
+        return obj
+
+    return build
+
+
+wire.register(SamplingParams, _rebuilt(SamplingParams, frozenset({"stop", "stop_regex", "stop_token_ids"})))
+wire.register(LogprobOptions, _rebuilt(LogprobOptions))
+wire.register(TokenizedRequest, _rebuilt(TokenizedRequest, frozenset({"prompt_ids"})))
