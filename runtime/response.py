@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sprig.runtime.detokenizer import (
+    PROMPT_CONTEXT_TOKENS,
     DetokenizeConfig,
     RequestDetokenizer,
     decode_tokens_for_logprobs,
@@ -24,15 +25,18 @@ from sprig.runtime.scheduler import Req
 from sprig.runtime.wire import DetokenizedOutput, TokenOutput
 
 LOGPROB_FIELDS = frozenset({"output_logprobs", "output_top_logprobs", "input_logprobs", "input_top_logprobs"})
+_DECODED = LOGPROB_FIELDS | {"text_delta"}  # the fields `OutputDecoder.decode` rewrites
 
 
 class OutputDecoder:
     """Turns one request's `TokenOutput`s, in order, into `DetokenizedOutput`s.
 
     Invariant: the concatenated `text_delta`s are the stop-trimmed decode of the output
-    ids (see `RequestDetokenizer`); `prompt_ids` only needs the prompt's last few ids.
-    With `incremental=False` every delta is empty until the last, which carries the whole
-    text: one decode per request instead of one per step, the same text.
+    ids (see `RequestDetokenizer`); `prompt_ids` only needs the prompt's last few ids. An
+    output that carries its text (the scheduler decoded it while checking stop strings)
+    keeps it: a request's text is decoded once. With `incremental=False` every delta is
+    empty until the last, which carries the whole text: one decode per request instead of
+    one per step, the same text.
     """
 
     def __init__(
@@ -45,7 +49,9 @@ class OutputDecoder:
         incremental: bool,
     ) -> None:
         self.tokenizer = tokenizer
-        self.detok = RequestDetokenizer(tokenizer, prompt_ids, config)
+        self.prompt_tail = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
+        self.config = config
+        self.detok: RequestDetokenizer | None = None  # made on the first output without its text
         self.logprob_text = logprob_text
         self.incremental = incremental
         self._held: list[int] = []
@@ -53,7 +59,7 @@ class OutputDecoder:
     def decode(self, out: TokenOutput) -> DetokenizedOutput:
         """`out` with its text delta, and its logprob entries with their texts."""
         entries = self._entries
-        plain = {f.name: getattr(out, f.name) for f in dataclasses.fields(TokenOutput) if f.name not in LOGPROB_FIELDS}
+        plain = {f.name: getattr(out, f.name) for f in dataclasses.fields(TokenOutput) if f.name not in _DECODED}
         return DetokenizedOutput(
             **plain,
             text_delta=self._text(out),
@@ -65,7 +71,11 @@ class OutputDecoder:
         )
 
     def _text(self, out: TokenOutput) -> str:
+        if out.text_delta is not None:
+            return out.text_delta
         finished = out.finish_reason is not None
+        if self.detok is None:
+            self.detok = RequestDetokenizer(self.tokenizer, self.prompt_tail, self.config)
         if self.incremental:
             return self.detok.step(out.new_ids, finished=finished).text_delta
         self._held.extend(out.new_ids)

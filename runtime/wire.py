@@ -27,7 +27,10 @@ import msgpack
 class TokenOutput:
     """What one scheduler step added to one request (the scheduler's `collect_output`).
     Logprob entries are `[logprob, token_id]` pairs; `input_*` are sent once, in the step
-    where the prompt finished prefilling."""
+    where the prompt finished prefilling. `text_delta` is the text the step added when the
+    scheduler decoded it (a request with stop strings or `stop_regex`, whose stops it
+    checks on its text), else None: the detokenizer decodes it. Either way a request's
+    text is decoded once."""
 
     rid: str
     new_ids: list[int]
@@ -41,6 +44,7 @@ class TokenOutput:
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
     input_logprobs: list[list[Any]] | None = None
     input_top_logprobs: list[list[list[Any]] | None] | None = None
+    text_delta: str | None = None
 
 
 @dataclass
@@ -75,15 +79,13 @@ class ControlReply:
 @dataclass
 class DetokRegister:
     """How to detokenize `rid`; sent on the same socket before its first `TokenBatch`.
-    Text is decoded at each step only if `incremental` (a streamed request)."""
+    Text is decoded at each step only if `incremental` (a streamed request); a request
+    whose outputs carry their `text_delta` (the scheduler decoded it) is not decoded here."""
 
     rid: str
     prompt_tail: list[int]
-    stop: list[str]
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    no_stop_trim: bool = False
-    stop_regex: list[str] = field(default_factory=list)
     logprob_text: bool = False
     incremental: bool = True
 

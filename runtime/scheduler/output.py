@@ -6,9 +6,9 @@ from sprig.runtime.scheduler.request import Req
 from sprig.runtime.wire import TokenOutput
 
 
-def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool) -> TokenOutput:
-    """What `req` has that was not reported: tokens from `sent_ids` on, and its input
-    logprobs unless `sent_input_logprobs`."""
+def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool, text: str | None) -> TokenOutput:
+    """What `req` has that was not reported: tokens from `sent_ids` on, their `text` if
+    the scheduler decoded it, and its input logprobs unless `sent_input_logprobs`."""
     out = TokenOutput(
         rid=req.rid,
         new_ids=req.output_ids[sent_ids:],
@@ -18,6 +18,7 @@ def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool) -> TokenO
         jump_forward_tokens=req.jump_forward_tokens,
         spec_verify_ct=req.spec_verify_ct,
         finish_reason=req.finish.to_json() if req.finish else None,
+        text_delta=text,
     )
     if req.return_logprob:
         out.output_logprobs = [list(e) for e in req.output_logprobs[sent_ids:]]

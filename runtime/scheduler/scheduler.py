@@ -328,7 +328,7 @@ class Scheduler:
     # ------------------------------------------------------------------ outputs
     def _collect(self, req: Req) -> TokenOutput:
         sent_ids, sent_input = self._sent.get(req.rid, (0, False))
-        out = collect_output(req, sent_ids, sent_input)
+        out = collect_output(req, sent_ids, sent_input, self.stops.take_text(req))
         if req.finished:
             self._reqs.pop(req.rid, None)
             self._sent.pop(req.rid, None)

@@ -3,12 +3,14 @@ token budget and the context; and the grammar's forced text appended without sam
 (jump-forward).
 
 Stop strings are checked here, on the token ids as they are emitted, by one incremental
-detokenizer per request that has them, so a request ends on the step its stop appears;
-the text the client receives is decoded once more, by the detokenizer process.
+detokenizer per request that has them, so a request ends on the step its stop appears.
+That decode is the request's only one: its text goes out with its tokens (`take_text`),
+and the detokenizer process decodes only the requests without stop strings.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from sprig.runtime.detokenizer import DecodeDelta, DetokenizeConfig, RequestDetokenizer
@@ -24,6 +26,16 @@ def _text_stop(delta: DecodeDelta) -> FinishReason | None:
     return None if delta.stop_matched is None else FinishReason("stop", matched=delta.stop_matched)
 
 
+@dataclass
+class _Text:
+    """One request's stop checker: the text decoded and not yet sent, and how many of its
+    output ids the checker has seen."""
+
+    checker: RequestDetokenizer
+    unsent: list[str] = field(default_factory=list)
+    fed: int = 0
+
+
 class Stops:
     """The stop checks of every request in the scheduler (`register` when it is queued,
     `forget` when it has reported its end)."""
@@ -31,7 +43,7 @@ class Stops:
     def __init__(self, tokenizer: Any, context_len: int) -> None:
         self.tokenizer = tokenizer
         self.context_len = context_len
-        self._text: dict[str, RequestDetokenizer] = {}
+        self._text: dict[str, _Text] = {}
 
     def register(self, req: Req) -> None:
         """Prepare `req`'s stop-string checker; ValueError without a tokenizer to run it."""
@@ -40,10 +52,35 @@ class Stops:
             return
         if self.tokenizer is None:
             raise ValueError("stop strings and stop_regex need the scheduler to have a tokenizer")
-        self._text[req.rid] = RequestDetokenizer(self.tokenizer, req.prompt_ids, DetokenizeConfig.of(p))
+        self._text[req.rid] = _Text(RequestDetokenizer(self.tokenizer, req.prompt_ids, DetokenizeConfig.of(p)))
 
     def forget(self, rid: str) -> None:
         self._text.pop(rid, None)
+
+    def take_text(self, req: Req) -> str | None:
+        """The stop-trimmed text `req` added since the last call (once it has finished: the
+        rest of it, every output id decoded and nothing held back); None for a request
+        without stop strings, whose text is decoded elsewhere."""
+        text = self._text.get(req.rid)
+        if text is None:
+            return None
+        if req.finished:  # a stop token, or the token that ended a grammar, was not fed yet
+            text.unsent.append(text.checker.step(req.output_ids[text.fed :], finished=True).text_delta)
+            text.fed = len(req.output_ids)
+        out = "".join(text.unsent)
+        text.unsent.clear()
+        return out
+
+    def _decode(self, req: Req, ids: list[int]) -> FinishReason | None:
+        """Feed `req`'s stop checker its newest `ids`, if it has one; how its text stops
+        the request."""
+        text = self._text.get(req.rid)
+        if text is None:
+            return None
+        delta = text.checker.step(ids)
+        text.unsent.append(delta.text_delta)
+        text.fed += len(ids)
+        return _text_stop(delta)
 
     def after_token(self, req: Req, token: int) -> FinishReason | None:
         """Whether `req`, having just emitted `token` (already in its output), stops."""
@@ -55,8 +92,8 @@ class Stops:
             reason = FinishReason("stop", matched=token)
         elif req.grammar is not None and req.grammar.is_finished():
             reason = FinishReason("stop", matched=None)
-        elif (checker := self._text.get(req.rid)) is not None:
-            reason = _text_stop(checker.step([token]))
+        else:
+            reason = self._decode(req, [token])
         if reason is None and (n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.context_len):
             reason = FinishReason("length", length=n_out)
         return reason
@@ -85,8 +122,7 @@ class Stops:
             return 0, None
         req.output_ids.extend(new)
         req.jump_forward_tokens += len(new)
-        checker = self._text.get(req.rid)
-        reason = _text_stop(checker.step(new)) if checker is not None else None
+        reason = self._decode(req, new)
         if reason is None and (req.grammar.is_finished() or len(req.output_ids) >= req.params.max_new_tokens):
             reason = FinishReason("stop" if req.grammar.is_finished() else "length",
                                   matched=None, length=len(req.output_ids))

@@ -44,16 +44,22 @@ class AnswerFormat:
 
 @dataclass
 class DeltaState:
-    """What one streamed choice has sent so far."""
+    """What one streamed choice has sent so far. Plain content passes through as it
+    arrives; the reasoning and tool-call parsers read the text so far (`text`), kept
+    only for them."""
 
+    text: str = ""
     reasoning_chars: int = 0
     content_chars: int = 0
-    logprobs: int = 0
 
     def delta(self, fmt: AnswerFormat, text: str, finished: bool) -> tuple[dict[str, Any], bool]:
-        """The next delta's message fields (reasoning first; content only once the
-        reasoning has ended) and whether the answer holds tool calls (then sent whole)."""
-        reasoning, content, calls = fmt.parts(text, finished)
+        """The next delta's message fields, given the `text` just generated (reasoning
+        first; content only once the reasoning has ended) and whether the answer holds
+        tool calls (then sent whole)."""
+        if fmt.reasoning is None and fmt.tools is None:
+            return ({"content": text} if text else {}), False
+        self.text += text
+        reasoning, content, calls = fmt.parts(self.text, finished)
         body: dict[str, Any] = {}
         if reasoning and len(reasoning) > self.reasoning_chars:
             body["reasoning_content"] = reasoning[self.reasoning_chars :]

@@ -1,4 +1,6 @@
-"""The detokenizer process: token ids in, text deltas out, one `OutputDecoder` per request.
+"""The detokenizer process: token ids in, text deltas out, one `OutputDecoder` per request
+(a request with stop strings brings its text from the scheduler, which decoded it while
+checking them, and only its logprob entries are decoded here).
 
 Invariant: a request's decoder exists from its `DetokRegister` until the output that
 finishes it (or a `Forget`); outputs for unknown rids are dropped. A failure decoding one
@@ -48,12 +50,9 @@ class DetokenizerLoop:
 
     def handle(self, msg: object) -> None:
         if isinstance(msg, DetokRegister):
-            config = DetokenizeConfig(
+            config = DetokenizeConfig(  # no stops: a request with stops arrives with its text
                 skip_special_tokens=msg.skip_special_tokens,
                 spaces_between_special_tokens=msg.spaces_between_special_tokens,
-                stop=tuple(msg.stop),
-                no_stop_trim=msg.no_stop_trim,
-                stop_regex=tuple(msg.stop_regex),
             )
             self.decoders[msg.rid] = OutputDecoder(
                 self.tokenizer,

@@ -3,11 +3,13 @@ choices, logprobs and usage out. Pure functions over dicts; the routes do the I/
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from sprig.runtime.wire import DetokenizedOutput
 
 # SGLang sampling parameter <- OpenAI request field (None values are left out)
 _RENAMES = {
@@ -50,12 +52,54 @@ def sampling_dict(req: CompletionRequest | ChatCompletionRequest, max_new_tokens
     return d
 
 
-def finish_reason(response: dict[str, Any]) -> tuple[str | None, Any]:
-    """OpenAI's finish_reason ("stop", "length", "abort" or None) and what matched."""
-    fr = response["meta_info"]["finish_reason"]
-    if fr is None:
+def finish_reason(reason: dict[str, Any] | None) -> tuple[str | None, Any]:
+    """OpenAI's finish_reason ("stop", "length", "abort" or None) and what matched, from
+    SGLang's finish_reason."""
+    if reason is None:
         return None, None
-    return fr["type"], fr.get("matched")
+    return reason["type"], reason.get("matched")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What a choice adds: text, the logprob triples `[logprob, id, text]` of the output
+    tokens (and of the prompt's, when they arrive) with their top lists, and the finish
+    reason once it ends. A stream's pieces are the outputs as they arrive
+    (`of_outputs`); an answer sent whole is one piece (`of_response`)."""
+
+    text: str
+    output: list[list[Any]]
+    output_top: list[Any]
+    input: list[list[Any]]
+    input_top: list[Any]
+    finish: dict[str, Any] | None
+
+    @classmethod
+    def of_outputs(cls, outs: list[DetokenizedOutput]) -> Piece:
+        inputs = next((o for o in outs if o.input_logprobs is not None), None)
+        return cls(
+            text="".join(o.text_delta for o in outs),
+            output=[e for o in outs for e in o.output_logprobs],
+            output_top=[t for o in outs for t in o.output_top_logprobs],
+            input=[] if inputs is None else inputs.input_logprobs,
+            input_top=[] if inputs is None else inputs.input_top_logprobs or [],
+            finish=outs[-1].finish_reason,
+        )
+
+    @classmethod
+    def of_response(cls, response: dict[str, Any]) -> Piece:
+        meta = response["meta_info"]
+        return cls(response["text"], meta.get("output_token_logprobs", []), meta.get("output_top_logprobs", []),
+                   meta.get("input_token_logprobs", []), meta.get("input_top_logprobs", []), meta["finish_reason"])
+
+    def entries(self, *, with_input: bool) -> tuple[list[list[Any]], list[Any]]:
+        """Logprob triples and their top lists (None where there is none): the input's
+        (when `with_input`) then the output's."""
+        entries, tops = list(self.output), list(self.output_top)
+        if with_input:
+            entries = self.input + entries
+            tops = self.input_top + [None] * (len(self.input) - len(self.input_top)) + tops
+        return entries, tops + [None] * (len(entries) - len(tops))
 
 
 def usage(responses: list[dict[str, Any]], n: int) -> dict[str, Any]:
@@ -70,18 +114,6 @@ def usage(responses: list[dict[str, Any]], n: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)},
     }
-
-
-def token_entries(meta: dict[str, Any], start: int, *, with_input: bool) -> tuple[list[list[Any]], list[Any]]:
-    """Logprob triples `[logprob, id, text]` and their top lists: the input's (when
-    `with_input`) then the output's from index `start` on."""
-    entries = list(meta.get("output_token_logprobs", []))[start:]
-    tops = list(meta.get("output_top_logprobs", []))[start:]
-    if with_input:
-        entries = list(meta.get("input_token_logprobs", [])) + entries
-        inputs = list(meta.get("input_top_logprobs", []))
-        tops = inputs + [None] * (len(meta.get("input_token_logprobs", [])) - len(inputs)) + tops
-    return entries, tops + [None] * (len(entries) - len(tops))
 
 
 def completion_logprobs(entries: list[list[Any]], tops: list[Any], offset: int, text: str,

@@ -41,6 +41,7 @@ from sprig.runtime.wire import (
     ControlReply,
     ControlReq,
     DetokenizedBatch,
+    DetokenizedOutput,
     Heartbeat,
     RequestError,
     StatsReport,
@@ -62,7 +63,8 @@ class RequestFailed(Exception):
 
 @dataclass
 class _Track:
-    """One sequence in flight: its response so far and where to signal updates."""
+    """One sequence in flight: its response so far, the outputs its caller has not seen
+    yet (`fresh`), and where to signal updates."""
 
     index: int
     state: ResponseState
@@ -71,6 +73,19 @@ class _Track:
     created: float = field(default_factory=time.monotonic)
     last_token: float | None = None
     error: RequestFailed | None = None
+    fresh: list[DetokenizedOutput] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Update:
+    """What one sequence of a call received since its last update: `outputs`, the deltas
+    in order (what the OpenAI routes stream), and `state`, the cumulative response
+    (SGLang's `/generate` schema). `state` keeps growing after the update is handed
+    out: snapshot it before awaiting anything."""
+
+    index: int
+    outputs: list[DetokenizedOutput]
+    state: ResponseState
 
 
 class Call:
@@ -85,12 +100,12 @@ class Call:
             for i, r in enumerate(reqs)
         }
 
-    async def stream(self, client_gone: Callable[[], Awaitable[None]] | None = None
-                     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-        """Yield `(index, cumulative response)` on updates until every sequence finished;
-        the last yield of an index is its final response. Raises `RequestFailed` on the
-        first error; returns early once `client_gone()` returns (it is awaited beside the
-        updates). Unfinished sequences are aborted however this ends."""
+    async def stream(self, client_gone: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Update]:
+        """Yield an `Update` whenever sequences receive outputs, until every sequence
+        finished; the last update of an index holds its final output. Raises
+        `RequestFailed` on the first error; returns early once `client_gone()` returns
+        (it is awaited beside the updates). Unfinished sequences are aborted however this
+        ends."""
         pending = set(self.rids)
         watch = asyncio.create_task(self._watch(client_gone)) if client_gone is not None else None
         try:
@@ -104,9 +119,12 @@ class Call:
                     track = self.tracks[rid]
                     if track.error is not None:
                         raise track.error
+                    if not track.fresh:
+                        continue
                     if track.state.finished:
                         pending.discard(rid)
-                    yield track.index, track.state.snapshot()
+                    outputs, track.fresh = track.fresh, []
+                    yield Update(track.index, outputs, track.state)
         finally:
             if watch is not None:
                 watch.cancel()
@@ -117,12 +135,16 @@ class Call:
         self.updates.put_nowait(None)
 
     async def collect(self, client_gone: Callable[[], Awaitable[None]] | None = None) -> list[dict[str, Any]]:
-        final: dict[int, dict[str, Any]] = {}
-        async for index, response in self.stream(client_gone):
-            final[index] = response
+        """Every sequence's final response, in order."""
+        async for _ in self.stream(client_gone):
+            pass
         if not all(self.tracks[rid].state.finished for rid in self.rids):
             raise RequestFailed(499, "client disconnected")
-        return [final[i] for i in range(len(self.rids))]
+        return self.responses()
+
+    def responses(self) -> list[dict[str, Any]]:
+        """Every sequence's response so far, in order."""
+        return [self.tracks[rid].state.response for rid in self.rids]
 
     def close(self) -> None:
         """Abort what is unfinished and stop tracking. Idempotent; never awaits."""
@@ -254,11 +276,8 @@ class RequestManager:
                     if out.finish_reason is not None:
                         self.aborting.discard(out.rid)
                     continue
-                status = (out.finish_reason or {}).get("status_code")
-                if status is not None:  # the scheduler refused the request itself (e.g. a bad grammar)
-                    self._fail(track, out.rid, RequestFailed(status, out.finish_reason.get("message") or "aborted"))
-                    continue
                 track.state.add(out, now - track.created)
+                track.fresh.append(out)
                 self.metrics.observe_tokens(track.created, track.last_token, now, len(out.new_ids))
                 if out.new_ids:
                     track.last_token = now

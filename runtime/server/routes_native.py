@@ -69,7 +69,8 @@ async def _events(call: Call, many: bool) -> AsyncIterator[bytes]:
     SGLang's `text_async_iter` does) never has to merge events."""
     sent: dict[int, tuple[int, int]] = {}  # index -> (text length, logprob entries) sent
     try:
-        async for index, response in call.stream():
+        async for update in call.stream():
+            index, response = update.index, update.state.snapshot()
             meta = response["meta_info"]
             text_sent, entries_sent = sent.get(index, (0, 0))
             if meta["finish_reason"] is None and len(response["text"]) == text_sent:

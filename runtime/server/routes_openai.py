@@ -30,11 +30,11 @@ from sprig.runtime.server.http_io import (
     state_of,
 )
 from sprig.runtime.server.openai_format import (
+    Piece,
     chat_logprobs,
     completion_logprobs,
     finish_reason,
     sampling_dict,
-    token_entries,
     usage,
 )
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -44,7 +44,7 @@ from sprig.runtime.server.request_manager import Call, RequestFailed
 from sprig.runtime.server.tool_calls import plan_tool_use
 
 router = APIRouter()
-ChoiceFn = Callable[[int, dict[str, Any]], list[dict[str, Any]]]
+ChoiceFn = Callable[[int, Piece], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -124,26 +124,25 @@ async def completions(request: Request) -> Response:
     want = req.logprobs is not None
     call = st.manager.submit(reqs, client_of(request))
     env = _Envelope(f"cmpl-{uuid.uuid4().hex}", "text_completion", now_s(), st.model_name)
-    sent: dict[int, tuple[int, int, int, bool]] = {}  # index -> chars, logprobs, offset, echoed input
+    sent: dict[int, tuple[int, bool]] = {}  # index -> text offset, echoed input
     special = frozenset(st.inputs.tokenizer.all_special_ids)
 
-    def choice(index: int, resp: dict[str, Any]) -> list[dict[str, Any]]:
+    def choice(index: int, piece: Piece) -> list[dict[str, Any]]:
         first = index not in sent
-        chars, lps, offset, echoed = sent.get(index, (0, 0, 0, False))
-        meta, prompt_text = resp["meta_info"], texts[index // req.n]
-        delta = resp["text"][chars:]
+        offset, echoed = sent.get(index, (0, False))
+        prompt_text = texts[index // req.n]
+        delta = piece.text
         if first and req.echo:
             delta = prompt_text + delta
         elif first:
             offset = len(prompt_text)
         lp = None
         if want:
-            echo_input = req.echo and not echoed and bool(meta.get("input_token_logprobs"))
-            entries, tops = token_entries(meta, lps, with_input=echo_input)
-            lp, offset = completion_logprobs(entries, tops, offset, delta, special)
-            lps, echoed = len(meta["output_token_logprobs"]), echoed or echo_input
-        sent[index] = (len(resp["text"]), lps, offset, echoed)
-        reason, matched = finish_reason(resp)
+            echo_input = req.echo and not echoed and bool(piece.input)
+            lp, offset = completion_logprobs(*piece.entries(with_input=echo_input), offset, delta, special)
+            echoed = echoed or echo_input
+        sent[index] = (offset, echoed)
+        reason, matched = finish_reason(piece.finish)
         if not delta and reason is None and not (lp and lp["tokens"]):
             return []
         return [{"index": index, "text": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}]
@@ -151,7 +150,7 @@ async def completions(request: Request) -> Response:
     if req.stream:
         return _stream(call, env, choice, req, constraint)
     outs = await _collect(call, request, constraint)
-    choices = [c for i, r in enumerate(outs) for c in choice(i, r)]
+    choices = [c for i, r in enumerate(outs) for c in choice(i, Piece.of_response(r))]
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
 
 
@@ -184,14 +183,13 @@ async def chat_completions(request: Request) -> Response:
     env = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", now_s(), st.model_name)
     sent: dict[int, DeltaState] = {}
 
-    def delta(index: int, resp: dict[str, Any]) -> list[dict[str, Any]]:
+    def delta(index: int, piece: Piece) -> list[dict[str, Any]]:
         out = [] if index in sent else [{"index": index, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]
         state = sent.setdefault(index, DeltaState())
-        reason, matched = finish_reason(resp)
-        body, called = state.delta(fmt, resp["text"], reason is not None)
-        lp = chat_logprobs(*token_entries(resp["meta_info"], state.logprobs, with_input=False)) if req.logprobs else None
-        state.logprobs = len(resp["meta_info"].get("output_token_logprobs", []))
+        reason, matched = finish_reason(piece.finish)
+        body, called = state.delta(fmt, piece.text, reason is not None)
+        lp = chat_logprobs(*piece.entries(with_input=False)) if req.logprobs else None
         if called:
             reason = "tool_calls"
         if body or reason is not None or (lp and lp["content"]):
@@ -205,9 +203,9 @@ async def chat_completions(request: Request) -> Response:
     outs = await _collect(call, request, constraint)
     choices = []
     for i, r in enumerate(outs):
-        reason, matched = finish_reason(r)
+        reason, matched = finish_reason(r["meta_info"]["finish_reason"])
         message = fmt.message(r["text"])
-        lp = chat_logprobs(*token_entries(r["meta_info"], 0, with_input=False)) if req.logprobs else None
+        lp = chat_logprobs(*Piece.of_response(r).entries(with_input=False)) if req.logprobs else None
         choices.append({"index": i, "message": message, "logprobs": lp,
                         "finish_reason": "tool_calls" if "tool_calls" in message else reason, "matched_stop": matched})
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
@@ -253,15 +251,13 @@ def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionReques
     include_usage = req.stream_options is not None and req.stream_options.include_usage
 
     async def events() -> AsyncIterator[bytes]:
-        last: dict[int, dict[str, Any]] = {}
         extra = {"usage": None} if include_usage else {}
         try:
-            async for index, resp in call.stream():
-                last[index] = resp
-                for c in choices(index, resp):
+            async for update in call.stream():
+                for c in choices(update.index, Piece.of_outputs(update.outputs)):
                     yield sse(env.wrap(choices=[c], **extra))
             if include_usage:
-                yield sse(env.wrap(choices=[], usage=usage([last[i] for i in sorted(last)], req.n)))
+                yield sse(env.wrap(choices=[], usage=usage(call.responses(), req.n)))
         except RequestFailed as e:
             yield error_event(_named(e, constraint))
         yield SSE_DONE

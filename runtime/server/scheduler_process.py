@@ -3,7 +3,8 @@
 `SchedulerLoop` holds the logic and takes its outputs as callables, so tests can drive it
 in-process; `run_scheduler_process` wires it to ZeroMQ. Invariants:
 - every request the HTTP process sends is answered: it either gets a `RequestError`
-  (rejected, queue full, or an internal error) or token outputs up to a finished one;
+  (rejected, queue full, failed, or an internal error) or token outputs up to a finished
+  one; a finish reason never carries a failure to HTTP;
 - a `DetokRegister` for a rid precedes its first `TokenBatch` (same socket, in order);
 - an exception never leaves the loop unless recovering from it fails too (then the process
   exits and the HTTP process, which watches it, fails every pending request).
@@ -98,11 +99,8 @@ class SchedulerLoop:
             DetokRegister(
                 rid=msg.rid,
                 prompt_tail=req.prompt_ids[-PROMPT_CONTEXT_TOKENS:],
-                stop=list(params.stop),
                 skip_special_tokens=params.skip_special_tokens,
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
-                no_stop_trim=params.no_stop_trim,
-                stop_regex=list(params.stop_regex),
                 logprob_text=msg.logprobs.return_text_in_logprobs,
                 incremental=msg.stream,
             )
@@ -140,16 +138,26 @@ class SchedulerLoop:
 
     # ------------------------------------------------------------------ stepping
     def run_step(self) -> None:
-        """One scheduler step; its outputs go to the detokenizer. On an exception every
-        live request is aborted and answered with the error, then the loop goes on."""
+        """One scheduler step; its outputs go to the detokenizer, except those of requests
+        that failed (a finish reason with a status code: a grammar that did not compile,
+        a stop pattern that timed out), which go to HTTP as a `RequestError`, the one way a
+        failure reaches it. On an exception every live request is aborted and answered
+        with the error, then the loop goes on."""
         try:
             outputs = self.scheduler.step()
         except Exception as e:
             self._recover(e)
             return
         self.live.difference_update(o.rid for o in outputs if o.finish_reason is not None)
+        failed = {o.rid: o.finish_reason for o in outputs if o.finish_reason and "status_code" in o.finish_reason}
+        if failed:
+            outputs = [o for o in outputs if o.rid not in failed]
         if outputs:
             self.send_detok(TokenBatch(outputs))
+        if failed:
+            self.send_detok(Forget(list(failed)))
+            for rid, reason in failed.items():
+                self.send_http(RequestError(rid, reason["message"], reason["status_code"]))
         now = time.monotonic()
         if not self.scheduler.has_work and now - self._last_idle_check >= IDLE_CHECK_INTERVAL_S:
             self._last_idle_check = now

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 
 from sprig.runtime import Engine
+from sprig.runtime.detokenizer import RequestDetokenizer
 from sprig.runtime.request_contract import (
     LogprobOptions,
     ModelLimits,
@@ -164,35 +165,57 @@ def test_control_requests(engine: Engine, sinks) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_the_pipeline_reproduces_the_offline_engine(engine: Engine, sinks, stream: bool) -> None:
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_the_pipeline_reproduces_the_offline_engine(engine: Engine, sinks, stream: bool, with_stop: bool,
+                                                    monkeypatch) -> None:
     """scheduler loop -> detokenizer loop -> ResponseState == Engine.generate, stop strings
-    and logprob texts included; a streamed request's text arrives step by step, any other's
-    all at once with its last output."""
+    and logprob texts included. Each request's text is decoded once: with a stop string by
+    the scheduler (step by step, its stop checked on that text; the detokenizer decodes no
+    text of it), otherwise by the detokenizer: step by step when streamed, else all at
+    once with its last output."""
     loop, detok, http = sinks
     ref = engine.generate("what is the capital", {**GREEDY, "max_new_tokens": 12})
     stop = ref["text"][7:9]
     assert ref["text"].find(stop) == 7, "the test needs text before the stop string"
-    expected = engine.generate("what is the capital", {**GREEDY, "max_new_tokens": 12, "stop": stop},
-                               return_logprob=True, return_text_in_logprobs=True)
+    params = {**GREEDY, "max_new_tokens": 12, **({"stop": stop} if with_stop else {})}
+    expected = engine.generate("what is the capital", params, return_logprob=True, return_text_in_logprobs=True)
     loop.handle(req(engine, "p", "what is the capital", stream=stream, logprobs=LogprobOptions(True, -1, 0, True),
-                    max_new_tokens=12, stop=stop))
+                    **params))
     drain(loop)
+    assert all(o.text_delta is not None for m in detok[1:] for o in m.outputs) == with_stop
     texts: list[object] = []
     detokenizer = DetokenizerLoop(engine.tokenizer, texts.append)
     state = ResponseState("p", len(engine.tokenizer.encode("what is the capital")), return_logprob=True)
+    decodes: list[int] = []
+    step = RequestDetokenizer.step
+    monkeypatch.setattr(RequestDetokenizer, "step", lambda self, *a, **k: decodes.append(1) or step(self, *a, **k))
     for msg in [TokenBatch([TokenOutput("ghost", [1], 1, 1, 0)]), *detok]:
         detokenizer.handle(msg)
+    assert bool(decodes) != with_stop
     deltas = [out.text_delta for batch in texts for out in batch.outputs]
     for batch in texts:
         for out in batch.outputs:
             state.add(out, 0.0)
     got = state.response
     assert got["text"] == expected["text"] and got["output_ids"] == expected["output_ids"]
-    assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert got["meta_info"]["finish_reason"] == expected["meta_info"]["finish_reason"]
+    assert got["meta_info"]["finish_reason"]["type"] == ("stop" if with_stop else "length")
     assert got["meta_info"]["output_token_logprobs"] == expected["meta_info"]["output_token_logprobs"]
     assert not detokenizer.decoders and not http
     assert len(deltas) > 2
-    assert sum(bool(d) for d in deltas) > 1 if stream else all(not d for d in deltas[:-1])
+    assert sum(bool(d) for d in deltas) > 1 if stream or with_stop else all(not d for d in deltas[:-1])
+
+
+def test_a_request_that_fails_reaches_http_as_an_error(engine: Engine, sinks) -> None:
+    """A grammar that does not compile fails its request after it was queued: the HTTP
+    process gets one `RequestError` (400), the detokenizer forgets the request, and no
+    output of it is sent."""
+    loop, detok, http = sinks
+    loop.handle(req(engine, "bad", regex="(unbalanced"))
+    assert not http and isinstance(detok[0], DetokRegister)
+    drain(loop)
+    assert [(m.rid, m.status) for m in http] == [("bad", 400)] and "invalid grammar" in http[0].message
+    assert detok[1:] == [Forget(["bad"])]
 
 
 def test_stats_tracker_reports_while_busy_and_once_idle(engine: Engine) -> None:
