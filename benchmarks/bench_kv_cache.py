@@ -27,8 +27,8 @@ from sprig.runtime import Engine
 from sprig.runtime.demo.evaluate import prompts
 from sprig.runtime.demo.tasks import extract_answer, take
 from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
-from sprig.runtime.step_input import StepInput
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 SHAPES = {  # name -> (layers, KV heads, head dim)
@@ -57,8 +57,8 @@ def capacity(budget_gib: float) -> None:
               f"{n['int8'] / n['float32']:.2f}x | {n['int8'] / n['bfloat16']:.2f}x |")
 
 
-def _step(mode: ForwardMode, ids: list[int], slots: torch.Tensor) -> StepInput:
-    return StepInput(mode, ids, [len(ids)], [slots.numel()], slots, [0])
+def _step(mode: ForwardMode, ids: list[int], slots: torch.Tensor) -> ForwardStep:
+    return ForwardStep(mode, ids, [len(ids)], [slots.numel()], slots, [0])
 
 
 def _teacher_forced_logits(path: Path, kv_cache_dtype: str, ids: list[int], prefill: int) -> torch.Tensor:

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 from sprig.runtime.quantization.linear import QuantizedLinear
-from sprig.runtime.step_input import StepInput
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 SIZES = {  # random Llama shapes (--size)
@@ -81,13 +81,13 @@ def decode_rate(runner: ModelRunner, batch: int, prompt_len: int, steps: int, se
     base = runner.kv_cache.page_size
     contexts = [torch.arange(base + b * span, base + b * span + prompt_len, dtype=torch.int32) for b in range(batch)]
     ids = torch.randint(4, vocab, (batch * prompt_len,), generator=g).tolist()
-    step = StepInput(ForwardMode.EXTEND, ids, [prompt_len] * batch, [prompt_len] * batch,
+    step = ForwardStep(ForwardMode.EXTEND, ids, [prompt_len] * batch, [prompt_len] * batch,
                      torch.cat(contexts), [prompt_len - 1] * batch)
     next_ids = runner.forward(step).argmax(-1).tolist()
     elapsed = 0.0
     for i in range(steps):
         contexts = [torch.cat([c, c[-1:] + 1]) for c in contexts]
-        step = StepInput(ForwardMode.DECODE, next_ids, [1] * batch, [prompt_len + i + 1] * batch,
+        step = ForwardStep(ForwardMode.DECODE, next_ids, [1] * batch, [prompt_len + i + 1] * batch,
                          torch.cat(contexts), [0] * batch)
         start = time.perf_counter()
         next_ids = runner.forward(step).argmax(-1).tolist()

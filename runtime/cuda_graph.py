@@ -23,7 +23,7 @@ from torch import nn
 from sprig.radix.kv_cache import KVCache
 from sprig.runtime.attention.base import AttentionBackend
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
-from sprig.runtime.step_input import StepInput, check_slots
+from sprig.runtime.forward_step import ForwardStep, check_slots
 
 PAD_SLOT = 0  # the KV pool's padding slot: padded requests store and attend there only
 MAX_KV_ENTRIES = 1 << 25  # cap of the static slot-table buffer (128 MiB of int32)
@@ -54,7 +54,7 @@ class PaddedDecode:
     out_cache_loc: torch.Tensor  # [bs] int64
 
 
-def pad_decode_step(step: StepInput, batch_size: int, rows_in_pool: int) -> PaddedDecode:
+def pad_decode_step(step: ForwardStep, batch_size: int, rows_in_pool: int) -> PaddedDecode:
     """`step` (DECODE mode, B <= batch_size requests) padded to `batch_size` requests.
     Raises ValueError if a slot is outside `[0, rows_in_pool)`."""
     B = len(step.q_lens)
@@ -109,7 +109,7 @@ class DecodeGraphs:
         """Batch sizes whose graphs exist so far."""
         return sorted(self._graphs)
 
-    def bucket(self, step: StepInput) -> int | None:
+    def bucket(self, step: ForwardStep) -> int | None:
         """The batch size whose graph runs `step`, or None when it must run eagerly."""
         B = len(step.q_lens)
         if step.mode is not ForwardMode.DECODE or self.sizes[-1] < B:
@@ -118,7 +118,7 @@ class DecodeGraphs:
         entries = step.kv_indices.numel() + bs - B
         return bs if entries <= self.max_kv_entries else None
 
-    def run(self, step: StepInput, bs: int) -> torch.Tensor:  # [B, H]
+    def run(self, step: ForwardStep, bs: int) -> torch.Tensor:  # [B, H]
         """Hidden states of `step`'s B requests, replayed from the graph of size `bs`
         (captured now if it is the first use). Stores the new tokens' K/V like an eager
         forward pass."""

@@ -1,5 +1,5 @@
 """The model runner: owns the model, the KV pool and every device tensor; the scheduler
-calls `forward(StepInput)` once per step and gets float32 logits back."""
+calls `forward(ForwardStep)` once per step and gets float32 logits back."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from sprig.runtime.attention import ATTENTION_BACKENDS, default_backend, make_ba
 from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.shard import ShardPlan
+from sprig.runtime.forward_step import ForwardStep, build_forward_batch
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.quantization.formats import OnlineFormat
-from sprig.runtime.step_input import StepInput, build_forward_batch
 from sprig.runtime.weight_loader import load_model
 
 DTYPES: dict[str, torch.dtype] = {
@@ -181,7 +181,7 @@ class ModelRunner:
         """Release what the runner holds beyond its tensors: nothing for one process (a
         tensor-parallel runner stops its other ranks)."""
 
-    def forward(self, step: StepInput) -> torch.Tensor:
+    def forward(self, step: ForwardStep) -> torch.Tensor:
         """Run one step; returns float32 logits `[sum(q_len - logits_from), vocab]` on the
         runner's device, rows in request order (within a request, token order).
 

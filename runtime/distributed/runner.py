@@ -15,10 +15,10 @@ from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.rank import connect, rank_config, spawn_rank
 from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.distributed.step_message import send_step, send_stop
+from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 from sprig.runtime.processes import free_port
-from sprig.runtime.step_input import StepInput
 
 log = logging.getLogger("sprig.tp")
 RANK_EXIT_WAIT_S = 2.0  # after a failed step: how long to wait for a rank's exit code, to name it
@@ -67,7 +67,7 @@ class TPRunner:
             raise AttributeError(name)
         return getattr(runner, name)
 
-    def forward(self, step: StepInput) -> torch.Tensor:
+    def forward(self, step: ForwardStep) -> torch.Tensor:
         """Logits `[R, vocab]` of `step` (see `ModelRunner.forward`), computed by every rank."""
         if self.failure is not None:
             raise RuntimeError(self.failure)

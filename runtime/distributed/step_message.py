@@ -11,14 +11,14 @@ import torch
 
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.forward_batch import ForwardMode
-from sprig.runtime.step_input import StepInput
+from sprig.runtime.forward_step import ForwardStep
 
 STEP, STOP = 1, 2
 MODES = tuple(ForwardMode)  # index <-> mode
 HEADER = 5
 
 
-def send_step(group: TPGroup, step: StepInput) -> None:
+def send_step(group: TPGroup, step: ForwardStep) -> None:
     """Rank 0: send `step` to every other rank."""
     B = len(step.q_lens)
     header = torch.tensor(
@@ -37,7 +37,7 @@ def send_stop(group: TPGroup) -> None:
     group.broadcast(torch.tensor([STOP, 0, 0, 0, 0], dtype=torch.int64))
 
 
-def receive(group: TPGroup) -> StepInput | None:
+def receive(group: TPGroup) -> ForwardStep | None:
     """Ranks > 0: the next step, or None when rank 0 says stop. Blocks without a time
     limit; raises if rank 0's connection is lost."""
     header = group.broadcast(torch.zeros(HEADER, dtype=torch.int64))
@@ -48,7 +48,7 @@ def receive(group: TPGroup) -> StepInput | None:
         raise ValueError(f"unknown command {command} from rank 0")
     body = group.broadcast(torch.empty(n_ids + 3 * B + n_kv, dtype=torch.int64))
     ints = body[: n_ids + 3 * B].tolist()
-    return StepInput(
+    return ForwardStep(
         mode=MODES[mode],
         input_ids=ints[:n_ids],
         q_lens=ints[n_ids : n_ids + B],

@@ -14,6 +14,7 @@ import torch
 from sprig.radix import ReqToTokenPool, SlotAllocator, make_prefix_cache
 from sprig.runtime.constrained import CompilerConfig
 from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.scheduler.admission import Admission, Extend
 from sprig.runtime.scheduler.config import SchedulerConfig
@@ -26,7 +27,6 @@ from sprig.runtime.scheduler.output import collect_output
 from sprig.runtime.scheduler.request import FinishReason, Req
 from sprig.runtime.scheduler.stops import Stops
 from sprig.runtime.speculative import SpeculativeDecoder
-from sprig.runtime.step_input import StepInput
 from sprig.runtime.wire import TokenOutput
 
 log = logging.getLogger("sprig.scheduler")
@@ -186,7 +186,7 @@ class Scheduler:
     def _run_extend(self, extends: list[Extend]) -> list[Req]:
         firsts = [logits_from(e) for e in extends]
         ends = [e.req.kv_len + e.length for e in extends]
-        step = StepInput(
+        step = ForwardStep(
             mode=ForwardMode.EXTEND,
             input_ids=[t for e in extends for t in e.req.fill_ids[e.req.kv_len : e.req.kv_len + e.length]],
             q_lens=[e.length for e in extends],
@@ -238,7 +238,7 @@ class Scheduler:
         pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
         ends = [r.kv_len + n for r, n in zip(batch, pending, strict=True)]
-        step = StepInput(
+        step = ForwardStep(
             mode=mode,
             input_ids=[t for r in batch for t in r.pending_ids()],
             q_lens=pending,

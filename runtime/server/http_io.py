@@ -21,7 +21,7 @@ from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.json_limits import check_depth
 from sprig.runtime.server.config import ServerConfig
 from sprig.runtime.server.errors import ApiError, error_body
-from sprig.runtime.server.inputs import InputBuilder
+from sprig.runtime.server.request_builder import RequestBuilder
 from sprig.runtime.server.request_manager import RequestFailed, RequestManager
 from sprig.runtime.server.tool_calls import ToolFormat
 
@@ -39,7 +39,7 @@ class ServerState:
     model_name: str
     model_info: dict[str, Any]  # the scheduler's startup report
     manager: RequestManager
-    inputs: InputBuilder
+    builder: RequestBuilder
     tool_format: ToolFormat | None  # how chat answers hold tool calls; None: not parsed
     started: float  # time.monotonic() at launch
     url: str

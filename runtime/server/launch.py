@@ -120,8 +120,8 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
     from sprig.runtime.server.app import create_app
     from sprig.runtime.server.http_io import ServerState
     from sprig.runtime.server.http_protocol import with_header_timeout
-    from sprig.runtime.server.inputs import InputBuilder
     from sprig.runtime.server.metrics import Metrics
+    from sprig.runtime.server.request_builder import RequestBuilder
     from sprig.runtime.server.request_manager import RequestManager
     from sprig.runtime.server.tool_calls import resolve_format
 
@@ -132,8 +132,8 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         http.should_exit = True
 
     host, port = sock.getsockname()[:2]
-    inputs = InputBuilder(tokenizer, info["context_len"], info["vocab_size"], server.chat_template)
-    tool_format = resolve_format(server.tool_call_parser, inputs.chat.source if inputs.chat else None)
+    builder = RequestBuilder(tokenizer, info["context_len"], info["vocab_size"], server.chat_template)
+    tool_format = resolve_format(server.tool_call_parser, builder.chat.source if builder.chat else None)
     log.info("tool calls in chat answers: %s", tool_format.name if tool_format else "not parsed")
     state = ServerState(
         config=server,
@@ -144,11 +144,11 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         manager=RequestManager(
             ipc, children, Metrics(), engine.scheduler.max_queued_requests, server.watchdog_timeout, on_fatal
         ),
-        inputs=inputs,
+        builder=builder,
         tool_format=tool_format,
         started=time.monotonic(),
         url=f"http://{f'[{host}]' if ':' in host else host}:{port}",
-        pool=ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="sprig-inputs"),
+        pool=ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="sprig-requests"),
     )
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     config = uvicorn.Config(

@@ -40,10 +40,10 @@ async def generate(request: Request) -> Response:
 
     def build(body: Any) -> tuple[GenerateRequest, bool, list[TokenizedRequest]]:
         req: GenerateRequest = parse(GenerateRequest, body)
-        batch, prompts = st.inputs.prompts(req.text, req.input_ids)
+        batch, prompts = st.builder.prompts(req.text, req.input_ids)
         logprobs = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
                                   req.return_text_in_logprobs)
-        return req, batch, st.inputs.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
+        return req, batch, st.builder.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
                                               prompt_field="text" if req.text is not None else "input_ids")
 
     req, batch, reqs = await prepare(request, build)
@@ -110,9 +110,9 @@ async def model_info(request: Request) -> Response:
             "tokenizer_path": st.model_path,
             "served_model_name": st.model_name,
             "is_generation": True,
-            "chat_template": st.inputs.chat.source if st.inputs.chat else None,
-            "bos_token": getattr(st.inputs.tokenizer, "bos_token", None),
-            "eos_token": getattr(st.inputs.tokenizer, "eos_token", None),
+            "chat_template": st.builder.chat.source if st.builder.chat else None,
+            "bos_token": getattr(st.builder.tokenizer, "bos_token", None),
+            "eos_token": getattr(st.builder.tokenizer, "eos_token", None),
             "context_len": st.model_info["context_len"],
             "vocab_size": st.model_info["vocab_size"],
         }
@@ -150,9 +150,9 @@ async def server_info(request: Request) -> Response:
 async def health_generate(request: Request) -> Response:
     """Healthy if a one-token greedy generation completes in time."""
     st = state_of(request)
-    bos = getattr(st.inputs.tokenizer, "bos_token_id", None)
+    bos = getattr(st.builder.tokenizer, "bos_token_id", None)
     params = SamplingParams(max_new_tokens=1, temperature=0.0)
-    reqs = st.inputs.requests([[bos if bos is not None else 0]], params, None, LogprobOptions(), stream=False)
+    reqs = st.builder.requests([[bos if bos is not None else 0]], params, None, LogprobOptions(), stream=False)
     try:
         call = st.manager.submit(reqs, client_of(request))
         await asyncio.wait_for(call.collect(), HEALTH_GENERATE_TIMEOUT_S)

@@ -64,7 +64,7 @@ def _sampling(st: ServerState, req: CompletionRequest | ChatCompletionRequest, c
               prompt_len: int, max_tokens: int | None, **extra: Any) -> dict[str, Any]:
     """The sampling parameters of one prompt, for the request contract to check. `extra`:
     parameters of the server's own (a forced tool call's regex, the reasoning markers)."""
-    max_new = st.inputs.room(prompt_len) if max_tokens is None else max_tokens
+    max_new = st.builder.room(prompt_len) if max_tokens is None else max_tokens
     d = sampling_dict(req, max_new, constraint)
     d.update({k: v for k, v in extra.items() if v is not None})
     return d
@@ -75,7 +75,7 @@ def _requests(st: ServerState, prompts: list[list[int]], sampling: list[dict[str
     """The request contract over OpenAI prompts; an invalid constraint is a 400 naming
     the field it came from."""
     try:
-        return st.inputs.requests(prompts, sampling, None, logprobs, stream=stream, prompt_field="prompt")
+        return st.builder.requests(prompts, sampling, None, logprobs, stream=stream, prompt_field="prompt")
     except ApiError as e:
         if constraint is None or constraint.key not in e.message:
             raise
@@ -111,13 +111,13 @@ async def completions(request: Request) -> Response:
             raise ApiError(400, "suffix is not supported", "suffix")
         p = req.prompt
         is_ids = isinstance(p, list) and bool(p) and not isinstance(p[0], str)
-        _, prompts = st.inputs.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
+        _, prompts = st.builder.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
         constraint = request_constraint(req)
         sampling = [_sampling(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
         want = req.logprobs is not None
         logprobs = LogprobOptions(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
         reqs = _requests(st, prompts, sampling, logprobs, req.stream, constraint)
-        texts = [st.inputs.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
+        texts = [st.builder.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
         return req, texts, reqs, constraint
 
     req, texts, reqs, constraint = await prepare(request, build)
@@ -125,7 +125,7 @@ async def completions(request: Request) -> Response:
     call = st.manager.submit(reqs, client_of(request))
     env = _Envelope(f"cmpl-{uuid.uuid4().hex}", "text_completion", now_s(), st.model_name)
     sent: dict[int, tuple[int, bool]] = {}  # index -> text offset, echoed input
-    special = frozenset(st.inputs.tokenizer.all_special_ids)
+    special = frozenset(st.builder.tokenizer.all_special_ids)
 
     def choice(index: int, piece: Piece) -> list[dict[str, Any]]:
         first = index not in sent
@@ -165,9 +165,9 @@ async def chat_completions(request: Request) -> Response:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         constraint = request_constraint(req)
         tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint is not None)
-        text = st.inputs.chat_text(req.messages, tools.rendered, _template_variables(st, req),
+        text = st.builder.chat_text(req.messages, tools.rendered, _template_variables(st, req),
                                    **_continuation(req))
-        ids = st.inputs.encode(text, add_special_tokens=False, param="messages")
+        ids = st.builder.encode(text, add_special_tokens=False, param="messages")
         reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
         phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
         fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format,
@@ -226,7 +226,7 @@ def _template_variables(st: ServerState, req: ChatCompletionRequest) -> dict[str
     400 for one that does not: the field would change nothing)."""
     if req.reasoning_effort is None:
         return req.chat_template_kwargs
-    if st.inputs.chat is None or "reasoning_effort" not in st.inputs.chat.free_variables:
+    if st.builder.chat is None or "reasoning_effort" not in st.builder.chat.free_variables:
         raise ApiError(400, "reasoning_effort: this model's chat template takes no reasoning effort",
                        "reasoning_effort")
     return {**(req.chat_template_kwargs or {}), "reasoning_effort": req.reasoning_effort}

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.speculative.accept import accepted_length
 from sprig.runtime.speculative.draft_length import DraftLength
 from sprig.runtime.speculative.drafter import DRAFTERS
-from sprig.runtime.step_input import StepInput
 
 if TYPE_CHECKING:
     from sprig.radix import PrefixCache
@@ -71,7 +71,7 @@ class SpeculativeDecoder:
         pending = [r.seq_len - r.kv_len for r in batch]
         q_lens = [n + len(d) for n, d in zip(pending, drafts, strict=True)]
         ends = [r.kv_len + q for r, q in zip(batch, q_lens, strict=True)]
-        step = StepInput(
+        step = ForwardStep(
             mode=ForwardMode.DECODE if max(q_lens) == 1 else ForwardMode.EXTEND,
             input_ids=[t for r, d in zip(batch, drafts, strict=True) for t in r.pending_ids() + d],
             q_lens=q_lens,

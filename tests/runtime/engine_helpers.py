@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sprig.runtime import Engine
 from sprig.runtime.forward_batch import ForwardMode
-from sprig.runtime.step_input import StepInput
+from sprig.runtime.forward_step import ForwardStep
 
 WORDS = ["the", "a", "cat", "dog", "model", "token", "cache", "prefix", "tree", "request", "what", "how", "one", "two", "three", "red", "blue", "quick", "fox"]
 
@@ -53,6 +53,6 @@ def assert_idle_and_intact(engine: Engine) -> None:
 
 def contexts_step(
     mode: ForwardMode, input_ids: list[int], q_lens: list[int], contexts: list[torch.Tensor], logits_from: list[int]
-) -> StepInput:
-    """A `StepInput` from one slot tensor per request."""
-    return StepInput(mode, input_ids, q_lens, [c.numel() for c in contexts], torch.cat(contexts), logits_from)
+) -> ForwardStep:
+    """A `ForwardStep` from one slot tensor per request."""
+    return ForwardStep(mode, input_ids, q_lens, [c.numel() for c in contexts], torch.cat(contexts), logits_from)

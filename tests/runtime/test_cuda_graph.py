@@ -12,11 +12,11 @@ from engine_helpers import assert_idle_and_intact, contexts_step, make_prompts
 from sprig.runtime import Engine
 from sprig.runtime.cuda_graph import PAD_SLOT, graph_batch_sizes, pad_decode_step
 from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.forward_step import ForwardStep, build_forward_batch
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
-from sprig.runtime.step_input import StepInput, build_forward_batch
 
 
-def decode_step(contexts: list[list[int]], tokens: list[int]) -> StepInput:
+def decode_step(contexts: list[list[int]], tokens: list[int]) -> ForwardStep:
     return contexts_step(
         ForwardMode.DECODE, tokens, [1] * len(tokens),
         [torch.tensor(c) for c in contexts], [0] * len(tokens),

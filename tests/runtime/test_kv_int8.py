@@ -23,9 +23,9 @@ from sprig.runtime.cli import build_parser, configs_from_args
 from sprig.runtime.demo.evaluate import prompts as demo_prompts
 from sprig.runtime.demo.tasks import take
 from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.forward_step import build_forward_batch
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
-from sprig.runtime.step_input import build_forward_batch
 
 # ---------------------------------------------------------------- sizing
 

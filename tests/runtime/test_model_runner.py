@@ -17,13 +17,13 @@ from safetensors.torch import load_file, save_file
 from sprig.runtime.attention import backend_class
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import (
     CPU_DEFAULT_TOKENS,
     CUDA_CPU_THREADS,
     ModelRunner,
     RunnerConfig,
 )
-from sprig.runtime.step_input import StepInput
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def runner(tiny_llama: Path) -> ModelRunner:
     return ModelRunner(RunnerConfig(tiny_llama, device="cpu", max_total_tokens=256))
 
 
-def extend(ids: list[list[int]], slots: list[torch.Tensor], logits_from: list[int]) -> StepInput:
+def extend(ids: list[list[int]], slots: list[torch.Tensor], logits_from: list[int]) -> ForwardStep:
     return contexts_step(
         ForwardMode.EXTEND, [t for p in ids for t in p], [len(p) for p in ids], slots, logits_from
     )
@@ -123,13 +123,13 @@ def test_slot_placement_and_page_size_do_not_change_logits(tiny_llama: Path, run
         ({"logits_from": [2, 0]}, "logits_from 2"),
     ],
 )
-def test_step_input_rejects(kwargs: dict, message: str) -> None:
+def test_forward_step_rejects(kwargs: dict, message: str) -> None:
     fields = {
         "mode": ForwardMode.EXTEND, "input_ids": [1, 2, 3], "q_lens": [2, 1],
         "kv_lens": [2, 3], "kv_indices": torch.arange(1, 6), "logits_from": [1, 0],
     }
     with pytest.raises(ValueError, match=message):
-        StepInput(**{**fields, **kwargs})
+        ForwardStep(**{**fields, **kwargs})
 
 
 def test_decode_step_needs_one_token_each() -> None:

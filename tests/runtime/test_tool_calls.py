@@ -12,7 +12,7 @@ import pytest
 
 from sprig.runtime.server.config import TOOL_CALL_PARSERS, ServerConfig
 from sprig.runtime.server.errors import ApiError
-from sprig.runtime.server.inputs import _call_for_template
+from sprig.runtime.server.request_builder import _call_for_template
 from sprig.runtime.server.tool_calls import (
     BARE_JSON,
     FORMATS,

@@ -6,7 +6,7 @@ before anything reaches the scheduler.
 Cheap checks come before expensive work: a text is refused unread when it is longer than
 any text of `context_len` tokens can be (`max_text_bytes`), and a list of ids when it is
 longer than the context, before its values are scanned. The routes call these methods
-off the event loop (`app.prepare`)."""
+off the event loop (`http_io.prepare`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def max_token_bytes(tokenizer: Any) -> int:
     return max((len(t.encode("utf-8")) for t in tokenizer.get_vocab()), default=1)
 
 
-class InputBuilder:
+class RequestBuilder:
     """Knows the tokenizer, the chat template and the model's limits (`context_len`,
     `vocab_size`, reported by the scheduler at startup)."""
 

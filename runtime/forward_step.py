@@ -13,7 +13,7 @@ from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
 
 
 @dataclass
-class StepInput:
+class ForwardStep:
     """One forward step over B requests, in request order.
 
     Invariants (checked on construction): the four per-request lists have length B >= 1;
@@ -64,7 +64,7 @@ def check_slots(kv_indices: torch.Tensor, rows_in_pool: int) -> None:
 
 
 def build_forward_batch(
-    step: StepInput, kv_cache: KVCache, device: torch.device
+    step: ForwardStep, kv_cache: KVCache, device: torch.device
 ) -> tuple[ForwardBatch, torch.Tensor]:
     """The `ForwardBatch` for `step` on `device`, and the rows `[R]` of its new tokens whose
     logits are wanted (request order). All index math runs on the CPU; for another device
