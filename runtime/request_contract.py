@@ -7,13 +7,13 @@ offending field. The HTTP routes (`runtime/server/request_builder.py`) and the o
 checks only what it alone knows: a rid in use, the KV pool's size, its queue bound).
 
 A `TokenizedRequest` crosses to the scheduler process as a typed msgpack message
-(`runtime/wire.py` codec, registered here): it is rebuilt there field by field, without
-running the checks again, since only a request built here is ever sent.
+(`runtime/wire.py` codec, registered here; its `SamplingParams` likewise): it is
+rebuilt there field by field, without running the checks again, since only a request
+built here is ever sent.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -171,23 +171,5 @@ def _rids_per_prompt(rid: Any, n: int, new_rid: Callable[[], str]) -> list[str]:
     return rids
 
 
-def _rebuilt(cls: type, tuples: frozenset[str] = frozenset()) -> Callable[[dict[str, Any]], Any]:
-    """How the codec rebuilds a `cls` sent by a peer: its fields set as they arrive (lists
-    back to tuples where the class keeps tuples), without `__post_init__`'s checks, which
-    ran when the sender built it. A missing or unknown field is a `ValueError`."""
-    names = frozenset(f.name for f in dataclasses.fields(cls))
-
-    def build(fields: dict[str, Any]) -> Any:
-        if fields.keys() != names:
-            raise ValueError(f"malformed {cls.__name__}: fields {sorted(fields.keys() ^ names)}")
-        obj = object.__new__(cls)
-        for name, value in fields.items():
-            object.__setattr__(obj, name, tuple(value) if name in tuples else value)
-        return obj
-
-    return build
-
-
-wire.register(SamplingParams, _rebuilt(SamplingParams, frozenset({"stop", "stop_regex", "stop_token_ids"})))
-wire.register(LogprobOptions, _rebuilt(LogprobOptions))
-wire.register(TokenizedRequest, _rebuilt(TokenizedRequest, frozenset({"prompt_ids"})))
+wire.register(LogprobOptions)
+wire.register(TokenizedRequest, tuples=frozenset({"prompt_ids"}))

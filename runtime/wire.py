@@ -9,8 +9,9 @@ Fields are plain (str, int, float, bool, None, lists, dicts) or registered messa
 msgpack carries them as they are. `decode` builds only registered classes: a peer can
 name no other type. This module imports nothing of sprig: every process, and the offline
 engine, builds these records from its own state. The request a client sends,
-`TokenizedRequest` (with its `SamplingParams` and `LogprobOptions`), is defined and
-registered by `runtime/request_contract.py`, which validated it (`register`).
+`TokenizedRequest` (with its `LogprobOptions`, `runtime/request_contract.py`, and its
+`SamplingParams`, `runtime/sampling/params.py`), is defined and registered where it is
+validated (`register`).
 """
 
 from __future__ import annotations
@@ -169,12 +170,24 @@ _TYPES: dict[str, tuple[type, Build]] = {
 }
 
 
-def register(cls: type, build: Build) -> None:
-    """Let dataclass `cls`, defined elsewhere, cross as a message: `build(fields)` makes
-    one from its decoded fields (nested messages already built). A module that registers
-    a class is imported by every process that sends or receives it."""
+def register(cls: type, tuples: frozenset[str] = frozenset()) -> None:
+    """Let dataclass `cls`, defined elsewhere, cross as a message. A peer's `cls` is
+    rebuilt field by field as the fields arrive (lists back to tuples for the fields named
+    in `tuples`), without `__post_init__`: its checks ran where the sender built it. A
+    missing or unknown field is a `ValueError`. The module defining `cls` registers it,
+    so a process that sends or receives one has it registered."""
     if _TYPES.get(cls.__name__, (cls,))[0] is not cls:
         raise ValueError(f"another message is already registered as {cls.__name__}")
+    names = frozenset(f.name for f in dataclasses.fields(cls))
+
+    def build(fields: dict[str, Any]) -> Any:
+        if fields.keys() != names:
+            raise ValueError(f"malformed {cls.__name__}: fields {sorted(fields.keys() ^ names)}")
+        obj = object.__new__(cls)
+        for name, value in fields.items():
+            object.__setattr__(obj, name, tuple(value) if name in tuples else value)
+        return obj
+
     _TYPES[cls.__name__] = (cls, build)
 
 

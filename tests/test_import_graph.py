@@ -59,9 +59,9 @@ def test_every_module_imports_alone() -> None:
 
 
 def test_the_wire_format_imports_nothing_of_sprig() -> None:
-    """The codec and its messages stand alone; the one message defined elsewhere, the
-    request (`request_contract`, which registers it), is imported by both processes
-    that carry it."""
+    """The codec and its messages stand alone; the request, defined and registered where
+    it is validated (`request_contract`, and `sampling.params` which it imports), is
+    imported by both processes that carry it."""
     graph = import_graph.graph()
     assert graph["sprig.runtime.wire"] == set()
     for sender_or_receiver in ("sprig.runtime.server.request_manager", "sprig.runtime.server.scheduler_process"):

@@ -3,7 +3,9 @@
 A `SamplingParams` that exists is valid: `__post_init__` normalizes every field to its
 canonical type (tuples, ints, floats, str keys turned into int keys) and rejects bad
 values with a `ValueError` that names the parameter and its allowed range. The only
-check left for later is `validate_for_model`, which needs the vocabulary size.
+check left for later is `validate_for_model`, which needs the vocabulary size. A
+`SamplingParams` crosses between processes as itself (`wire.register`), its checks not
+run again on arrival.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sprig.runtime import json_limits, stop_regex
+from sprig.runtime import json_limits, stop_regex, wire
 
 GREEDY_TEMPERATURE = 1e-6  # temperatures below this decode greedily (as SGLang)
 MAX_N = 128
@@ -253,17 +255,6 @@ class SamplingParams:
                 kwargs[name] = value
         return cls(**kwargs)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict (lists, str keys) with `from_dict(p.to_dict()) == p`."""
-        d = dataclasses.asdict(self)
-        d["stop"] = list(self.stop)
-        d["stop_regex"] = list(self.stop_regex)
-        d["stop_token_ids"] = list(self.stop_token_ids)
-        if self.logit_bias is not None:
-            d["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
-        return d
-
-
 _FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 _NUMBER_RULES: dict[str, tuple[Callable[..., Any], str, Callable[[Any], bool]]] = {
     "max_new_tokens": (_int, ">= 0", lambda v: v >= 0),
@@ -277,3 +268,5 @@ _NUMBER_RULES: dict[str, tuple[Callable[..., Any], str, Callable[[Any], bool]]] 
     "repetition_penalty": (_float, "> 0 (1 = off)", lambda v: v > 0),
     "n": (_int, f"in [1, {MAX_N}]", lambda v: 1 <= v <= MAX_N),
 }
+
+wire.register(SamplingParams, tuples=frozenset({"stop", "stop_regex", "stop_token_ids"}))

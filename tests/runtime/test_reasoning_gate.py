@@ -17,6 +17,7 @@ from sprig.runtime import Engine
 from sprig.runtime.constrained import GrammarSpec, OutlinesBackend, bitmask_width
 from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.scheduler.reasoning_gate import Markers, Phase, ReasoningGate
+from sprig.runtime.wire import decode, encode
 
 SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
 THINK = {"reasoning_start": "<think>", "reasoning_end": "</think>"}
@@ -119,7 +120,7 @@ def test_the_engine_constrains_only_the_answer(model: Path, tok) -> None:
 
 def test_marker_parameters_are_validated() -> None:
     params = SamplingParams.from_dict({"regex": "a", **THINK})
-    assert SamplingParams.from_dict(params.to_dict()) == params
+    assert decode(encode(params)) == params
     for bad, needle in [({"reasoning_start": "<think>"}, "needs reasoning_end"), ({"reasoning_end": ""}, "reasoning_end"),
                         ({"reasoning_end": "x" * 65}, "reasoning_end"), ({"reasoning_end": 3}, "reasoning_end")]:
         with pytest.raises(ValueError, match=needle):

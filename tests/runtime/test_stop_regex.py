@@ -16,6 +16,7 @@ from sprig.runtime import Engine
 from sprig.runtime.detokenizer import StopMatcher
 from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.stop_regex import MAX_PATTERN_CHARS, MAX_PATTERNS, WINDOW_CHARS, StopPatterns
+from sprig.runtime.wire import decode, encode
 
 PROMPT = "the quick fox and the lazy dog"
 PIECES = ["a", "b", "ab", "b+", "a.b", "(ab|b)", "[ab]c", "b{2}", "c$", r"\bb", "a+?c", "(?<=a)b", "a|bc"]
@@ -106,7 +107,7 @@ def test_null_and_empty_list_mean_none():
     assert SamplingParams.from_dict({"stop_regex": None}).stop_regex == ()
     assert SamplingParams.from_dict({"stop_regex": []}).stop_regex == ()
     params = SamplingParams.from_dict({"stop_regex": [r"\d", r"\d", "x"]})
-    assert params.stop_regex == (r"\d", "x") and SamplingParams.from_dict(params.to_dict()) == params
+    assert params.stop_regex == (r"\d", "x") and decode(encode(params)) == params
 
 
 @pytest.fixture(scope="module")
