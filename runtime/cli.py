@@ -76,8 +76,12 @@ HELP = {
     "check_integrity": "check the KV accounting after every step (slow; for debugging)",
     "grammar_compile_timeout_s": "seconds a regex, JSON schema or ebnf grammar may take to compile; longer is a 400",
     "speculative_algorithm": "speculative decoding's drafter (off by default): ngram (prompt lookup in the "
-    "request's own context) or radix (the radix cache's most visited continuation: sibling samples, earlier "
-    "branches); outputs are exactly those without it",
+    "request's own context), radix (the radix cache's most visited continuation: sibling samples, earlier "
+    "branches) or draft (a draft model's greedy continuation, --speculative-draft-model-path); outputs are "
+    "exactly those without it",
+    "speculative_draft_model_path": "the draft model of --speculative-algorithm draft: a local Hugging Face "
+    "checkpoint with the target's tokenizer (same vocabulary, same token ids), run beside the target with a KV "
+    "pool of as many slots (not with --tp-size > 1)",
     "speculative_num_draft_tokens": "most drafted tokens verified per request and step (each request's length "
     "adapts to its acceptance)",
     "speculative_min_gain": "a step drafts only if its drafts are expected to add this many tokens per request "

@@ -8,7 +8,7 @@ from sprig.radix import EVICTION_POLICIES
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 GRAMMAR_BACKENDS = ("outlines", "llguidance")  # the keys of constrained.REGULAR_BACKENDS
-SPECULATIVE_ALGORITHMS = ("ngram", "radix")  # the keys of speculative.DRAFTERS
+SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")  # the keys of speculative.DRAFTERS
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,10 @@ class SchedulerConfig:
     - `enable_jump_forward`: where a grammar admits exactly one continuation, append it
       without sampling token by token (requests that return logprobs never jump).
     - `speculative_algorithm`: the drafter of speculative decoding (None: off): `ngram`
-      (prompt lookup in the request's own context) or `radix` (the radix cache's most
-      visited continuation); `speculative_num_draft_tokens` bounds the drafts verified per
+      (prompt lookup in the request's own context), `radix` (the radix cache's most
+      visited continuation) or `draft` (the greedy continuation of the draft model at
+      `speculative_draft_model_path`, a checkpoint with the target's tokenizer, required
+      with `draft` and refused otherwise); `speculative_num_draft_tokens` bounds the drafts verified per
       request and step (each request's length adapts to its acceptance);
       `speculative_min_gain`: a step drafts only if its drafts are expected to add this
       many tokens per request in it (0: whenever the drafter proposes).
@@ -60,6 +62,7 @@ class SchedulerConfig:
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4
     speculative_min_gain: float = 0.5
+    speculative_draft_model_path: str | None = None
     check_integrity: bool = False
 
     def __post_init__(self) -> None:
@@ -88,6 +91,12 @@ class SchedulerConfig:
         if self.speculative_algorithm not in (None, *SPECULATIVE_ALGORITHMS):
             raise ValueError(
                 f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} or None, got {self.speculative_algorithm!r}"
+            )
+        if (self.speculative_algorithm == "draft") != (self.speculative_draft_model_path is not None):
+            raise ValueError(
+                "speculative_draft_model_path (--speculative-draft-model-path) is needed with speculative_algorithm "
+                f"'draft' and only then; got speculative_algorithm {self.speculative_algorithm!r}, "
+                f"speculative_draft_model_path {self.speculative_draft_model_path!r}"
             )
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")

@@ -75,7 +75,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.speculative = (
             None if config.speculative_algorithm is None
-            else SpeculativeDecoder(config, self.kv.cache)
+            else SpeculativeDecoder(config, self.kv.cache, runner)
         )
         self.limits = Limits(mc.context_len, allocator.size, allocator.page_size,
                              config.max_queued_requests)
@@ -195,6 +195,8 @@ class Scheduler:
             logits_from=firsts,
         )
         logits = self.runner.forward(step)
+        if self.speculative is not None:
+            self.speculative.mirror(step)
         to_sample: list[Req] = []
         last_rows: list[torch.Tensor] = []
         offset = 0

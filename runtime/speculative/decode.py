@@ -8,7 +8,10 @@ Invariants:
   keeps drafts only while they equal those tokens.
 - KV: drafts get slots only from the free list (they never evict cache or retract); a
   rejected draft's slots are freed in the same step; `kv_len` covers only accepted
-  tokens, so what a request releases to the radix tree is verified.
+  tokens, so what a request releases to the radix tree is verified. A drafter that keeps
+  KV of its own at the target's slots (the draft model) sees every forward pass the
+  target runs (`mirror`: the scheduler's extends and plain decodes, and the verification
+  passes here).
 - Constrained requests (a grammar) are not drafted for: they verify no drafts, which is
   the plain decode step.
 """
@@ -26,6 +29,7 @@ from sprig.runtime.speculative.drafter import DRAFTERS
 
 if TYPE_CHECKING:
     from sprig.radix import PrefixCache
+    from sprig.runtime.model_runner import ModelRunner
     from sprig.runtime.scheduler.config import SchedulerConfig
     from sprig.runtime.scheduler.request import Req
     from sprig.runtime.scheduler.scheduler import Drawn, Scheduler
@@ -55,8 +59,8 @@ class SpeculativeStats:
 class SpeculativeDecoder:
     """Replaces the scheduler's plain decode step when speculative decoding is on."""
 
-    def __init__(self, config: SchedulerConfig, cache: PrefixCache) -> None:
-        self.drafter = DRAFTERS[config.speculative_algorithm](cache)
+    def __init__(self, config: SchedulerConfig, cache: PrefixCache, runner: ModelRunner) -> None:
+        self.drafter = DRAFTERS[config.speculative_algorithm](config, cache, runner)
         self.max_len = config.speculative_num_draft_tokens
         self.min_gain = config.speculative_min_gain
         self.lengths: dict[str, DraftLength] = {}
@@ -80,6 +84,7 @@ class SpeculativeDecoder:
             logits_from=[n - 1 for n in pending],
         )
         logits = sched.runner.forward(step)  # [sum(len(d) + 1), V]
+        self.drafter.mirror(step)
         rows = [r for r, d in zip(batch, drafts, strict=True) for _ in range(len(d) + 1)]
         outputs = [r.output_ids + d[:j] for r, d in zip(batch, drafts, strict=True) for j in range(len(d) + 1)]
         drawn = sched.draw(rows, logits, outputs)
@@ -90,28 +95,28 @@ class SpeculativeDecoder:
         self.stats.verify_steps += 1
         return batch
 
+    def mirror(self, step: ForwardStep) -> None:
+        """The scheduler ran `step` on the target outside a verification pass."""
+        self.drafter.mirror(step)
+
     def _drafts(self, sched: Scheduler, batch: list[Req]) -> list[list[int]]:
         """The drafts each request verifies this step, their slots reserved. None at all
         when they are expected to add fewer than `min_gain` tokens per request:
         a pass with drafts leaves the decode path for every request in it."""
-        proposals = [self._propose(r) for r in batch]
-        gain = sum(self.lengths[r.rid].expected(len(d)) for r, d in zip(batch, proposals, strict=True))
-        if gain < self.min_gain * len(batch):
-            return [[] for _ in batch]
-        return [
-            d if d and sched.kv.reserve_free(r, r.seq_len + len(d)) else []
-            for r, d in zip(batch, proposals, strict=True)
-        ]
 
-    def _propose(self, req: Req) -> list[int]:
-        """The drafter's guess for `req`, as long as its adaptive length allows."""
+        def worth(sizes: list[int]) -> bool:
+            gain = sum(self.lengths[r.rid].expected(n) for r, n in zip(batch, sizes, strict=True))
+            return gain >= self.min_gain * len(batch)
+
+        return self.drafter.draft(sched.kv, batch, [self._length(r) for r in batch], worth)
+
+    def _length(self, req: Req) -> int:
+        """How many drafts `req` may verify now, as long as its adaptive length allows:
+        none for a constrained request or one with several tokens pending."""
         if req.grammar is not None or req.seq_len - req.kv_len != 1:
-            return []
+            return 0
         room = req.params.max_new_tokens - len(req.output_ids) - 1
-        k = min(self.lengths[req.rid].next(), room)
-        if k <= 0:
-            return []
-        return self.drafter.propose(req.fill_ids, k)
+        return max(0, min(self.lengths[req.rid].next(), room))
 
     def _accept(self, sched: Scheduler, req: Req, draft: list[int], drawn: Drawn, base: int) -> None:
         """Emit the target's tokens for `req` up to and including the first that differs

@@ -1,28 +1,80 @@
 """Drafters: cheap guesses of a request's next tokens, verified by the target model.
 
-A drafter is deterministic (its draft distribution q is one-hot at each proposed token),
-pure with respect to the KV pool (it reads the radix tree but never locks, splits or
-evicts), and may propose fewer than `k` tokens, or none. `DRAFTERS` maps each
-`--speculative-algorithm` to a factory taking the scheduler's prefix cache.
+Every drafter is deterministic (its draft distribution q is one-hot at each proposed
+token), so the coupling `accepted_length` keeps the output exact. Two kinds:
+
+- context drafters (`ContextDrafter`: `propose(context, k)`), pure with respect to the KV
+  pool (they may read the radix tree but never lock, split or evict): `ngram`, `radix`;
+  `ContextDrafts` runs one per request;
+- the draft model (`draft_model.DraftModel`), which runs a second model runner over the
+  target's slots.
+
+`DRAFTERS` maps each `--speculative-algorithm` to a factory taking the scheduler config,
+the prefix cache and the target's runner.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sprig.radix import PrefixCache
+from sprig.runtime.forward_step import ForwardStep
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.speculative.draft_model import DraftModel
 from sprig.runtime.speculative.ngram import NgramDrafter
 from sprig.runtime.speculative.radix_drafter import RadixDrafter
 
+if TYPE_CHECKING:
+    from sprig.runtime.scheduler.config import SchedulerConfig
+    from sprig.runtime.scheduler.kv import RequestKV
+    from sprig.runtime.scheduler.request import Req
+
 
 class Drafter(Protocol):
+    def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
+              worth: Callable[[list[int]], bool]) -> list[list[int]]:
+        """At most `lengths[i]` drafts for `batch[i]`, their slots reserved from the free
+        list only (`RequestKV.reserve_free`; a request it cannot serve gets none); no
+        drafts at all unless `worth(sizes)` of the sizes it would draft."""
+        ...
+
+    def mirror(self, step: ForwardStep) -> None:
+        """The target has just run `step` (whatever the scheduler runs: extend, decode or
+        verification): keep any state over the target's slots in step with it."""
+        ...
+
+
+class ContextDrafter(Protocol):
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         """At most `k` tokens guessed to follow `context` (the request's prompt + output)."""
         ...
 
 
-DRAFTERS: dict[str, Callable[[PrefixCache], Drafter]] = {
-    "ngram": lambda cache: NgramDrafter(),
-    "radix": RadixDrafter,
+class ContextDrafts:
+    """A `Drafter` of one `ContextDrafter` run per request; it keeps no KV of its own."""
+
+    def __init__(self, drafter: ContextDrafter) -> None:
+        self.drafter = drafter
+
+    def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
+              worth: Callable[[list[int]], bool]) -> list[list[int]]:
+        proposals = [self.drafter.propose(r.fill_ids, k) if k > 0 else [] for r, k in zip(batch, lengths, strict=True)]
+        if not worth([len(p) for p in proposals]):
+            return [[] for _ in batch]
+        return [p if p and kv.reserve_free(r, r.seq_len + len(p)) else [] for r, p in zip(batch, proposals, strict=True)]
+
+    def mirror(self, step: ForwardStep) -> None:
+        pass
+
+
+def _draft_model(config: SchedulerConfig, cache: PrefixCache, runner: ModelRunner) -> Drafter:
+    assert config.speculative_draft_model_path is not None  # SchedulerConfig checks it
+    return DraftModel(config.speculative_draft_model_path, runner)
+
+
+DRAFTERS: dict[str, Callable[[SchedulerConfig, PrefixCache, ModelRunner], Drafter]] = {
+    "ngram": lambda config, cache, runner: ContextDrafts(NgramDrafter()),
+    "radix": lambda config, cache, runner: ContextDrafts(RadixDrafter(cache)),
+    "draft": _draft_model,
 }

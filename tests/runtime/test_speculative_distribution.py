@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from draft_checkpoints import truncated_draft
 
 import sprig.runtime.speculative.decode as decode
 from sprig.runtime import Engine
+from sprig.runtime.speculative.drafter import ContextDrafts
 
 SAMPLES = 1500
 PROMPT = [5, 6, 7, 8]
@@ -38,11 +40,12 @@ class UniformDrafter:
         return [self.rng.choice(self.tokens) for _ in range(k)]
 
 
-def _samples(path: Path, drafter_tokens: list[int] | None) -> tuple[Counter, decode.SpeculativeStats | None]:
-    options = {} if drafter_tokens is None else {"speculative_algorithm": "ngram", "speculative_min_gain": 0.0}
+def _samples(path: Path, drafter_tokens: list[int] | None, **options) -> tuple[Counter, decode.SpeculativeStats | None]:
+    if drafter_tokens is not None:
+        options = {"speculative_algorithm": "ngram", "speculative_min_gain": 0.0}
     with Engine(path, dtype="float32", max_running_requests=64, **options) as engine:
         if drafter_tokens is not None:
-            engine.scheduler.speculative.drafter = UniformDrafter(drafter_tokens)
+            engine.scheduler.speculative.drafter = ContextDrafts(UniformDrafter(drafter_tokens))
         outs = engine.generate(input_ids=[PROMPT] * SAMPLES, sampling_params=PARAMS)
         spec = engine.scheduler.speculative
         return Counter(tuple(o["output_ids"]) for o in outs), spec.stats if spec else None
@@ -77,6 +80,14 @@ def _tokens(counts: Counter) -> list[int]:
 def test_speculation_keeps_the_distribution(tiny_llama: Path, plain: Counter) -> None:
     spec, stats = _samples(tiny_llama, _tokens(plain))
     assert 0 < stats.accepted < stats.drafted  # drafts were both kept and rejected
+    assert homogeneity_p_value(plain, spec) > ALPHA
+
+
+def test_a_draft_model_keeps_the_distribution(tiny_llama: Path, plain: Counter) -> None:
+    """The draft model proposes its argmax, which the target's samples often differ from."""
+    spec, stats = _samples(tiny_llama, None, speculative_algorithm="draft", speculative_min_gain=0.0,
+                           speculative_draft_model_path=str(truncated_draft(tiny_llama)))
+    assert 0 < stats.accepted < stats.drafted
     assert homogeneity_p_value(plain, spec) > ALPHA
 
 

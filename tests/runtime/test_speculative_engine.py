@@ -1,6 +1,7 @@
 """Speculative decoding in the engine: each drafter's outputs equal plain decoding's (and
 transformers') token for token, greedy and seeded, under every scheduler path; the KV
-accounting stays exact."""
+accounting stays exact. The `draft` drafter's model is the target's first layer
+(`draft_checkpoints.truncated_draft`): a smaller checkpoint whose drafts are often right."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import re
 from pathlib import Path
 
 import pytest
+from draft_checkpoints import truncated_draft
 from engine_helpers import assert_idle_and_intact, hf_greedy
 
 from sprig.runtime import Engine
+from sprig.runtime.speculative.drafter import ContextDrafts
 
-ALGORITHMS = ["ngram", "radix"]
+ALGORITHMS = ["ngram", "radix", "draft"]
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 # repetitive prompts, so prompt lookup finds matches; tiny random models also loop
 PROMPTS = [
@@ -44,6 +47,8 @@ def references(tiny_checkpoints: dict[str, Path]) -> dict[str, list[list[int]]]:
 
 def _spec_engine(path: Path, algorithm: str, **options) -> Engine:
     """Drafting whenever the drafter proposes: these tests check verification, not its economics."""
+    if algorithm == "draft":
+        options.setdefault("speculative_draft_model_path", str(truncated_draft(path)))
     return Engine(path, dtype="float32", check_integrity=True, speculative_algorithm=algorithm,
                   speculative_min_gain=0.0, **options)
 
@@ -125,7 +130,7 @@ def test_seeded_outputs_do_not_depend_on_speculation(algorithm, params, tiny_che
         stats = engine.scheduler.speculative.stats
         if algorithm == "oracle":
             known = [engine.tokenizer.encode(p) + o["output_ids"] for p in PROMPTS for o in want]
-            engine.scheduler.speculative.drafter = CorruptedOracle(known)
+            engine.scheduler.speculative.drafter = ContextDrafts(CorruptedOracle(known))
         got = outputs(engine, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
         got_warm = outputs(engine, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
         if algorithm == "oracle":  # drafts accepted in part: every acceptance length is exercised
@@ -158,9 +163,10 @@ def test_constrained_requests_keep_their_grammar(tiny_checkpoints) -> None:
         assert re.fullmatch("(ab|cd)+x" if stopped else "(ab|cd)*(a|c)?", text), text
 
 
-def test_aborts_mid_verification_free_everything(tiny_checkpoints) -> None:
+@pytest.mark.parametrize("algorithm", ["ngram", "draft"])
+def test_aborts_mid_verification_free_everything(algorithm, tiny_checkpoints) -> None:
     path = tiny_checkpoints["llama"]
-    with _spec_engine(path, "ngram") as engine:
+    with _spec_engine(path, algorithm) as engine:
         sched = engine.scheduler
         engine.generate(PROMPTS, GREEDY)  # cache them
         from sprig.runtime.sampling import SamplingParams

@@ -1,0 +1,113 @@
+"""Draft-model drafting: a smaller checkpoint with the target's vocabulary proposes its
+greedy continuation of each request, k decode steps of a second model runner batched
+across requests.
+
+The draft's KV pool has the target's slot count and the same slot indices: one allocator,
+one radix tree and one request-to-token table cover both pools (each with its own
+shapes). Invariant, between scheduler steps: for every slot the radix tree holds, and for
+every slot a request holds at positions `[0, kv_len)`, the draft pool holds the draft's
+K/V of that same token at that same position. It holds because the draft runs every
+forward pass the target runs (prefill chunks, plain decode steps, jump-forward extends
+and speculative verification passes) over the same `ForwardStep`, hence the same slots
+(`mirror`), right after the target: a prefix cached by the target serves the draft too,
+and slots freed by a finish, an abort, a retraction or a rejected draft are freed for
+both pools at once (they are one slot). Drafting writes the draft's K/V of the pending
+token and of the drafts `d_1 .. d_{k-1}` at their slots (positions `kv_len ..
+kv_len + k - 1`, the draft slots taken from the free list first); the verification pass's
+mirror then writes them again with the rest, so nothing a later step reads depends on a
+draft having been accepted.
+
+The proposals are the draft's argmax tokens: a deterministic drafter, accepted by the
+coupling `accepted_length` at every temperature, so greedy outputs equal plain decoding's
+and a seeded request's tokens do not depend on whether speculation is on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sprig.runtime.forward_batch import ForwardMode
+from sprig.runtime.forward_step import ForwardStep
+from sprig.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
+from sprig.runtime.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from sprig.runtime.scheduler.kv import RequestKV
+    from sprig.runtime.scheduler.request import Req
+
+FLAG = "--speculative-draft-model-path"
+
+
+def draft_runner_config(path: str, target: ModelRunner) -> RunnerConfig:
+    """The target's runner settings for the draft checkpoint at `path`: the same device,
+    dtype, attention backend, page size and KV storage, exactly the target's slot count
+    and context length, no weight quantization."""
+    dtype = next(name for name, d in DTYPES.items() if d == target.dtype)
+    return replace(
+        target.config, model_path=path, dtype=dtype, max_total_tokens=target.num_slots, quantization=None,
+        context_length=target.model_config.context_len,
+    )
+
+
+def check_same_vocabulary(draft_path: str, target_path: str, draft_vocab: int, target_vocab: int) -> None:
+    """ValueError naming the flag unless the draft has the target's vocabulary size and a
+    tokenizer that maps every token to the target tokenizer's id."""
+    if draft_vocab != target_vocab:
+        raise ValueError(f"{FLAG} {draft_path!r}: the draft's vocabulary has {draft_vocab} entries, "
+                         f"the target's {target_vocab}; a draft must share the target's vocabulary")
+    try:
+        draft_tokens = load_tokenizer(draft_path).get_vocab()
+    except ValueError as e:
+        raise ValueError(f"{FLAG}: {e} (the draft must ship the target's tokenizer)") from None
+    if draft_tokens != load_tokenizer(target_path).get_vocab():
+        raise ValueError(f"{FLAG} {draft_path!r}: the draft's tokenizer maps tokens to other ids than the "
+                         "target's; a draft must share the target's tokenizer")
+
+
+class DraftModel:
+    """The `draft` drafter: owns the draft's `ModelRunner` (see the module's invariant)."""
+
+    def __init__(self, path: str, target: ModelRunner) -> None:
+        if not Path(path).is_dir():
+            raise ValueError(f"{FLAG} {path!r} is not a directory")
+        self.runner = ModelRunner(draft_runner_config(path, target))
+        check_same_vocabulary(path, str(target.config.model_path), self.runner.model_config.vocab_size,
+                              target.model_config.vocab_size)
+        if self.runner.num_slots != target.num_slots:
+            raise AssertionError(f"draft pool {self.runner.num_slots} slots, target's {target.num_slots}")
+
+    def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
+              worth: Callable[[list[int]], bool]) -> list[list[int]]:
+        """`lengths[i]` argmax drafts for `batch[i]` (each with one pending token where
+        `lengths[i] > 0`), or none at all unless `worth(lengths)`; a request whose draft
+        slots the free list cannot supply drafts nothing. Step j feeds each request
+        still drafting its token at position `seq_len - 1 + j`."""
+        drafts: list[list[int]] = [[] for _ in batch]
+        if not worth(lengths):
+            return drafts
+        ks = [k if k and kv.reserve_free(r, r.seq_len + k) else 0 for r, k in zip(batch, lengths, strict=True)]
+        tokens = [r.fill_ids[-1] for r in batch]
+        for j in range(max(ks, default=0)):
+            live = [i for i, k in enumerate(ks) if k > j]
+            reqs = [batch[i] for i in live]
+            ends = [r.seq_len + j for r in reqs]
+            step = ForwardStep(
+                mode=ForwardMode.DECODE,
+                input_ids=[tokens[i] for i in live],
+                q_lens=[1] * len(live),
+                kv_lens=ends,
+                kv_indices=kv.contexts(reqs, ends),
+                logits_from=[0] * len(live),
+            )
+            for i, token in zip(live, self.runner.forward(step).argmax(dim=-1).tolist(), strict=True):
+                drafts[i].append(token)
+                tokens[i] = token
+        return drafts
+
+    def mirror(self, step: ForwardStep) -> None:
+        """Write the draft's K/V of `step`'s new tokens at their slots (the target just ran
+        `step`); only one row of logits per request is computed, and dropped."""
+        self.runner.forward(replace(step, logits_from=[q - 1 for q in step.q_lens]))

@@ -1,0 +1,145 @@
+"""The draft-model drafter: its KV lives in a second pool at the target's slots, kept in
+step with the target's (so a target that is its own draft has every draft accepted,
+through cache hits, chunked prefill and retraction); drafts of another shape leave greedy
+outputs exact; bad flags are refused naming the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from draft_checkpoints import copy_tokenizer, truncated_draft
+from engine_helpers import assert_idle_and_intact, hf_greedy
+
+from sprig.runtime import Engine
+from sprig.runtime.cli import main
+from sprig.runtime.speculative.draft_model import DraftModel
+from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
+
+PROMPTS = [
+    "the cat the cat the cat the cat",
+    "one two three one two three one",
+    "a quick fox",
+    "how the model caches the prefix tree of the request",
+]
+MAX_NEW = 20
+GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+PATH_FLAG = "--speculative-draft-model-path"
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama: Path) -> list[list[int]]:
+    return hf_greedy(tiny_llama, PROMPTS, MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def small_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another model of other shapes (1 layer, hidden 32, head_dim 16, one KV head) with the
+    tiny llama's tokenizer (the same seed trains the same one)."""
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("draft") / "small", "llama", hidden_size=32,
+                                 intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1)
+
+
+def _engine(target: Path, draft: Path, **options) -> Engine:
+    return Engine(target, dtype="float32", check_integrity=True, speculative_algorithm="draft",
+                  speculative_draft_model_path=str(draft), speculative_min_gain=0.0, **options)
+
+
+def _run_twice(engine: Engine) -> list[list[int]]:
+    """The prompts cold, then again with their prefixes (and outputs) cached."""
+    outs = []
+    for _ in range(2):
+        outs += [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)]
+        assert_idle_and_intact(engine)
+    return outs
+
+
+OPTIONS = [
+    {},
+    {"chunked_prefill_size": 3, "page_size": 4},
+    {"max_total_tokens": 96, "new_token_ratio": 0.0, "min_new_token_ratio": 0.0, "max_running_requests": 4},
+    {"attention_backend": "triton", "page_size": 4},
+]
+OPTION_IDS = ["plain", "chunked-paged", "retraction", "triton"]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+def test_a_self_draft_has_every_draft_accepted(options, tiny_llama, reference) -> None:
+    """The target as its own draft: its drafts are the target's greedy tokens exactly when
+    the draft pool holds the target's K/V at every slot the drafts read, prefixes cached
+    by other requests, other chunks and retracted requests' slots included."""
+    with _engine(tiny_llama, tiny_llama, **options) as engine:
+        assert _run_twice(engine) == reference * 2
+        stats = engine.scheduler.speculative.stats
+        if "max_total_tokens" in options:
+            assert engine.scheduler.stats.retractions > 0
+    assert stats.drafted > 0 and stats.acceptance_rate > 0.97
+
+
+def test_a_draft_pool_left_behind_is_caught(tiny_llama, reference, monkeypatch) -> None:
+    """Without the mirror the draft reads a pool it never wrote: the outputs stay exact
+    (verification), but the self-draft's acceptance collapses, so the test above can fail."""
+    monkeypatch.setattr(DraftModel, "mirror", lambda self, step: None)
+    with _engine(tiny_llama, tiny_llama) as engine:
+        assert _run_twice(engine) == reference * 2
+        assert engine.scheduler.speculative.stats.acceptance_rate < 0.8
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+def test_a_draft_of_other_shapes_keeps_greedy_exact(options, tiny_llama, small_draft, reference) -> None:
+    with _engine(tiny_llama, small_draft, **options) as engine:
+        assert engine.scheduler.speculative.drafter.runner.kv_cache.shape.num_layers == 1
+        assert _run_twice(engine) == reference * 2
+        assert engine.scheduler.speculative.stats.drafted > 0
+
+
+def test_n_samples_stop_strings_and_logprobs_equal_plain(tiny_llama) -> None:
+    sp = {"max_new_tokens": MAX_NEW, "temperature": 0.8, "sampling_seed": 7, "n": 3, "stop": [" the", "ca"]}
+    with Engine(tiny_llama, dtype="float32") as plain:
+        want = plain.generate(PROMPTS, sp, return_logprob=True, top_logprobs_num=2)
+    with _engine(tiny_llama, truncated_draft(tiny_llama)) as engine:
+        got = engine.generate(PROMPTS, sp, return_logprob=True, top_logprobs_num=2)
+        assert_idle_and_intact(engine)
+        assert engine.scheduler.speculative.stats.accepted > 0
+    for g, w in zip(got, want, strict=True):
+        assert (g["output_ids"], g["text"]) == (w["output_ids"], w["text"])
+        assert g["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"]
+        got_lp, want_lp = g["meta_info"]["output_token_logprobs"], w["meta_info"]["output_token_logprobs"]
+        assert [lp for lp, _, _ in got_lp] == pytest.approx([lp for lp, _, _ in want_lp], abs=1e-5)
+
+
+# ---------------------------------------------------------------- refused configurations
+
+
+def test_the_flags_go_together(tiny_llama) -> None:
+    with pytest.raises(ValueError, match="speculative_draft_model_path"):
+        Engine(tiny_llama, speculative_algorithm="draft")
+    with pytest.raises(ValueError, match="speculative_draft_model_path"):
+        Engine(tiny_llama, speculative_algorithm="ngram", speculative_draft_model_path=str(tiny_llama))
+    with pytest.raises(ValueError, match="--tp-size 2"):
+        Engine(tiny_llama, speculative_algorithm="draft", speculative_draft_model_path=str(tiny_llama), tp_size=2)
+
+
+def test_a_draft_must_share_the_vocabulary(tiny_llama, tmp_path) -> None:
+    other_size = build_tiny_checkpoint(tmp_path / "size", "llama", vocab_size=400)
+    other_ids = build_tiny_checkpoint(tmp_path / "ids", "llama", seed=1)
+    no_tokenizer = tmp_path / "bare"
+    truncated_draft(tiny_llama)  # written beside the target, with its tokenizer
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tokenizer / name).write_bytes((truncated_draft(tiny_llama) / name).read_bytes())
+    for draft, message in [(other_size, "vocabulary has"), (other_ids, "other ids"),
+                           (no_tokenizer, "cannot load a tokenizer"), (tmp_path / "missing", "not a directory")]:
+        with pytest.raises(ValueError, match=message) as e:
+            Engine(tiny_llama, dtype="float32", speculative_algorithm="draft", speculative_draft_model_path=str(draft))
+        assert PATH_FLAG in str(e.value)
+    copy_tokenizer(tiny_llama, no_tokenizer)  # with the target's tokenizer it is a valid draft
+    with _engine(tiny_llama, no_tokenizer) as engine:
+        assert [o["output_ids"] for o in engine.generate(PROMPTS[:1], GREEDY)] == hf_greedy(tiny_llama, PROMPTS[:1], MAX_NEW)
+
+
+def test_the_cli_refuses_a_draft_algorithm_without_a_model(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--model", str(tmp_path), "--speculative-algorithm", "draft"])
+    assert exc.value.code == 2 and PATH_FLAG in capsys.readouterr().err
