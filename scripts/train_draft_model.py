@@ -1,0 +1,141 @@
+"""Distil a draft model for speculative decoding from sprig's demo model.
+
+The student is a small `LlamaForCausalLM` with the demo model's tokenizer (the same
+vocabulary and token ids, as `--speculative-algorithm draft` requires). It learns the
+teacher's next-token distribution (KL divergence from the teacher's softmax, temperature 1)
+on the assistant's tokens of the demo task's training dialogues (arithmetic word problems
+worked step by step, `sprig.runtime.demo.mixture.arithmetic_dialogue`), packed several to a
+row as the demo model was trained (`train_demo_model.pack`). Weights are saved in
+bfloat16 beside the teacher's tokenizer. Deterministic for a given seed and thread count.
+At the end it reports how many of its greedy drafts the demo model accepts on held-out
+problems, served by sprig with `--speculative-algorithm draft`.
+
+    python scripts/train_draft_model.py --out runtime/demo/draft --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from train_demo_model import encode, lr_at, pack, save
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from sprig.runtime import Engine
+from sprig.runtime.demo import DEMO_MODEL_PATH, mixture, tasks
+from sprig.runtime.demo.evaluate import prompts
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """What determines the draft. The learning rate follows `train_demo_model.lr_at`
+    (warmup, a constant peak, linear decay to a tenth over the last `decay` steps)."""
+
+    out: str = "runtime/demo/draft"
+    teacher: str = str(DEMO_MODEL_PATH)
+    seed: int = 0
+    steps: int = 500
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 20
+    decay: int = 150
+    hidden_size: int = 128
+    layers: int = 3
+    heads: int = 4
+    threads: int = 1
+    eval_problems: int = 32
+    max_bytes: int = 2 << 20  # the saved weights' limit
+
+    def __post_init__(self) -> None:
+        if self.steps < self.warmup + self.decay or self.batch_size < 1 or self.threads < 1:
+            raise ValueError("need steps >= warmup + decay, batch_size >= 1 and threads >= 1")
+        if self.hidden_size % self.heads:
+            raise ValueError("hidden_size must be a multiple of heads")
+
+
+def student_config(cfg: DraftConfig, teacher: LlamaConfig) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=teacher.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.hidden_size * 8 // 3 // 32 * 32,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.heads,
+        max_position_embeddings=teacher.max_position_embeddings,
+        rms_norm_eps=teacher.rms_norm_eps,
+        bos_token_id=teacher.bos_token_id,
+        eos_token_id=teacher.eos_token_id,
+        pad_token_id=teacher.pad_token_id,
+        tie_word_embeddings=True,
+    )
+
+
+def distill_loss(student: LlamaForCausalLM, teacher: LlamaForCausalLM, batch: list, pad_id: int) -> torch.Tensor:
+    """Mean KL(teacher || student) of the next-token distributions at the assistant's tokens."""
+    inputs, labels, positions = pack(batch, pad_id)  # [R, W] each
+    with torch.no_grad():
+        want = teacher(input_ids=inputs, position_ids=positions, use_cache=False).logits[:, :-1].float()
+    got = student(input_ids=inputs, position_ids=positions, use_cache=False).logits[:, :-1].float()
+    mask = labels[:, 1:] != -100  # [R, W-1]: predicting an assistant token
+    return torch.nn.functional.kl_div(
+        got[mask].log_softmax(-1), want[mask].log_softmax(-1), log_target=True, reduction="batchmean"
+    )
+
+
+def acceptance(cfg: DraftConfig) -> str:
+    """Greedy held-out problems served with the draft: its drafts' acceptance rate."""
+    with Engine(cfg.teacher, dtype="float32", speculative_algorithm="draft", speculative_draft_model_path=cfg.out,
+                speculative_min_gain=0.0, speculative_num_draft_tokens=4) as engine:
+        texts = prompts(engine.tokenizer, tasks.take("heldout", cfg.eval_problems, seed=0))
+        engine.generate(texts, {"max_new_tokens": 128, "temperature": 0})
+        stats = engine.scheduler.speculative.stats
+        return (f"{stats.accepted} of {stats.drafted} drafts accepted ({stats.acceptance_rate:.1%}), "
+                f"{stats.mean_accept_length:.2f} tokens per verification pass")
+
+
+def train(cfg: DraftConfig) -> None:
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    start = time.monotonic()
+    tok = PreTrainedTokenizerFast.from_pretrained(cfg.teacher)
+    teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).eval()
+    dialogues = [mixture.arithmetic_dialogue(p) for p in tasks.take("train", cfg.steps * cfg.batch_size, seed=cfg.seed)]
+    data = encode(tok, dialogues)
+    student = LlamaForCausalLM(student_config(cfg, teacher.config))
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    n_params = sum(p.numel() for p in student.parameters())
+    print(f"{n_params / 1e6:.2f}M parameters, {len(data)} dialogues; data ready in {time.monotonic() - start:.0f} s",
+          flush=True)
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        batch = data[step * cfg.batch_size : (step + 1) * cfg.batch_size]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = distill_loss(student, teacher, batch, tok.pad_token_id)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0 or step == cfg.steps - 1:
+            print(f"step {step:4d}  KL {loss.item():.4f}  {(time.monotonic() - start) / 60:.1f} min", flush=True)
+    save(student.to(torch.bfloat16).eval(), tok, Path(cfg.out))
+    size = (Path(cfg.out) / "model.safetensors").stat().st_size
+    if size > cfg.max_bytes:
+        raise SystemExit(f"the draft's weights are {size} bytes, over the {cfg.max_bytes} allowed")
+    print(f"saved to {cfg.out}: weights {size / 1e6:.2f} MB; {(time.monotonic() - start) / 60:.1f} min", flush=True)
+    print(f"held-out greedy, {cfg.eval_problems} problems: {acceptance(cfg)}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(DraftConfig):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", default=f.default, type=type(f.default))
+    train(DraftConfig(**vars(parser.parse_args())))
+
+
+if __name__ == "__main__":
+    main()
