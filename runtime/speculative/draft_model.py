@@ -29,6 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
@@ -73,7 +75,11 @@ class DraftModel:
     def __init__(self, path: str, target: ModelRunner) -> None:
         if not Path(path).is_dir():
             raise ValueError(f"{FLAG} {path!r} is not a directory")
-        self.runner = ModelRunner(draft_runner_config(path, target))
+        try:
+            self.runner = ModelRunner(draft_runner_config(path, target))
+        except torch.OutOfMemoryError as e:  # the target's pool took the memory first
+            raise ValueError(f"{FLAG}: the draft model and a KV pool of {target.num_slots} slots do not fit beside "
+                             f"the target ({e}); lower --mem-fraction-static or set --max-total-tokens") from None
         check_same_vocabulary(path, str(target.config.model_path), self.runner.model_config.vocab_size,
                               target.model_config.vocab_size)
         if self.runner.num_slots != target.num_slots:

@@ -9,7 +9,8 @@ mid-flight — plus unseeded sampled requests that run beside them unchecked. It
 engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
 retract, radix on or off, few or many running requests, each schedule policy, either
 attention backend, a float or an int8 KV cache, float or int4 weights, speculative
-decoding off or with either drafter: alone runs never speculate), in shadow mode,
+decoding off or with any drafter (the draft model: the target's first layer,
+`draft_checkpoints.truncated_draft`; alone runs never speculate), in shadow mode,
 driven step by step through the scheduler.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from draft_checkpoints import truncated_draft
 from hf_kv_quant import hf_model
 from quant_checkpoints import with_rtn_weights
 
@@ -241,7 +243,8 @@ def _options(
     if tp_share and "quantization" not in options and rng.random() < tp_share:
         options["tp_size"] = 2  # the batched run on two ranks over gloo; the alone runs on one
     if rng.random() < 0.3:  # drawn last: the draws above do not depend on it
-        options["speculative_algorithm"] = rng.choice(["ngram", "radix"])
+        drafters = ["ngram", "radix"] if "tp_size" in options else ["ngram", "radix", "draft"]  # no draft under TP
+        options["speculative_algorithm"] = rng.choice(drafters)
         options["speculative_num_draft_tokens"] = rng.choice([1, 2, 4, 8])
         options["speculative_min_gain"] = rng.choice([0.0, 0.0, 0.5])
     return options
@@ -510,6 +513,8 @@ def fuzz(
 def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> None:
     """One workload: batched on its engine, then each request against its alone run."""
     options = workload.options
+    if options.get("speculative_algorithm") == "draft":
+        options = {**options, "speculative_draft_model_path": str(truncated_draft(path))}
     with Engine(str(path), dtype="float32", shadow_attention=True, check_integrity=True, **options) as engine:
         try:
             got = drive(engine, workload.requests)

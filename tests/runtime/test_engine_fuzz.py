@@ -69,7 +69,7 @@ def test_workloads_draw_int4_weights() -> None:
 
 def test_workloads_draw_speculative_decoding() -> None:
     drafters = [make_workload(seed, "m", 512, triton=False).options.get("speculative_algorithm") for seed in range(40)]
-    assert set(drafters) == {None, "ngram", "radix"}
+    assert set(drafters) == {None, "ngram", "radix", "draft"}
 
 
 @pytest.mark.fuzz
