@@ -2,7 +2,9 @@
 step, calls tools, extracts JSON, answers from facts in its prompt and keeps track of a
 conversation (the mixture of `sprig.runtime.demo.mixture`).
 
-Builds a BPE tokenizer (digits kept single; the tool-call markers whole tokens) with the
+Training begins with `copy_steps` steps of a copying warm-up (`sprig.runtime.demo.copying`:
+short lists repeated back), which the mixture's tasks, all answered by copying from the
+prompt, then build on. Builds a BPE tokenizer (digits kept single; the tool-call markers whole tokens) with the
 chat template of `sprig.runtime.demo.chat_format`, trains `LlamaForCausalLM` with loss on
 every assistant turn (and, with `--prompt-weight`, less on the rest; dialogues packed
 several to a row, `pack`) under bfloat16 autocast, and saves a complete Hugging Face
@@ -37,7 +39,7 @@ from tokenizers import (
 )
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from sprig.runtime.demo import mixture, tasks
+from sprig.runtime.demo import copying, mixture, tasks
 from sprig.runtime.demo.chat_format import CHAT_TEMPLATE, SPECIAL_TOKENS, TOOL_TOKENS
 from sprig.runtime.demo.dialogue import Dialogue
 from sprig.runtime.demo.evaluate import accuracy, generate
@@ -51,15 +53,19 @@ _MARKERS = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TOOL_TOKEN
 class TrainConfig:
     """Everything that determines the trained model, and where a run keeps its state.
 
-    The learning rate warms up over `warmup` steps, holds, and decays linearly to a tenth
-    over the last `decay` steps, so a run of N steps is a run of M < N steps up to step
-    M - `decay`: a run can be resumed from a saved state (`--resume`) and extended, and
-    the result is the one a run of the final length from scratch gives."""
+    The run is `copy_steps` steps of the copying warm-up (batches of `copy_batch_size`
+    dialogues), then `steps` steps of the mixture (batches of `batch_size`), counted as one
+    run of `total_steps`. The learning rate warms up over `warmup` steps, holds, and decays
+    linearly to a tenth over the last `decay` steps, so a run of N steps is a run of M < N
+    steps up to step M - `decay`: a run can be resumed from a saved state (`--resume`) and
+    extended, and the result is the one a run of the final length from scratch gives."""
 
     out: str = "runtime/demo/model"
     seed: int = 0
     steps: int = 1000
     batch_size: int = 64
+    copy_steps: int = 500  # the copying warm-up before the mixture (0: none)
+    copy_batch_size: int = 64
     lr: float = 3e-3
     warmup: int = 60
     decay: int = 250
@@ -82,12 +88,18 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.steps < self.warmup + self.decay or self.batch_size < 1:
             raise ValueError("need steps >= warmup + decay and batch_size >= 1")
+        if self.copy_steps < 0 or self.copy_batch_size < 1:
+            raise ValueError("need copy_steps >= 0 and copy_batch_size >= 1")
         if not 0.0 <= self.prompt_weight <= 1.0 or self.threads < 1:
             raise ValueError("need 0 <= prompt_weight <= 1 and threads >= 1")
         if self.hidden_size % self.heads:
             raise ValueError("hidden_size must be a multiple of heads")
         if self.resume and not self.state_dir:
             raise ValueError("--resume needs --state-dir (where the run's tokenizer is)")
+
+    @property
+    def total_steps(self) -> int:
+        return self.copy_steps + self.steps
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int, word_tokens: bool = False) -> PreTrainedTokenizerFast:
@@ -218,11 +230,20 @@ def packed_loss(model: LlamaForCausalLM, examples: list[Example], pad_id: int,
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup, a constant peak, then linear decay to a tenth over the last `decay` steps."""
+    """Linear warmup, a constant peak, then linear decay to a tenth over the last `decay` of
+    `cfg.total_steps`."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    left = cfg.steps - step
+    left = cfg.total_steps - step
     return cfg.lr if left > cfg.decay else cfg.lr * (0.1 + 0.9 * left / cfg.decay)
+
+
+def batch_at(step: int, cfg: TrainConfig, copies: list[Example], data: list[Example]) -> list[Example]:
+    """The dialogues of `step`: copying for the first `copy_steps`, then the mixture."""
+    if step < cfg.copy_steps:
+        return copies[step * cfg.copy_batch_size : (step + 1) * cfg.copy_batch_size]
+    at = step - cfg.copy_steps
+    return data[at * cfg.batch_size : (at + 1) * cfg.batch_size]
 
 
 def train(cfg: TrainConfig) -> None:
@@ -239,6 +260,7 @@ def train(cfg: TrainConfig) -> None:
         if cfg.state_dir:
             tok.save_pretrained(cfg.state_dir)
     data = encode(tok, train_set)
+    copies = encode(tok, copying.take_copies("train", cfg.copy_steps * cfg.copy_batch_size, seed=cfg.seed))
     held_out = {name: encode(tok, mixture.take_task(name, "heldout", cfg.eval_dialogues, seed=cfg.seed + 1))
                 for name in mixture.TASKS}
     problems = tasks.take("heldout", cfg.eval_problems, seed=cfg.seed + 1)
@@ -256,10 +278,10 @@ def train(cfg: TrainConfig) -> None:
           f"{tokens / 1e6:.1f}M tokens; data ready in {time.monotonic() - start:.0f} s; from step {first}",
           flush=True)
     start, cpu_start = time.monotonic(), time.process_time()
-    for step in range(first, cfg.steps):
+    for step in range(first, cfg.total_steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        batch = data[step * cfg.batch_size : (step + 1) * cfg.batch_size]
+        batch = batch_at(step, cfg, copies, data)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             loss = packed_loss(model, batch, tok.pad_token_id, cfg.prompt_weight)
         opt.zero_grad(set_to_none=True)
@@ -270,7 +292,7 @@ def train(cfg: TrainConfig) -> None:
             print(f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, cfg):.2e}  "
                   f"{(time.monotonic() - start) / 60:.1f} min, CPU {(time.process_time() - cpu_start) / 60:.1f} min",
                   flush=True)
-        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
+        if (step + 1) % cfg.eval_every == 0 or step == cfg.total_steps - 1:
             print(f"step {step:5d}  held-out loss " + held_out_losses(model, held_out, tok.pad_token_id), flush=True)
         if cfg.state_dir and (step + 1) % cfg.save_every == 0:
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1},
@@ -279,7 +301,7 @@ def train(cfg: TrainConfig) -> None:
     print(f"held-out arithmetic, greedy: {accuracy(problems, generate(model, tok, problems)):.1%} "
           f"of {len(problems)}", flush=True)
     save(model, tok, Path(cfg.out))
-    print(f"trained steps {first}-{cfg.steps} in {(time.monotonic() - start) / 60:.1f} min "
+    print(f"trained steps {first}-{cfg.total_steps} in {(time.monotonic() - start) / 60:.1f} min "
           f"(process CPU time {(time.process_time() - cpu_start) / 60:.1f} min); saved to {cfg.out}")
 
 

@@ -56,6 +56,10 @@ class DraftConfig:
         if self.hidden_size % self.heads:
             raise ValueError("hidden_size must be a multiple of heads")
 
+    @property
+    def total_steps(self) -> int:  # what `lr_at` schedules over
+        return self.steps
+
 
 def student_config(cfg: DraftConfig, teacher: LlamaConfig) -> LlamaConfig:
     return LlamaConfig(

@@ -157,6 +157,17 @@ def test_packed_training_loss_equals_one_example_per_row(train, tok, prompt_weig
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
+def test_training_copies_first_then_runs_the_mixture(train):
+    """The warm-up's `copy_steps` batches come first, then every mixture batch in order,
+    and the learning-rate schedule spans both phases."""
+    cfg = train.TrainConfig(steps=320, batch_size=2, copy_steps=3, copy_batch_size=4)
+    copies, data = [([i], [i]) for i in range(12)], [([100 + i], [100 + i]) for i in range(640)]
+    batches = [train.batch_at(s, cfg, copies, data) for s in range(cfg.total_steps)]
+    assert [len(b) for b in batches[:3]] == [4, 4, 4] and sum(batches[:3], []) == copies
+    assert sum(batches[3:], []) == data and cfg.total_steps == 323
+    assert train.lr_at(cfg.total_steps - 1, cfg) < cfg.lr == train.lr_at(cfg.total_steps - cfg.decay, cfg)
+
+
 def test_a_word_is_the_same_tokens_wherever_it_stands(train):
     """With word tokens a name reads the same at a line's start, after a space and inside
     JSON quotes (a space before it is a token of its own), so copying it from the prompt

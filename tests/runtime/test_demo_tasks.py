@@ -152,3 +152,15 @@ def test_json_reply() -> None:
     assert json_reply('{"n": 3}', schema) == (True, {"n": 3})
     assert json_reply('{"n": "3"}', schema) == (False, {"n": "3"})
     assert json_reply('{"n": 3', schema) == (False, None)
+
+
+def test_copying_dialogues_repeat_their_words_and_split_cleanly() -> None:
+    from sprig.runtime.demo.copying import take_copies
+
+    train = take_copies("train", 2000)
+    held = take_copies("heldout", 200)
+    assert train == take_copies("train", 2000) and train != take_copies("train", 2000, seed=1)
+    assert len({d.key() for d in train}) == 2000 and not {d.key() for d in train} & {d.key() for d in held}
+    for d in train + held:
+        asked, answer = d.messages[0]["content"], d.messages[1]["content"]
+        assert asked == f"Repeat: {answer}" and d.answer == answer and 2 <= len(answer.split()) <= 5
