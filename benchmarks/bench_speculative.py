@@ -6,10 +6,12 @@ that many sequences in flight (`max_running_requests`); greedy runs `batch` prob
 self-consistency batch / 8 problems of 8 samples (one problem at batch 1, whose samples
 then run one after another). Every side runs on its own engine per batch size, warmed up
 first; timed runs alternate sides
-(off, ngram, radix, off, ...) with the radix cache flushed before each, and each side's
+(off, ngram, radix, draft, off, ...) with the radix cache flushed before each, and each side's
 median run is reported: wall time, target forward passes (extend + verification/decode
 steps), mean tokens per request per pass, and the ratios against off. Outputs are
-checked equal to off's (greedy and seeded sampling are exact under speculation).
+checked equal to off's (greedy and seeded sampling are exact under speculation). The
+draft side's draft model is the one shipped for the demo model (runtime/demo/draft,
+`scripts/train_draft_model.py`).
 
     python benchmarks/bench_speculative.py                 # the embedded demo model
     python benchmarks/bench_speculative.py --repeats 5 --batches 1 8
@@ -25,10 +27,12 @@ from dataclasses import dataclass
 import torch
 
 from sprig.runtime import Engine
+from sprig.runtime.demo import DEMO_MODEL_PATH
 from sprig.runtime.demo.evaluate import prompts
 from sprig.runtime.demo.tasks import take
 
-SIDES = (None, "ngram", "radix")
+SIDES = (None, "ngram", "radix", "draft")
+DRAFT_MODEL_PATH = DEMO_MODEL_PATH.parent / "draft"
 
 
 @dataclass
@@ -67,13 +71,16 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--sides", nargs="+", default=["off", *SIDES[1:]], choices=["off", *SIDES[1:]])
     args = ap.parse_args()
+    sides = tuple(None if s == "off" else s for s in dict.fromkeys(["off", *args.sides]))
     if args.threads:
         torch.set_num_threads(args.threads)
     engines = {
         (side, batch): Engine(dtype="float32", speculative_algorithm=side, max_running_requests=batch,
-                              speculative_num_draft_tokens=args.num_draft_tokens)
-        for side in SIDES for batch in args.batches
+                              speculative_num_draft_tokens=args.num_draft_tokens,
+                              speculative_draft_model_path=str(DRAFT_MODEL_PATH) if side == "draft" else None)
+        for side in sides for batch in args.batches
     }
     tokenizer = engines[None, args.batches[0]].tokenizer
     problems = prompts(tokenizer, take("heldout", max(args.batches), seed=0))
@@ -85,17 +92,17 @@ def main() -> None:
     for task in ("greedy", "self-consistency"):
         for batch in args.batches:
             texts, params = workload(task, batch, problems, args.max_new_tokens)
-            runs: dict[str | None, list[Run]] = {side: [] for side in SIDES}
+            runs: dict[str | None, list[Run]] = {side: [] for side in sides}
             for _ in range(args.repeats):
-                for side in SIDES:
+                for side in sides:
                     runs[side].append(timed(engines[side, batch], texts, params))
             base = runs[None][0].outputs
-            for side in SIDES:
+            for side in sides:
                 if any(r.outputs != base for r in runs[side]):
                     raise AssertionError(f"{task} batch {batch}: {side} changed the outputs")
             off_s = statistics.median(r.seconds for r in runs[None])
             off_p = statistics.median(r.passes for r in runs[None])
-            for side in SIDES:
+            for side in sides:
                 s = statistics.median(r.seconds for r in runs[side])
                 p = statistics.median(r.passes for r in runs[side])
                 a = statistics.median(r.accept_length for r in runs[side])

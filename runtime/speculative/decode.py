@@ -9,9 +9,9 @@ Invariants:
 - KV: drafts get slots only from the free list (they never evict cache or retract); a
   rejected draft's slots are freed in the same step; `kv_len` covers only accepted
   tokens, so what a request releases to the radix tree is verified. A drafter that keeps
-  KV of its own at the target's slots (the draft model) sees every forward pass the
-  target runs (`mirror`: the scheduler's extends and plain decodes, and the verification
-  passes here).
+  KV of its own at the target's slots (the draft model) sees every extend the scheduler
+  runs (`mirror`) and, before any verified token is emitted, which tokens each
+  verification pass keeps (`verified`).
 - Constrained requests (a grammar) are not drafted for: they verify no drafts, which is
   the plain decode step.
 """
@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from sprig.runtime.forward_batch import ForwardMode
@@ -84,19 +85,19 @@ class SpeculativeDecoder:
             logits_from=[n - 1 for n in pending],
         )
         logits = sched.runner.forward(step)  # [sum(len(d) + 1), V]
-        self.drafter.mirror(step)
         rows = [r for r, d in zip(batch, drafts, strict=True) for _ in range(len(d) + 1)]
         outputs = [r.output_ids + d[:j] for r, d in zip(batch, drafts, strict=True) for j in range(len(d) + 1)]
         drawn = sched.draw(rows, logits, outputs)
-        base = 0
-        for req, draft in zip(batch, drafts, strict=True):
-            self._accept(sched, req, draft, drawn, base)
-            base += len(draft) + 1
+        bases = [0, *accumulate(len(d) + 1 for d in drafts)][:-1]  # each request's first row
+        accepted = [accepted_length(drawn.ids[b : b + len(d) + 1], d) for b, d in zip(bases, drafts, strict=True)]
+        self.drafter.verified(sched.kv, batch, drafts, [n + a for n, a in zip(pending, accepted, strict=True)])
+        for req, draft, a, base in zip(batch, drafts, accepted, bases, strict=True):
+            self._accept(sched, req, draft, a, drawn, base)
         self.stats.verify_steps += 1
         return batch
 
     def mirror(self, step: ForwardStep) -> None:
-        """The scheduler ran `step` on the target outside a verification pass."""
+        """The scheduler ran the extend `step` on the target."""
         self.drafter.mirror(step)
 
     def _drafts(self, sched: Scheduler, batch: list[Req]) -> list[list[int]]:
@@ -118,11 +119,10 @@ class SpeculativeDecoder:
         room = req.params.max_new_tokens - len(req.output_ids) - 1
         return max(0, min(self.lengths[req.rid].next(), room))
 
-    def _accept(self, sched: Scheduler, req: Req, draft: list[int], drawn: Drawn, base: int) -> None:
-        """Emit the target's tokens for `req` up to and including the first that differs
-        from its draft (stopping early if one finishes it); free the rejected slots."""
-        targets = drawn.ids[base : base + len(draft) + 1]
-        accepted = accepted_length(targets, draft)
+    def _accept(self, sched: Scheduler, req: Req, draft: list[int], accepted: int, drawn: Drawn, base: int) -> None:
+        """Emit the target's tokens for `req` (rows from `base`) up to and including the
+        first that differs from its draft, the `accepted` drafts before it kept (stopping
+        early if one finishes it); free the rejected slots."""
         for j in range(accepted + 1):
             req.kv_len = req.seq_len  # the pending token and the drafts kept so far
             sched.emit(req, drawn, base + j)

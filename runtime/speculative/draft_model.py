@@ -5,17 +5,21 @@ across requests.
 The draft's KV pool has the target's slot count and the same slot indices: one allocator,
 one radix tree and one request-to-token table cover both pools (each with its own
 shapes). Invariant, between scheduler steps: for every slot the radix tree holds, and for
-every slot a request holds at positions `[0, kv_len)`, the draft pool holds the draft's
-K/V of that same token at that same position. It holds because the draft runs every
-forward pass the target runs (prefill chunks, plain decode steps, jump-forward extends
-and speculative verification passes) over the same `ForwardStep`, hence the same slots
-(`mirror`), right after the target: a prefix cached by the target serves the draft too,
-and slots freed by a finish, an abort, a retraction or a rejected draft are freed for
-both pools at once (they are one slot). Drafting writes the draft's K/V of the pending
-token and of the drafts `d_1 .. d_{k-1}` at their slots (positions `kv_len ..
-kv_len + k - 1`, the draft slots taken from the free list first); the verification pass's
-mirror then writes them again with the rest, so nothing a later step reads depends on a
-draft having been accepted.
+every slot a request holds at positions `[0, kv_len)` (its verified tokens), the draft
+pool holds the draft's K/V of that same token at that same position. So a prefix cached
+by the target serves the draft too, and slots freed by a finish, an abort, a retraction
+or a rejected draft are freed for both pools at once (they are one slot). It holds
+because:
+
+- every extend the scheduler runs (prefill chunks) runs on the draft right after the
+  target, over the same `ForwardStep`, hence the same slots (`mirror`);
+- drafting k tokens for a request feeds its pending token and its drafts `d_1 ..
+  d_{k-1}`, writing their K/V at positions `kv_len .. kv_len + k - 1`;
+- once a verification pass knows how many of the fed tokens it keeps, and before any is
+  emitted (an emitted token may finish the request, whose release inserts its verified
+  tokens into the tree), the draft writes the kept ones it has not written: `d_k` when
+  every draft is kept, the pending tokens of a request it did not draft for (`verified`).
+  Rejected drafts' K/V sits in slots freed the same step.
 
 The proposals are the draft's argmax tokens: a deterministic drafter, accepted by the
 coupling `accepted_length` at every temperature, so greedy outputs equal plain decoding's
@@ -117,3 +121,23 @@ class DraftModel:
         """Write the draft's K/V of `step`'s new tokens at their slots (the target just ran
         `step`); only one row of logits per request is computed, and dropped."""
         self.runner.forward(replace(step, logits_from=[q - 1 for q in step.q_lens]))
+
+    def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
+        """Write the draft's K/V of the kept tokens drafting did not feed: of `batch[i]`'s
+        pending tokens and drafts, drafting fed the first `len(drafts[i])`."""
+        todo = [(r, (r.pending_ids() + d)[len(d) : n], n) for r, d, n in zip(batch, drafts, kept, strict=True)]
+        todo = [t for t in todo if t[1]]
+        if not todo:
+            return
+        reqs = [r for r, _, _ in todo]
+        q_lens = [len(tokens) for _, tokens, _ in todo]
+        ends = [r.kv_len + n for r, _, n in todo]  # the context ends with the last kept token
+        step = ForwardStep(
+            mode=ForwardMode.DECODE if max(q_lens) == 1 else ForwardMode.EXTEND,
+            input_ids=[t for _, tokens, _ in todo for t in tokens],
+            q_lens=q_lens,
+            kv_lens=ends,
+            kv_indices=kv.contexts(reqs, ends),
+            logits_from=[q - 1 for q in q_lens],
+        )
+        self.runner.forward(step)

@@ -40,8 +40,14 @@ class Drafter(Protocol):
         ...
 
     def mirror(self, step: ForwardStep) -> None:
-        """The target has just run `step` (whatever the scheduler runs: extend, decode or
-        verification): keep any state over the target's slots in step with it."""
+        """The target has just run the extend `step` (prefill chunks): keep any state over
+        the target's slots in step with it."""
+        ...
+
+    def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
+        """A verification pass fed `batch[i]` its pending tokens, then `drafts[i]`, and keeps
+        the first `kept[i]` of them (the target's own token after them is pending next):
+        called before any is emitted, while the request still holds their slots."""
         ...
 
 
@@ -65,6 +71,9 @@ class ContextDrafts:
         return [p if p and kv.reserve_free(r, r.seq_len + len(p)) else [] for r, p in zip(batch, proposals, strict=True)]
 
     def mirror(self, step: ForwardStep) -> None:
+        pass
+
+    def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
         pass
 
 

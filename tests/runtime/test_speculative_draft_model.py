@@ -25,6 +25,7 @@ PROMPTS = [
 MAX_NEW = 20
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
 PATH_FLAG = "--speculative-draft-model-path"
+SELF_DRAFT_ACCEPTANCE = 0.97  # a self-draft's drafts differ from the target's tokens only on near-ties
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +75,18 @@ def test_a_self_draft_has_every_draft_accepted(options, tiny_llama, reference) -
         stats = engine.scheduler.speculative.stats
         if "max_total_tokens" in options:
             assert engine.scheduler.stats.retractions > 0
-    assert stats.drafted > 0 and stats.acceptance_rate > 0.97
+    assert stats.drafted > 0 and stats.acceptance_rate > SELF_DRAFT_ACCEPTANCE
 
 
-def test_a_draft_pool_left_behind_is_caught(tiny_llama, reference, monkeypatch) -> None:
-    """Without the mirror the draft reads a pool it never wrote: the outputs stay exact
-    (verification), but the self-draft's acceptance collapses, so the test above can fail."""
-    monkeypatch.setattr(DraftModel, "mirror", lambda self, step: None)
+@pytest.mark.parametrize("skipped", ["mirror", "verified"])
+def test_a_draft_pool_left_behind_is_caught(skipped, tiny_llama, reference, monkeypatch) -> None:
+    """Without the prefills' mirror, or without the kept tokens' catch-up, the draft reads
+    slots it never wrote: the outputs stay exact (verification), but the self-draft's
+    acceptance drops below the bound above, so that test can fail."""
+    monkeypatch.setattr(DraftModel, skipped, lambda self, *args: None)
     with _engine(tiny_llama, tiny_llama) as engine:
         assert _run_twice(engine) == reference * 2
-        assert engine.scheduler.speculative.stats.acceptance_rate < 0.8
+        assert engine.scheduler.speculative.stats.acceptance_rate < SELF_DRAFT_ACCEPTANCE
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
