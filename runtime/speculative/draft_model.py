@@ -37,7 +37,9 @@ import torch
 
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
+from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
+from sprig.runtime.models import supported_architectures
 from sprig.runtime.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
@@ -79,13 +81,18 @@ class DraftModel:
     def __init__(self, path: str, target: ModelRunner) -> None:
         if not Path(path).is_dir():
             raise ValueError(f"{FLAG} {path!r} is not a directory")
+        config = draft_runner_config(path, target)
+        try:  # config.json alone: the checks come before the weights load
+            model = ModelConfig.from_pretrained(path, context_length=config.context_length,
+                                                supported=supported_architectures())
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{FLAG} {path!r}: {e}") from None
+        check_same_vocabulary(path, str(target.config.model_path), model.vocab_size, target.model_config.vocab_size)
         try:
-            self.runner = ModelRunner(draft_runner_config(path, target))
+            self.runner = ModelRunner(config)
         except torch.OutOfMemoryError as e:  # the target's pool took the memory first
             raise ValueError(f"{FLAG}: the draft model and a KV pool of {target.num_slots} slots do not fit beside "
                              f"the target ({e}); lower --mem-fraction-static or set --max-total-tokens") from None
-        check_same_vocabulary(path, str(target.config.model_path), self.runner.model_config.vocab_size,
-                              target.model_config.vocab_size)
         if self.runner.num_slots != target.num_slots:
             raise AssertionError(f"draft pool {self.runner.num_slots} slots, target's {target.num_slots}")
 

@@ -124,16 +124,19 @@ def test_the_flags_go_together(tiny_llama) -> None:
         Engine(tiny_llama, speculative_algorithm="draft", speculative_draft_model_path=str(tiny_llama), tp_size=2)
 
 
-def test_a_draft_must_share_the_vocabulary(tiny_llama, tmp_path) -> None:
+def test_a_draft_that_cannot_serve_is_refused(tiny_llama, tmp_path) -> None:
+    """Another vocabulary or tokenizer, no tokenizer, a shorter context, no checkpoint."""
     other_size = build_tiny_checkpoint(tmp_path / "size", "llama", vocab_size=400)
     other_ids = build_tiny_checkpoint(tmp_path / "ids", "llama", seed=1)
+    short = build_tiny_checkpoint(tmp_path / "short", "llama", max_position_embeddings=64)
     no_tokenizer = tmp_path / "bare"
     truncated_draft(tiny_llama)  # written beside the target, with its tokenizer
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
         (no_tokenizer / name).write_bytes((truncated_draft(tiny_llama) / name).read_bytes())
     for draft, message in [(other_size, "vocabulary has"), (other_ids, "other ids"),
-                           (no_tokenizer, "cannot load a tokenizer"), (tmp_path / "missing", "not a directory")]:
+                           (no_tokenizer, "cannot load a tokenizer"), (short, "context_length 1024 exceeds"),
+                           (tmp_path / "missing", "not a directory")]:
         with pytest.raises(ValueError, match=message) as e:
             Engine(tiny_llama, dtype="float32", speculative_algorithm="draft", speculative_draft_model_path=str(draft))
         assert PATH_FLAG in str(e.value)
