@@ -149,3 +149,16 @@ def test_the_cli_refuses_a_draft_algorithm_without_a_model(tmp_path, capsys) -> 
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--model", str(tmp_path), "--speculative-algorithm", "draft"])
     assert exc.value.code == 2 and PATH_FLAG in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_draft_decodes_in_cuda_graphs(tiny_llama, reference) -> None:
+    """The draft's decode steps (drafting, and the kept tokens' catch-up) replay captured
+    graphs as the target's do; the self-draft still has every draft accepted."""
+    with Engine(tiny_llama, device="cuda", dtype="float32", attention_backend="triton", check_integrity=True,
+                speculative_algorithm="draft", speculative_draft_model_path=str(tiny_llama),
+                speculative_min_gain=0.0) as engine:
+        assert _run_twice(engine) == reference * 2
+        draft = engine.scheduler.speculative.drafter.runner
+        assert draft.graphs is not None and draft.graphs.captured
+        assert engine.scheduler.speculative.stats.acceptance_rate > SELF_DRAFT_ACCEPTANCE
