@@ -162,3 +162,19 @@ def test_on_cuda_the_draft_decodes_in_cuda_graphs(tiny_llama, reference) -> None
         draft = engine.scheduler.speculative.drafter.runner
         assert draft.graphs is not None and draft.graphs.captured
         assert engine.scheduler.speculative.stats.acceptance_rate > SELF_DRAFT_ACCEPTANCE
+
+
+def test_the_shipped_draft_serves_the_demo_model() -> None:
+    """runtime/demo/draft shares the demo model's tokenizer and predicts it well (a demo
+    model trained again with another tokenizer needs `scripts/train_draft_model.py` run again)."""
+    from sprig.runtime.demo import DEMO_MODEL_PATH
+    from sprig.runtime.demo.evaluate import prompts
+    from sprig.runtime.demo.tasks import take
+
+    params = {"max_new_tokens": 64, "temperature": 0}
+    with Engine(DEMO_MODEL_PATH, dtype="float32") as plain:
+        texts = prompts(plain.tokenizer, take("heldout", 4, seed=0))
+        want = [o["output_ids"] for o in plain.generate(texts, params)]
+    with _engine(DEMO_MODEL_PATH, DEMO_MODEL_PATH.parent / "draft") as engine:
+        assert [o["output_ids"] for o in engine.generate(texts, params)] == want
+        assert engine.scheduler.speculative.stats.acceptance_rate > 0.4
