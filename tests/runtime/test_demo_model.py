@@ -163,8 +163,8 @@ def test_training_copies_first_then_runs_the_mixture(train):
     cfg = train.TrainConfig(steps=320, batch_size=2, copy_steps=3, copy_batch_size=4)
     copies, data = [([i], [i]) for i in range(12)], [([100 + i], [100 + i]) for i in range(640)]
     batches = [train.batch_at(s, cfg, copies, data) for s in range(cfg.total_steps)]
-    assert [len(b) for b in batches[:3]] == [4, 4, 4] and sum(batches[:3], []) == copies
-    assert sum(batches[3:], []) == data and cfg.total_steps == 323
+    assert [len(b) for b in batches[:3]] == [4, 4, 4] and [e for b in batches[:3] for e in b] == copies
+    assert [e for b in batches[3:] for e in b] == data and cfg.total_steps == 323
     assert train.lr_at(cfg.total_steps - 1, cfg) < cfg.lr == train.lr_at(cfg.total_steps - cfg.decay, cfg)
 
 
