@@ -306,18 +306,26 @@ def train(cfg: TrainConfig) -> None:
 
 
 def model_config(cfg: TrainConfig, tok: PreTrainedTokenizerFast) -> LlamaConfig:
+    return llama_config(cfg.hidden_size, cfg.layers, cfg.heads, vocab_size=len(tok), max_positions=cfg.max_positions,
+                        bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
+
+
+def llama_config(hidden_size: int, layers: int, heads: int, *, vocab_size: int, max_positions: int,
+                 bos: int, eos: int, pad: int, rms_norm_eps: float = 1e-5) -> LlamaConfig:
+    """The demo models' shape: a Llama with tied embeddings, as many KV heads as heads and
+    an MLP 8/3 as wide as the model (rounded down to a multiple of 32)."""
     return LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.hidden_size * 8 // 3 // 32 * 32,
-        num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads,
-        num_key_value_heads=cfg.heads,
-        max_position_embeddings=cfg.max_positions,
-        rms_norm_eps=1e-5,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 8 // 3 // 32 * 32,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=rms_norm_eps,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
         tie_word_embeddings=True,
     )
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from train_demo_model import encode, lr_at, pack, save
+from train_demo_model import encode, llama_config, lr_at, pack, save
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from sprig.runtime import Engine
@@ -62,20 +62,9 @@ class DraftConfig:
 
 
 def student_config(cfg: DraftConfig, teacher: LlamaConfig) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=teacher.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.hidden_size * 8 // 3 // 32 * 32,
-        num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads,
-        num_key_value_heads=cfg.heads,
-        max_position_embeddings=teacher.max_position_embeddings,
-        rms_norm_eps=teacher.rms_norm_eps,
-        bos_token_id=teacher.bos_token_id,
-        eos_token_id=teacher.eos_token_id,
-        pad_token_id=teacher.pad_token_id,
-        tie_word_embeddings=True,
-    )
+    return llama_config(cfg.hidden_size, cfg.layers, cfg.heads, vocab_size=teacher.vocab_size,
+                        max_positions=teacher.max_position_embeddings, bos=teacher.bos_token_id,
+                        eos=teacher.eos_token_id, pad=teacher.pad_token_id, rms_norm_eps=teacher.rms_norm_eps)
 
 
 def distill_loss(student: LlamaForCausalLM, teacher: LlamaForCausalLM, batch: list, pad_id: int) -> torch.Tensor:
