@@ -1,5 +1,6 @@
-"""Few-shot question answering: worked examples form a shared prefix that the radix cache
-computes once and every question reuses.
+"""Few-shot question answering over facts given in the prompt: the facts and two
+answered questions (which show the style of answer) form a shared prefix that the radix
+cache computes once and every question reuses.
 
     python examples/few_shot_qa.py [--url URL | --model PATH]
 """
@@ -10,24 +11,25 @@ from _backend import backend, parser
 
 import sprig
 
-SHOTS = [
-    ("Ava has 3 apples. Then Ava buys 4 more. How many apples does Ava have now?", "3 + 4 = 7\nAnswer: 7"),
-    ("Ben has 10 coins. Then Ben gives away 6. How many coins does Ben have now?", "10 - 6 = 4\nAnswer: 4"),
-]
-QUESTIONS = [
-    "Cara has 5 pens. Then Cara buys 2 more. How many pens does Cara have now?",
-    "Dan has 9 books. Then Dan gives away 3. How many books does Dan have now?",
-    "Eli has 4 shells. Then Eli doubles them. How many shells does Eli have now?",
-]
+FACTS = """Answer questions using these facts.
+Mia lives in Oslo.
+Ben is 34 years old.
+Mia works as a nurse.
+Ben has a dog named Rex.
+Ben lives in Lima.
+Mia's favorite color is green."""
+SHOTS = [("What is Mia's job?", "Mia works as a nurse."), ("What is the name of Ben's dog?", "Ben's dog is named Rex.")]
+QUESTIONS = ["How old is Ben?", "What is Mia's favorite color?", "Who lives in Oslo?"]
 
 
 @sprig.function
 def few_shot(s, question: str):
+    s += sprig.system(FACTS)
     for q, a in SHOTS:
         s += sprig.user(q)
         s += sprig.assistant(a)
     s += sprig.user(question)
-    s += sprig.assistant(sprig.gen("answer", max_tokens=64, temperature=0))
+    s += sprig.assistant(sprig.gen("answer", max_tokens=32, temperature=0))
 
 
 def main() -> None:
@@ -35,9 +37,10 @@ def main() -> None:
     with backend(args):
         few_shot.run(question=QUESTIONS[0])  # the shared prefix is cached from here on
         states = few_shot.run_batch([{"question": q} for q in QUESTIONS], progress_bar=False)
+    print(FACTS, end="\n\n")
     for q, s in zip(QUESTIONS, states, strict=True):
         meta = s.get_meta_info("answer")
-        print(f"{q}\n  {s['answer'].strip()}".replace("\n", "\n  "))
+        print(f"{q} -> {s['answer'].strip()}")
         print(f"  ({meta['cached_tokens']} of {meta['prompt_tokens']} prompt tokens came from the cache)")
 
 

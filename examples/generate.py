@@ -29,7 +29,7 @@ def main() -> None:
         start = time.perf_counter()
         greedy = engine.generate(texts, {"max_new_tokens": 128, "temperature": 0})
         greedy_s = time.perf_counter() - start
-        print(f"Q: {problems[0].question}\nA: {greedy[0]['text']}\n")
+        print(f"Q: {problems[0].question}\nA: {greedy[0]['text']}\n(right answer: {problems[0].answer})\n")
         start = time.perf_counter()
         sampled = engine.generate(texts, {"max_new_tokens": 128, "temperature": 0.6, "top_p": 0.9, "n": args.n, "seed": args.seed})
         vote_s = time.perf_counter() - start

@@ -1,11 +1,11 @@
-"""Tool calling through the OpenAI API, with the official `openai` client: the model is
-made to call a tool (`tool_choice="required"`: its answer is constrained to one call whose
-arguments match the tool's schema), the program runs the tool, and the result goes back
-as a `tool` message for the final answer.
+"""Tool calling through the OpenAI API, with the official `openai` client: each request
+offers two tools and lets the model choose (`tool_choice="auto"`, the default with
+tools); a call comes back as `message.tool_calls` with `finish_reason "tool_calls"`, the
+program runs it, and the result goes back as a `tool` message for the final answer.
 
-The local server runs with `--tool-call-parser hermes`, since the demo model's chat
-template teaches no tool-call format of its own (a Qwen or Llama 3.1 checkpoint's does,
-and "auto" finds it).
+The server reads calls in the format the model's chat template teaches (for the demo
+model and Qwen, Hermes `<tool_call>` blocks; Llama 3.1 and Mistral have their own):
+`sprig serve`'s default `--tool-call-parser auto` finds it.
 
     python examples/openai_tools.py [--url URL | --model PATH]      # needs `pip install openai`
 """
@@ -15,42 +15,50 @@ from __future__ import annotations
 import json
 
 import openai
-from _backend import parser
+from _backend import parser, server_url
 
-import sprig
-
-TASK = "Ivan has 14 coins. Ivan buys 9 more. How many coins does Ivan have?"
-NUMBER = {"type": "integer", "minimum": 0, "maximum": 999}
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Add two whole numbers.",
-    "parameters": {"type": "object", "properties": {"a": NUMBER, "b": NUMBER}, "required": ["a", "b"]},
-}}]
+QUESTIONS = ["Send an email to Ben about the party.",
+             "Ivan has 14 coins. Then Ivan buys 9 more. How many coins does Ivan have now?"]
 
 
-def solve(url: str) -> None:
-    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
-    messages: list[dict] = [{"role": "user", "content": TASK}]
-    first = client.chat.completions.create(model="default", messages=messages, tools=TOOLS,
-                                           tool_choice="required", temperature=0, max_tokens=128)
-    call = first.choices[0].message.tool_calls[0]
-    args = json.loads(call.function.arguments)
-    result = args["a"] + args["b"]
-    print(f"{TASK}\nthe model calls {call.function.name}({args}) -> {result}")
-    messages += [first.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": str(result)}]
-    final = client.chat.completions.create(model="default", messages=messages, tools=TOOLS,
-                                           tool_choice="none", temperature=0, max_tokens=32)
-    print("final answer:", final.choices[0].message.content)
+def function(name: str, description: str, **params: str) -> dict:
+    """An OpenAI function tool whose parameters all have the JSON types `params` gives."""
+    properties = {p: {"type": kind} for p, kind in params.items()}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": list(properties)}}}
+
+
+TOOLS = [
+    function("send_email", "Send an email to a person.", to="string", subject="string"),
+    function("add", "Add two whole numbers.", a="integer", b="integer"),
+]
+RUN = {"send_email": lambda to, subject: "sent", "add": lambda a, b: str(a + b)}  # stand-ins for real tools
+
+
+def ask(client: openai.OpenAI, question: str) -> str | None:
+    messages: list[dict] = [{"role": "user", "content": question}]
+    first = client.chat.completions.create(model="default", messages=messages, tools=TOOLS, tool_choice="auto",
+                                           temperature=0, max_tokens=64)
+    choice = first.choices[0]
+    print(f"user: {question}\nfinish_reason: {choice.finish_reason}")
+    messages.append(choice.message.model_dump(exclude_none=True))
+    for call in choice.message.tool_calls or []:
+        result = RUN[call.function.name](**json.loads(call.function.arguments))
+        print(f"tool call: {call.function.name}({call.function.arguments}) -> {result}")
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    if not choice.message.tool_calls:
+        return choice.message.content
+    final = client.chat.completions.create(model="default", messages=messages, tools=TOOLS, temperature=0,
+                                           max_tokens=64)
+    return final.choices[0].message.content
 
 
 def main() -> None:
     args = parser(__doc__).parse_args()
-    if args.url:
-        solve(args.url)
-        return
-    print("starting a local sprig server ...", flush=True)
-    with sprig.Runtime(args.model, tool_call_parser="hermes") as runtime:
-        solve(runtime.url)
+    with server_url(args) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        for question in QUESTIONS:
+            print(f"final answer: {ask(client, question)}\n")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Streaming chat: a multi-turn conversation whose replies print as they are generated.
+"""Streaming chat: a multi-turn conversation whose second turn refers to the first, each
+reply printed as it is generated.
 
     python examples/streaming_chat.py [--url URL | --model PATH]
 """
@@ -9,17 +10,14 @@ from _backend import backend, parser
 
 import sprig
 
-TURNS = [
-    "Mia has 8 pens. Then Mia buys 5 more. How many pens does Mia have now?",
-    "Ned has 30 coins. Then Ned gives away 11. How many coins does Ned have now?",
-]
+TURNS = ["My name is Kofi. My lucky number is 17.", "What is my lucky number plus 5?"]
 
 
 @sprig.function
 def chat(s, turns: list[str]):
     for i, turn in enumerate(turns):
         s += sprig.user(turn)
-        s += sprig.assistant(sprig.gen(f"reply_{i}", max_tokens=160, temperature=0))
+        s += sprig.assistant(sprig.gen(f"reply_{i}", max_tokens=96, temperature=0))
 
 
 def main() -> None:
@@ -31,7 +29,6 @@ def main() -> None:
             for piece in state.text_iter(f"reply_{i}"):
                 print(piece, end="", flush=True)
             print()
-        print(f"\n{len(state.messages())} messages")
 
 
 if __name__ == "__main__":

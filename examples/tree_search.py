@@ -6,18 +6,19 @@ checks that each `a op b = c` step holds and follows from the question and the s
 before it, and rewards an `Answer:` line that states where the chain arrived, so the
 search prefers chains whose steps are right.
 
-    python examples/tree_search.py [--url URL | --model PATH]
+    python examples/tree_search.py [--seed 0] [--url URL | --model PATH]
 """
 
 from __future__ import annotations
 
-from _backend import backend, parser
+from _backend import backend, sampling_parser
 
 import sprig
 from sprig.meta import tree_search
 from sprig.runtime.demo.verify import is_answer, step_value
 
-QUESTION = "Hana has 6 cards. Then Hana triples them. Then Hana gives away 5. How many cards does Hana have now?"
+QUESTION = ("Mia has 56 stamps. Then Mia gives away 1. Then Mia shares them equally with 4 friends and keeps one "
+            "share. Then Mia buys 28 more. How many stamps does Mia have now?")
 
 
 def value(steps: tuple[str, ...]) -> float:
@@ -25,13 +26,13 @@ def value(steps: tuple[str, ...]) -> float:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    args = sampling_parser(__doc__, n=None).parse_args()
     with backend(args):
         result = tree_search(
             sprig.user(QUESTION) + sprig.assistant_begin(), value,
-            expand=5, beam=3, depth=10, is_final=lambda steps: is_answer(steps[-1]),
+            expand=5, beam=3, depth=10, is_final=lambda steps: is_answer(steps[-1]), seed=args.seed,
         )
-    print("best path:")
+    print(f"{QUESTION}\nbest path:")
     for step in result.best.steps:
         print(f"  {step.strip()}")
     print(f"value {result.best.value:.2f}; {len(result.scored)} paths scored; cost: {result.cost}")
