@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     import torch
 
 GRAMMAR_KINDS = ("regex", "json_schema", "choices", "ebnf")
+# Between JSON tokens by default: one optional space, where `json.dumps` writes one (after
+# `,` and `:`), as outlines' default; a model that learned JSON so keeps its own tokens.
+JSON_WHITESPACE = "[ ]?"
 
 
 class GrammarTimeoutError(TimeoutError):
@@ -67,7 +70,7 @@ class GrammarSpec:
 
     kind "regex": `text` is the regex the whole output must match. kind "json_schema":
     `text` is the schema as a JSON string, `whitespace` the regex allowed between JSON
-    tokens ("" = compact JSON). kind "choices": `text` is a JSON array of literal strings,
+    tokens ("" = compact JSON; `JSON_WHITESPACE` by default). kind "choices": `text` is a JSON array of literal strings,
     the output must be exactly one of them. kind "ebnf": `text` is a context-free grammar,
     GBNF (`root ::= ...`, the EBNF dialect SGLang's `ebnf` takes) or Lark (`start: ...`);
     the output must be a sentence of it.
@@ -90,7 +93,7 @@ class GrammarSpec:
         return cls("regex", pattern)
 
     @classmethod
-    def json_schema(cls, schema: str | Mapping[str, Any], *, whitespace: str = "") -> GrammarSpec:
+    def json_schema(cls, schema: str | Mapping[str, Any], *, whitespace: str = JSON_WHITESPACE) -> GrammarSpec:
         text = schema if isinstance(schema, str) else json.dumps(schema)
         return cls("json_schema", text, whitespace)
 

@@ -104,7 +104,10 @@ class Stops:
 
         The forced text is tokenized in context (after the last few output tokens); the
         jump happens only where that tokenization keeps the existing tokens, so no
-        emitted token is ever taken back. The tokens are fed in the next step at once.
+        emitted token is ever taken back. The last of its tokens is left to the model:
+        the model's own token there may run on past the forced text (`":` where `"` is
+        forced and `: ` or `:` may follow), and a token cut at the boundary would put it
+        off the tokenization it learned. The tokens are fed in the next step at once.
         """
         forced = req.grammar.forced_continuation()
         room = min(req.params.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len - 1)
@@ -117,7 +120,7 @@ class Stops:
         ids = self.tokenizer.encode(context + forced, add_special_tokens=False)
         if ids[: len(tail)] != tail:
             return 0, None
-        new = ids[len(tail) : len(tail) + room]
+        new = ids[len(tail) : len(tail) + room][:-1]
         if not new or not req.grammar.accept_tokens(new):
             return 0, None
         req.output_ids.extend(new)

@@ -54,7 +54,7 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def test_forced_continuation_and_jump_forward(backend, tokenizer):
-    grammar = backend.matcher(backend.compile(GrammarSpec.json_schema(PERSON)))
+    grammar = backend.matcher(backend.compile(GrammarSpec.json_schema(PERSON, whitespace="")))
     assert grammar.forced_continuation() == '{"name":"'
     assert grammar.jump_forward(encode(tokenizer, '{"name":"'))
     assert grammar.forced_continuation() is None  # the name is free text
@@ -69,12 +69,15 @@ def test_forced_continuation_and_jump_forward(backend, tokenizer):
 
 
 def test_whitespace_makes_the_first_key_a_choice(backend):
-    spec = GrammarSpec.json_schema(PERSON, whitespace=r"[ ]?")
+    """One optional space between JSON tokens by default (outlines' default; json.dumps's
+    spacing is allowed, so is compact JSON)."""
+    assert GrammarSpec.json_schema(PERSON) == GrammarSpec.json_schema(PERSON, whitespace=r"[ ]?")
+    spec = GrammarSpec.json_schema(PERSON)
     assert backend.matcher(backend.compile(spec)).forced_continuation() == "{"
 
 
 def test_failed_jump_forward_leaves_the_state_unchanged(backend, tokenizer):
-    grammar = backend.matcher(backend.compile(GrammarSpec.json_schema(PERSON)))
+    grammar = backend.matcher(backend.compile(GrammarSpec.json_schema(PERSON, whitespace="")))
     assert grammar.accept_tokens(encode(tokenizer, '{"name":"ab'))
     before = mask(grammar, len(tokenizer))
     assert not grammar.jump_forward(encode(tokenizer, '"x'), rollback=2)

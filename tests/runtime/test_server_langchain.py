@@ -5,7 +5,8 @@ in JSON mode, and the official `openai` client's forced calls, plain and streame
 Two servers: one on a checkpoint whose chat template teaches no tool-call format (a
 forced call is then bare JSON, which needs no `--tool-call-parser`), and the session
 server, whose template teaches Hermes `<tool_call>`. Every value the random tiny model
-writes must validate against its schema."""
+writes must validate against its schema. JSON mode constrains only to some JSON object,
+which a random model need not ever close: it runs on the demo model, which writes JSON."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pydantic import BaseModel, Field
 from server_helpers import Server, running_server
 from transformers import AutoTokenizer
 
+from sprig.runtime.demo import DEMO_MODEL_PATH
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 langchain_openai = pytest.importorskip("langchain_openai")
@@ -103,9 +105,12 @@ def test_with_structured_output(served: Server, method: str) -> None:
         jsonschema.validate(out.model_dump(), SCHEMAS["Weather"])
 
 
-def test_with_structured_output_json_mode(served: Server) -> None:
-    out = llm(served).with_structured_output(None, method="json_mode").invoke(QUESTION)
-    assert isinstance(out, dict)
+def test_with_structured_output_json_mode() -> None:
+    text = "Text: Tara Costa is 29 years old. Tara lives in Oslo.\nGive the name, age and city as JSON."
+    with running_server(DEMO_MODEL_PATH) as demo:
+        out = llm(demo).with_structured_output(None, method="json_mode").invoke(text)
+        demo.wait_idle()
+    assert out == {"name": "Tara Costa", "age": 29, "city": "Oslo"}
 
 
 def test_auto_without_a_format_is_plain_text(plain_server: Server) -> None:
