@@ -1,10 +1,15 @@
 """Speculative decoding on the demo task: each drafter vs plain decoding, in one run.
 
-Workloads (held-out demo problems, chat-formatted): greedy, and self-consistency (n = 8
-seeded samples per problem at T = 0.6, top_p 0.9), each at batch 1, 8 and 64: at most
-that many sequences in flight (`max_running_requests`); greedy runs `batch` problems,
-self-consistency batch / 8 problems of 8 samples (one problem at batch 1, whose samples
-then run one after another). Every side runs on its own engine per batch size, warmed up
+Workloads (held-out demo problems, chat-formatted), each at batch 1, 8 and 64: at most
+that many sequences in flight (`max_running_requests`):
+- greedy: `batch` problems;
+- self-consistency: batch / 8 problems (at least one), 8 seeded samples each at T = 0.6,
+  top_p 0.9 (at batch 1 the samples run one after another);
+- tree search: batch / 8 problems (at least one), a beam search over solution lines
+  (`TREE_ROUNDS` rounds; each path of the beam, `TREE_BEAM` of them, expanded with
+  `TREE_EXPAND` seeded samples of its next line at T = 0.8, scored by the demo task's
+  step verifier `demo.verify.step_value`; paths ending in an `Answer:` line stop).
+Every side runs on its own engine per batch size, warmed up
 first; timed runs alternate sides
 (off, ngram, radix, draft, off, ...) with the radix cache flushed before each, and each side's
 median run is reported: wall time, target forward passes (extend + verification/decode
@@ -29,9 +34,12 @@ import torch
 from sprig.runtime import Engine
 from sprig.runtime.demo import DEMO_MODEL_PATH
 from sprig.runtime.demo.evaluate import prompts
-from sprig.runtime.demo.tasks import take
+from sprig.runtime.demo.tasks import Problem, take
+from sprig.runtime.demo.verify import is_answer, step_value
 
 SIDES = (None, "ngram", "radix", "draft")
+TASKS = ("greedy", "self-consistency", "tree search")
+TREE_ROUNDS, TREE_BEAM, TREE_EXPAND = 6, 2, 4
 DRAFT_MODEL_PATH = DEMO_MODEL_PATH.parent / "draft"
 
 
@@ -43,25 +51,58 @@ class Run:
     outputs: list[list[int]]
 
 
-def workload(task: str, batch: int, problems: list[str], max_new: int) -> tuple[list[str], dict]:
+def greedy(engine: Engine, texts: list[str], max_new: int) -> list[list[int]]:
+    outs = engine.generate(texts, {"max_new_tokens": max_new, "temperature": 0})
+    return [o["output_ids"] for o in outs]
+
+
+def self_consistency(engine: Engine, texts: list[str], max_new: int) -> list[list[int]]:
+    params = {"max_new_tokens": max_new, "temperature": 0.6, "top_p": 0.9, "n": 8, "sampling_seed": 1}
+    return [o["output_ids"] for o in engine.generate(texts, params)]
+
+
+def tree_search(engine: Engine, texts: list[str], questions: list[str], max_new: int) -> list[list[int]]:
+    """Beam search over solution lines for each problem at once; every sampled line's ids."""
+    beams: list[list[tuple[str, ...]]] = [[()] for _ in texts]
+    every: list[list[int]] = []
+    for round_ in range(TREE_ROUNDS):
+        open_paths = [(i, path) for i, beam in enumerate(beams) for path in beam if not path or not is_answer(path[-1])]
+        if not open_paths:
+            break
+        params = {"max_new_tokens": max_new, "temperature": 0.8, "n": TREE_EXPAND, "stop": "\n",
+                  "sampling_seed": 1000 * round_}
+        outs = engine.generate([texts[i] + "".join(f"{line}\n" for line in path) for i, path in open_paths], params)
+        every += [o["output_ids"] for o in outs]
+        children: list[list[tuple[str, ...]]] = [[p for p in beam if p and is_answer(p[-1])] for beam in beams]
+        for j, (i, path) in enumerate(open_paths):
+            children[i] += [(*path, o["text"].strip()) for o in outs[j * TREE_EXPAND : (j + 1) * TREE_EXPAND]]
+        beams = [sorted(set(c), key=lambda p, q=questions[i]: (-step_value(q, p), p))[:TREE_BEAM]
+                 for i, c in enumerate(children)]
+    return every
+
+
+def workload(task: str, batch: int, texts: list[str], problems: list[Problem], max_new: int):
+    """The task at `batch` as a function of the engine, returning every output's ids."""
     if task == "greedy":
-        return problems[:batch], {"max_new_tokens": max_new, "temperature": 0}
+        return lambda engine: greedy(engine, texts[:batch], max_new)
     count = max(1, batch // 8)
-    return problems[:count], {"max_new_tokens": max_new, "temperature": 0.6, "top_p": 0.9, "n": 8, "sampling_seed": 1}
+    if task == "self-consistency":
+        return lambda engine: self_consistency(engine, texts[:count], max_new)
+    return lambda engine: tree_search(engine, texts[:count], [p.question for p in problems[:count]], max_new // 2)
 
 
-def timed(engine: Engine, texts: list[str], params: dict) -> Run:
+def timed(engine: Engine, run) -> Run:
     engine.flush_cache()
     sched = engine.scheduler
     passes0 = sched.stats.extend_steps + sched.stats.decode_steps
     spec = sched.speculative.stats if sched.speculative else None
     emitted0, steps0 = (spec.emitted, spec.request_steps) if spec else (0, 0)
     start = time.perf_counter()
-    outs = engine.generate(texts, params)
+    outputs = run(engine)
     seconds = time.perf_counter() - start
     passes = sched.stats.extend_steps + sched.stats.decode_steps - passes0
     accept = (spec.emitted - emitted0) / max(1, spec.request_steps - steps0) if spec else 1.0
-    return Run(seconds, passes, accept, [o["output_ids"] for o in outs])
+    return Run(seconds, passes, accept, outputs)
 
 
 def main() -> None:
@@ -71,6 +112,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     ap.add_argument("--sides", nargs="+", default=["off", *SIDES[1:]], choices=["off", *SIDES[1:]])
     args = ap.parse_args()
     sides = tuple(None if s == "off" else s for s in dict.fromkeys(["off", *args.sides]))
@@ -83,19 +125,20 @@ def main() -> None:
         for side in sides for batch in args.batches
     }
     tokenizer = engines[None, args.batches[0]].tokenizer
-    problems = prompts(tokenizer, take("heldout", max(args.batches), seed=0))
+    problems = take("heldout", max(args.batches), seed=0)
+    texts = prompts(tokenizer, problems)
     for engine in engines.values():  # warm-up
-        engine.generate(problems[:2], {"max_new_tokens": 8, "temperature": 0})
+        engine.generate(texts[:2], {"max_new_tokens": 8, "temperature": 0})
     print(f"demo model, float32, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats, medians; "
           f"--num-draft-tokens {args.num_draft_tokens}")
     print(f"{'task':<18}{'batch':>6} {'side':<7}{'wall s':>9}{'passes':>8}{'tok/pass':>9}{'passes x':>9}{'wall x':>8}")
-    for task in ("greedy", "self-consistency"):
+    for task in args.tasks:
         for batch in args.batches:
-            texts, params = workload(task, batch, problems, args.max_new_tokens)
+            run = workload(task, batch, texts, problems, args.max_new_tokens)
             runs: dict[str | None, list[Run]] = {side: [] for side in sides}
             for _ in range(args.repeats):
                 for side in sides:
-                    runs[side].append(timed(engines[side, batch], texts, params))
+                    runs[side].append(timed(engines[side, batch], run))
             base = runs[None][0].outputs
             for side in sides:
                 if any(r.outputs != base for r in runs[side]):

@@ -84,8 +84,11 @@ HELP = {
     "pool of as many slots (not with --tp-size > 1)",
     "speculative_num_draft_tokens": "most drafted tokens verified per request and step (each request's length "
     "adapts to its acceptance)",
-    "speculative_min_gain": "a step drafts only if its drafts are expected to add this many tokens per request "
-    "in it (each request's acceptance rate predicts its drafts' yield; 0: whenever the drafter proposes)",
+    "speculative_pass_costs": "milliseconds of a target decode pass, a verification pass and a draft-model step "
+    "as six numbers (decode fixed, per request, verify fixed, per token, draft fixed, per request), which decide "
+    "how many drafts a step verifies, none unless drafting is expected to be faster; measured at startup and "
+    "logged when not given (give the logged ones to replay a run's choices; 1,0,0,0,0,0 drafts whenever the "
+    "drafter proposes)",
     "grammar_backend": "what compiles regex / json_schema / response_format constraints: outlines (slow to compile, "
                        "cheap per token) or llguidance (compiles in milliseconds, costlier per token); "
                        "ebnf grammars always use llguidance",

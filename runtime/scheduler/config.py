@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sprig.radix import EVICTION_POLICIES
+from sprig.runtime.speculative.cost import PassCosts
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 GRAMMAR_BACKENDS = ("outlines", "llguidance")  # the keys of constrained.REGULAR_BACKENDS
@@ -41,8 +42,10 @@ class SchedulerConfig:
       `speculative_draft_model_path`, a checkpoint with the target's tokenizer, required
       with `draft` and refused otherwise); `speculative_num_draft_tokens` bounds the drafts verified per
       request and step (each request's length adapts to its acceptance);
-      `speculative_min_gain`: a step drafts only if its drafts are expected to add this
-      many tokens per request in it (0: whenever the drafter proposes).
+      `speculative_pass_costs`: the milliseconds of the target's decode and verification
+      passes and of a draft-model step (`speculative.cost.PassCosts`), which decide how
+      many drafts a step verifies (none unless that is expected to be faster); None:
+      measured when the engine starts.
     """
 
     max_running_requests: int = 64
@@ -61,7 +64,7 @@ class SchedulerConfig:
     enable_jump_forward: bool = True
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4
-    speculative_min_gain: float = 0.5
+    speculative_pass_costs: str | None = None
     speculative_draft_model_path: str | None = None
     check_integrity: bool = False
 
@@ -100,7 +103,7 @@ class SchedulerConfig:
             )
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
-        if not 0.0 <= self.speculative_min_gain <= 64.0:
-            raise ValueError(f"speculative_min_gain must be in [0, 64], got {self.speculative_min_gain}")
+        if self.speculative_pass_costs is not None:
+            PassCosts.parse(self.speculative_pass_costs)
         if self.in_batch_prefix_min < 1:
             raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

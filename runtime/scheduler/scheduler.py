@@ -134,6 +134,8 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
+        if self.speculative is not None:
+            self.speculative.drafter.check(self.kv)
 
     def close(self) -> None:
         """Stop the grammar compile workers, if any were started."""
@@ -166,7 +168,7 @@ class Scheduler:
             self.grammars.wait_any(timeout=0.05)
         self.stats.steps += 1
         if self.config.check_integrity:
-            self.kv.check_integrity()
+            self.check_integrity()
         return [self._collect(r) for r in touched if partial or r.finished]
 
     def _admissible(self, failed: list[Req]) -> list[Req]:

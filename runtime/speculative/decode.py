@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -25,8 +26,13 @@ from typing import TYPE_CHECKING
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.speculative.accept import accepted_length
-from sprig.runtime.speculative.draft_length import DraftLength
+from sprig.runtime.speculative.calibrate import calibrate
+from sprig.runtime.speculative.cost import PassCosts, draft_cap
+from sprig.runtime.speculative.draft_length import START_RATE, DraftLength
 from sprig.runtime.speculative.drafter import DRAFTERS
+
+log = logging.getLogger("sprig.scheduler")
+PRIOR_DECAY = 0.9  # weight of the past in the acceptance a new request is assumed to have
 
 if TYPE_CHECKING:
     from sprig.radix import PrefixCache
@@ -63,15 +69,22 @@ class SpeculativeDecoder:
     def __init__(self, config: SchedulerConfig, cache: PrefixCache, runner: ModelRunner) -> None:
         self.drafter = DRAFTERS[config.speculative_algorithm](config, cache, runner)
         self.max_len = config.speculative_num_draft_tokens
-        self.min_gain = config.speculative_min_gain
+        self.costs = (
+            PassCosts.parse(config.speculative_pass_costs) if config.speculative_pass_costs is not None
+            else calibrate(runner, self.drafter.runner, config.max_running_requests, self.max_len)
+        )
+        log.info("speculative decoding with the %s drafter, at most %d drafts per request; pass costs %s "
+                 "(--speculative-pass-costs %s)", config.speculative_algorithm, self.max_len,
+                 self.costs.describe(), self.costs)
         self.lengths: dict[str, DraftLength] = {}
+        self.prior = START_RATE  # a new request's expected acceptance: the recent share of drafts kept
         self.stats = SpeculativeStats()
 
     def decode(self, sched: Scheduler) -> list[Req]:
         """One verification pass over every running request (room for their pending tokens
         already reserved); returns the requests it touched."""
         batch = list(sched.running)
-        self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len) for r in batch}
+        self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len, rate=self.prior) for r in batch}
         drafts = self._drafts(sched, batch)
         pending = [r.seq_len - r.kv_len for r in batch]
         q_lens = [n + len(d) for n, d in zip(pending, drafts, strict=True)]
@@ -101,15 +114,15 @@ class SpeculativeDecoder:
         self.drafter.mirror(step)
 
     def _drafts(self, sched: Scheduler, batch: list[Req]) -> list[list[int]]:
-        """The drafts each request verifies this step, their slots reserved. None at all
-        when they are expected to add fewer than `min_gain` tokens per request:
-        a pass with drafts leaves the decode path for every request in it."""
+        """The drafts each request verifies this step, their slots reserved: as many as
+        `draft_cap` finds worth their cost (none at all when the plain pass is expected
+        to be as fast: a pass with drafts leaves the decode path for every request)."""
 
-        def worth(sizes: list[int]) -> bool:
-            gain = sum(self.lengths[r.rid].expected(n) for r, n in zip(batch, sizes, strict=True))
-            return gain >= self.min_gain * len(batch)
+        def cap(sizes: list[int]) -> int:
+            expected = [self.lengths[r.rid].expected for r in batch]
+            return draft_cap(self.costs, sizes, expected, model_steps=self.drafter.runner is not None)
 
-        return self.drafter.draft(sched.kv, batch, [self._length(r) for r in batch], worth)
+        return self.drafter.draft(sched.kv, batch, [self._length(r) for r in batch], cap)
 
     def _length(self, req: Req) -> int:
         """How many drafts `req` may verify now, as long as its adaptive length allows:
@@ -135,5 +148,6 @@ class SpeculativeDecoder:
             self.stats.drafted += len(draft)
             self.stats.accepted += min(accepted, j + 1)
             self.lengths[req.rid].update(len(draft), accepted)
+            self.prior = PRIOR_DECAY * self.prior + (1 - PRIOR_DECAY) * accepted / len(draft)
         if not req.finished:
             sched.kv.shrink(req)

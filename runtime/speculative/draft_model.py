@@ -4,22 +4,25 @@ across requests.
 
 The draft's KV pool has the target's slot count and the same slot indices: one allocator,
 one radix tree and one request-to-token table cover both pools (each with its own
-shapes). Invariant, between scheduler steps: for every slot the radix tree holds, and for
-every slot a request holds at positions `[0, kv_len)` (its verified tokens), the draft
-pool holds the draft's K/V of that same token at that same position. So a prefix cached
-by the target serves the draft too, and slots freed by a finish, an abort, a retraction
-or a rejected draft are freed for both pools at once (they are one slot). It holds
-because:
+shapes), so a prefix cached by the target can serve the draft too. The draft writes its
+K/V lazily, only for the requests it drafts for, and `written` says where it holds them.
+Invariant, between scheduler steps: `written[s]` implies the draft pool at slot s holds
+the draft's K/V of the token the target pool holds at s, after the same prefix. It holds
+because every write of the target clears `written` at its slots unless the draft wrote
+the same token there in the same step:
 
-- every extend the scheduler runs (prefill chunks) runs on the draft right after the
-  target, over the same `ForwardStep`, hence the same slots (`mirror`);
-- drafting k tokens for a request feeds its pending token and its drafts `d_1 ..
-  d_{k-1}`, writing their K/V at positions `kv_len .. kv_len + k - 1`;
-- once a verification pass knows how many of the fed tokens it keeps, and before any is
-  emitted (an emitted token may finish the request, whose release inserts its verified
-  tokens into the tree), the draft writes the kept ones it has not written: `d_k` when
-  every draft is kept, the pending tokens of a request it did not draft for (`verified`).
-  Rejected drafts' K/V sits in slots freed the same step.
+- every extend the scheduler runs (prefill chunks, retracted requests' prompts) clears
+  its new slots (`mirror`);
+- a verification pass clears the slots of the tokens it fed that the draft did not (the
+  pending tokens of a request it did not draft for, the last kept draft) and of the
+  drafts it rejected, before any token is emitted (`verified`);
+- the draft's own passes set `written` at the slots they write.
+
+Drafting for a request first feeds the draft every token of its context from the first
+position whose slot is not `written` through its pending token (one extend, batched
+across requests: usually just the pending token, or the last kept draft and the pending
+token), then k - 1 decode steps. A request the scheduler runs without drafts for a while
+(`cost.draft_cap` chose none) costs the draft nothing until it drafts again.
 
 The proposals are the draft's argmax tokens: a deterministic drafter, accepted by the
 coupling `accepted_length` at every temperature, so greedy outputs equal plain decoding's
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sprig.radix import RadixCache
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_config import ModelConfig
@@ -95,56 +99,129 @@ class DraftModel:
                              f"the target ({e}); lower --mem-fraction-static or set --max-total-tokens") from None
         if self.runner.num_slots != target.num_slots:
             raise AssertionError(f"draft pool {self.runner.num_slots} slots, target's {target.num_slots}")
+        rows = self.runner.kv_cache.num_slots + self.runner.kv_cache.page_size
+        self.written = torch.zeros(rows, dtype=torch.bool)  # [rows]
+        self.wrote = torch.full((rows, 2), -1, dtype=torch.int64)  # [rows, (token, position)] last draft write
 
     def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
-              worth: Callable[[list[int]], bool]) -> list[list[int]]:
-        """`lengths[i]` argmax drafts for `batch[i]` (each with one pending token where
-        `lengths[i] > 0`), or none at all unless `worth(lengths)`; a request whose draft
-        slots the free list cannot supply drafts nothing. Step j feeds each request
-        still drafting its token at position `seq_len - 1 + j`."""
+              cap: Callable[[list[int]], int]) -> list[list[int]]:
+        """`min(lengths[i], cap(lengths))` argmax drafts for `batch[i]` (each with one
+        pending token where `lengths[i] > 0`); a request whose draft slots the free list
+        cannot supply drafts nothing."""
         drafts: list[list[int]] = [[] for _ in batch]
-        if not worth(lengths):
+        most = cap(lengths)
+        if most == 0:
             return drafts
-        ks = [k if k and kv.reserve_free(r, r.seq_len + k) else 0 for r, k in zip(batch, lengths, strict=True)]
-        tokens = [r.fill_ids[-1] for r in batch]
-        for j in range(max(ks, default=0)):
-            live = [i for i, k in enumerate(ks) if k > j]
+        ks = [min(k, most) for k in lengths]
+        ks = [k if k and kv.reserve_free(r, r.seq_len + k) else 0 for r, k in zip(batch, ks, strict=True)]
+        live = [i for i, k in enumerate(ks) if k]
+        if not live:
+            return drafts
+        tokens = self._catch_up(kv, [batch[i] for i in live])
+        for i, token in zip(live, tokens, strict=True):
+            drafts[i].append(token)
+        for j in range(1, max(ks)):
+            live = [i for i in live if ks[i] > j]
             reqs = [batch[i] for i in live]
             ends = [r.seq_len + j for r in reqs]
+            contexts = kv.contexts(reqs, ends)
             step = ForwardStep(
                 mode=ForwardMode.DECODE,
-                input_ids=[tokens[i] for i in live],
+                input_ids=[drafts[i][-1] for i in live],
                 q_lens=[1] * len(live),
                 kv_lens=ends,
-                kv_indices=kv.contexts(reqs, ends),
+                kv_indices=contexts,
                 logits_from=[0] * len(live),
             )
-            for i, token in zip(live, self.runner.forward(step).argmax(dim=-1).tolist(), strict=True):
+            proposed = self.runner.forward(step).argmax(dim=-1).tolist()
+            self._record(step)
+            for i, token in zip(live, proposed, strict=True):
                 drafts[i].append(token)
-                tokens[i] = token
         return drafts
 
-    def mirror(self, step: ForwardStep) -> None:
-        """Write the draft's K/V of `step`'s new tokens at their slots (the target just ran
-        `step`); only one row of logits per request is computed, and dropped."""
-        self.runner.forward(replace(step, logits_from=[q - 1 for q in step.q_lens]))
-
-    def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
-        """Write the draft's K/V of the kept tokens drafting did not feed: of `batch[i]`'s
-        pending tokens and drafts, drafting fed the first `len(drafts[i])`."""
-        todo = [(r, (r.pending_ids() + d)[len(d) : n], n) for r, d, n in zip(batch, drafts, kept, strict=True)]
-        todo = [t for t in todo if t[1]]
-        if not todo:
-            return
-        reqs = [r for r, _, _ in todo]
-        q_lens = [len(tokens) for _, tokens, _ in todo]
-        ends = [r.kv_len + n for r, _, n in todo]  # the context ends with the last kept token
+    def _catch_up(self, kv: RequestKV, reqs: list[Req]) -> list[int]:
+        """Feed each request's tokens from its first position without draft K/V through its
+        pending token (the last of its `seq_len`); its first draft, per request."""
+        ends = [r.seq_len for r in reqs]
+        contexts = kv.contexts(reqs, ends)
+        firsts = first_unwritten(self.written[contexts], ends)
+        q_lens = [end - first for end, first in zip(ends, firsts, strict=True)]
         step = ForwardStep(
             mode=ForwardMode.DECODE if max(q_lens) == 1 else ForwardMode.EXTEND,
-            input_ids=[t for _, tokens, _ in todo for t in tokens],
+            input_ids=[t for r, first in zip(reqs, firsts, strict=True) for t in r.fill_ids[first : r.seq_len]],
             q_lens=q_lens,
             kv_lens=ends,
-            kv_indices=kv.contexts(reqs, ends),
+            kv_indices=contexts,
             logits_from=[q - 1 for q in q_lens],
         )
-        self.runner.forward(step)
+        proposed = self.runner.forward(step).argmax(dim=-1).tolist()
+        self._record(step)
+        return proposed
+
+    def _record(self, step: ForwardStep) -> None:
+        """The draft wrote the K/V of `step`'s new tokens at their slots."""
+        slots = new_slots(step.kv_indices, step.kv_lens, step.q_lens)
+        self.written[slots] = True
+        self.wrote[slots, 0] = torch.tensor(step.input_ids, dtype=torch.int64)
+        self.wrote[slots, 1] = torch.cat([torch.arange(kv - q, kv) for kv, q in zip(step.kv_lens, step.q_lens,
+                                                                                     strict=True)])
+
+    def mirror(self, step: ForwardStep) -> None:
+        """The target wrote `step`'s new tokens: the draft does not hold their K/V."""
+        self.written[new_slots(step.kv_indices, step.kv_lens, step.q_lens)] = False
+
+    def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
+        """The target fed each request its pending tokens and drafts at positions from
+        `kv_len`; the draft holds only the kept ones it fed (its pending token and drafts
+        but the last, when it drafted)."""
+        stale = []
+        for req, draft, n in zip(batch, drafts, kept, strict=True):
+            fed = req.seq_len - req.kv_len + len(draft)
+            first_kept_unfed = req.kv_len + min(n, fed - 1) if draft else req.kv_len
+            stale.append(kv.table.read(req.row, req.kv_len + fed, first_kept_unfed))
+        self.written[torch.cat(stale)] = False
+
+
+    def check(self, kv: RequestKV) -> None:
+        """Shadow check of the module's invariant (with `check_integrity`, between steps):
+        every slot a request or the radix tree holds that is flagged `written` was last
+        written by the draft for the token and position it holds now."""
+        for req in kv.holders:
+            ids = torch.tensor(req.fill_ids[: req.kv_len], dtype=torch.int64)
+            self._check_slots(kv.table.read(req.row, req.kv_len), ids, 0, f"request {req.rid}")
+        stack = [(kv.cache.root, 0)] if isinstance(kv.cache, RadixCache) else []
+        while stack:
+            node, depth = stack.pop()
+            for child in node.children.values():
+                self._check_slots(child.value, torch.from_numpy(child.key).to(torch.int64), depth, "the radix tree")
+                stack.append((child, depth + len(child)))
+
+    def _check_slots(self, slots: torch.Tensor, ids: torch.Tensor, start: int, holder: str) -> None:
+        held = self.written[slots]
+        want = torch.stack([ids, torch.arange(start, start + ids.shape[0])], dim=1)[held]
+        bad = (self.wrote[slots[held]] != want).any(dim=1)
+        if bad.any():
+            slot = int(slots[held][bad][0])
+            raise AssertionError(f"draft KV: slot {slot} of {holder} is flagged written for (token, position) "
+                                 f"{self.wrote[slot].tolist()} but holds {want[bad][0].tolist()}")
+
+
+def new_slots(contexts: torch.Tensor, kv_lens: list[int], q_lens: list[int]) -> torch.Tensor:
+    """The slots of each request's last `q_lens[i]` tokens in `contexts` (the requests'
+    `kv_lens[i]` context slots, concatenated)."""
+    ends = torch.tensor(kv_lens, dtype=torch.int64).cumsum(0)  # [B]
+    q = torch.tensor(q_lens, dtype=torch.int64)  # [B]
+    starts = torch.repeat_interleave(ends - q, q)  # [sum(q)]
+    offsets = torch.arange(int(q.sum())) - torch.repeat_interleave(q.cumsum(0) - q, q)  # [sum(q)]
+    return contexts[starts + offsets]
+
+
+def first_unwritten(written: torch.Tensor, lens: list[int]) -> list[int]:
+    """Per request, the first position whose slot the draft has not written (`written`:
+    the requests' context flags concatenated, `lens[i]` each), at most its last."""
+    n = torch.tensor(lens, dtype=torch.int64)  # [B]
+    position = torch.arange(int(n.sum())) - torch.repeat_interleave(n.cumsum(0) - n, n)  # [sum(n)]
+    owner = torch.repeat_interleave(torch.arange(len(lens)), n)  # [sum(n)]
+    candidates = torch.where(written, n[owner] - 1, position)  # [sum(n)]
+    return torch.full((len(lens),), 0, dtype=torch.int64).scatter_reduce(
+        0, owner, candidates, "amin", include_self=False).tolist()

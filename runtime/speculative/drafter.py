@@ -32,11 +32,13 @@ if TYPE_CHECKING:
 
 
 class Drafter(Protocol):
+    runner: ModelRunner | None  # the draft model's runner (None: drafting runs no model)
+
     def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
-              worth: Callable[[list[int]], bool]) -> list[list[int]]:
-        """At most `lengths[i]` drafts for `batch[i]`, their slots reserved from the free
-        list only (`RequestKV.reserve_free`; a request it cannot serve gets none); no
-        drafts at all unless `worth(sizes)` of the sizes it would draft."""
+              cap: Callable[[list[int]], int]) -> list[list[int]]:
+        """At most `min(lengths[i], cap(sizes))` drafts for `batch[i]`, where `sizes[i] <=
+        lengths[i]` are the drafts it could propose; their slots reserved from the free
+        list only (`RequestKV.reserve_free`; a request it cannot serve gets none)."""
         ...
 
     def mirror(self, step: ForwardStep) -> None:
@@ -50,6 +52,11 @@ class Drafter(Protocol):
         called before any is emitted, while the request still holds their slots."""
         ...
 
+    def check(self, kv: RequestKV) -> None:
+        """Raise AssertionError if state kept over the target's slots is out of step with
+        them (`check_integrity`, between steps)."""
+        ...
+
 
 class ContextDrafter(Protocol):
     def propose(self, context: Sequence[int], k: int) -> list[int]:
@@ -60,20 +67,25 @@ class ContextDrafter(Protocol):
 class ContextDrafts:
     """A `Drafter` of one `ContextDrafter` run per request; it keeps no KV of its own."""
 
+    runner = None
+
     def __init__(self, drafter: ContextDrafter) -> None:
         self.drafter = drafter
 
     def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
-              worth: Callable[[list[int]], bool]) -> list[list[int]]:
+              cap: Callable[[list[int]], int]) -> list[list[int]]:
         proposals = [self.drafter.propose(r.fill_ids, k) if k > 0 else [] for r, k in zip(batch, lengths, strict=True)]
-        if not worth([len(p) for p in proposals]):
-            return [[] for _ in batch]
+        most = cap([len(p) for p in proposals])
+        proposals = [p[:most] for p in proposals]
         return [p if p and kv.reserve_free(r, r.seq_len + len(p)) else [] for r, p in zip(batch, proposals, strict=True)]
 
     def mirror(self, step: ForwardStep) -> None:
         pass
 
     def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
+        pass
+
+    def check(self, kv: RequestKV) -> None:
         pass
 
 

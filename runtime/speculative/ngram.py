@@ -23,12 +23,17 @@ class NgramDrafter:
         if k <= 0 or size <= self.min_ngram:
             return []
         for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
-            suffix = ctx[size - n :]
-            # starts i < size - n of earlier occurrences: ctx[i : i + n] == suffix
-            hits = np.flatnonzero(ctx[: size - n] == suffix[0])
-            for j in range(1, n):
-                hits = hits[ctx[hits + j] == suffix[j]]
-            if hits.size:
-                start = int(hits[-1]) + n
+            start = follows(ctx, ctx[size - n :])
+            if start is not None:
                 return ctx[start : start + k].tolist()
         return []
+
+
+def follows(seq: np.ndarray, suffix: np.ndarray) -> int | None:
+    """Where the tokens after the last occurrence of `suffix` in `seq` that ends before
+    `seq` does begin, or None if there is none."""
+    n = suffix.shape[0]
+    hits = np.flatnonzero(seq[: seq.shape[0] - n] == suffix[0])  # starts i < len - n
+    for j in range(1, n):
+        hits = hits[seq[hits + j] == suffix[j]]
+    return int(hits[-1]) + n if hits.size else None

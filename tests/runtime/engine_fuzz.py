@@ -246,7 +246,9 @@ def _options(
         drafters = ["ngram", "radix"] if "tp_size" in options else ["ngram", "radix", "draft"]  # no draft under TP
         options["speculative_algorithm"] = rng.choice(drafters)
         options["speculative_num_draft_tokens"] = rng.choice([1, 2, 4, 8])
-        options["speculative_min_gain"] = rng.choice([0.0, 0.0, 0.5])
+        # always draft, or costs under which some steps draft and some do not (never measured: replayable)
+        options["speculative_pass_costs"] = rng.choice(["1,0,0,0,0,0", "1,0,0,0,0,0", "2,0.05,2,0.05,1,0.05",
+                                                        "1,0.01,3,0.1,2,0.1"])
     return options
 
 

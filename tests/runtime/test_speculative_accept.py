@@ -129,7 +129,11 @@ def test_radix_drafter_follows_the_most_visited_branch(page: int) -> None:
     assert d.propose([1, 2, 3, 4], 3) == [20, 21, 22]  # b was visited more
     assert d.propose([1, 2, 3, 4, 10], 3) == [11, 12, 13]  # the context picks a
     assert d.propose([1, 2, 3, 4, 10, 11, 12, 13, 14, 15], 8) == [16, 17]
-    assert d.propose([1, 2, 5], 3) == []
+    assert d.propose([1, 2, 5], 3) == []  # left the tree before any shared node: nothing
+    # left a's branch at 99: what followed its latest tokens in the continuations below [1, 2, 3, 4]
+    assert d.propose([1, 2, 3, 4, 10, 11, 99, 13, 14], 3) == [15, 16, 17]
+    assert d.propose([1, 2, 3, 4, 10, 11, 99, 23, 24], 2) == [25, 26]
+    assert d.propose([1, 2, 3, 4, 10, 11, 99, 98], 2) == []
     before = [(n.hit_count, n.last_access) for n in cache.root.children.values()]
     d.propose([1, 2, 3, 4, 10], 3)
     assert before == [(n.hit_count, n.last_access) for n in cache.root.children.values()]

@@ -1,0 +1,108 @@
+"""What a speculative step costs, and how many drafts a step should verify.
+
+A step with drafts is one target pass over every request's pending token and drafts (a
+verification pass of N tokens), after the draft model's decode steps if there is one; a
+step without drafts is the plain decode pass. `PassCosts` models each as a line in its
+size, and `draft_cap` picks the per-request cap on drafts that makes the most expected
+tokens per second, 0 (plain decoding) unless drafting is expected to be faster.
+
+The costs are measured once when the engine starts (`calibrate`) and then frozen, or
+given (`--speculative-pass-costs`): the choice of drafts is then a pure function of the
+running requests' state, so a run replays exactly. Drafting never changes a request's
+tokens (`accept`), only how many target passes they take.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+FIELDS = ("decode fixed", "decode per request", "verify fixed", "verify per token", "draft fixed",
+          "draft per request")
+MIN_SPEEDUP = 1.02  # drafting must be expected this much faster than the plain pass
+
+
+@dataclass(frozen=True)
+class Line:
+    """`fixed + slope * x` milliseconds."""
+
+    fixed: float
+    slope: float
+
+    def at(self, x: float) -> float:
+        return self.fixed + self.slope * x
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """Milliseconds of a target decode pass of B requests (`decode`, x = B), of a target
+    verification pass of N tokens (`verify`, x = N) and of one decode step of the draft
+    model over B requests (`draft`, x = B; zero for drafters without a model)."""
+
+    decode: Line
+    verify: Line
+    draft: Line
+
+    @classmethod
+    def parse(cls, text: str) -> PassCosts:
+        """Six comma-separated non-negative numbers, in the order of `FIELDS` (the form
+        `str` writes and the engine logs)."""
+        try:
+            values = [float(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != len(FIELDS) or not all(v >= 0 for v in values):
+            raise ValueError(f"speculative_pass_costs must be {len(FIELDS)} comma-separated non-negative "
+                             f"milliseconds ({', '.join(FIELDS)}), got {text!r}")
+        return cls(Line(*values[0:2]), Line(*values[2:4]), Line(*values[4:6]))
+
+    def describe(self) -> str:
+        """The costs in words, for the logs."""
+        return (f"decode {self.decode.fixed:.3g} ms + {self.decode.slope:.3g} ms a request, verification "
+                f"{self.verify.fixed:.3g} ms + {self.verify.slope:.3g} ms a token, draft step "
+                f"{self.draft.fixed:.3g} ms + {self.draft.slope:.3g} ms a request")
+
+    def __str__(self) -> str:
+        values = (self.decode.fixed, self.decode.slope, self.verify.fixed, self.verify.slope, self.draft.fixed,
+                  self.draft.slope)
+        return ",".join(f"{v:.4g}" for v in values)
+
+
+def draft_cap(costs: PassCosts, sizes: Sequence[int], expected: Sequence[Callable[[int], float]],
+              model_steps: bool) -> int:
+    """The cap K on each request's drafts (request i verifies `min(sizes[i], K)`) that
+    makes the most expected tokens per millisecond, or 0 where none beats the plain pass
+    by `MIN_SPEEDUP`. `expected[i](n)`: tokens n drafts of request i are expected to
+    add; `model_steps`: drafting K tokens runs K draft-model decode steps (over the
+    requests still drafting at each)."""
+    batch = len(sizes)
+    plain = batch / max(costs.decode.at(batch), 1e-9)
+    best, best_rate = 0, plain * MIN_SPEEDUP
+    for cap in range(1, max(sizes, default=0) + 1):
+        ns = [min(n, cap) for n in sizes]
+        tokens = batch + sum(e(n) for e, n in zip(expected, ns, strict=True))
+        ms = costs.verify.at(batch + sum(ns))
+        if model_steps:
+            ms += sum(costs.draft.at(sum(1 for n in ns if n > j)) for j in range(cap))
+        if tokens / max(ms, 1e-9) > best_rate:
+            best, best_rate = cap, tokens / max(ms, 1e-9)
+    return best
+
+
+def timed_ms(run: Callable[[], object], repeats: int = 3) -> float:
+    """Median wall milliseconds of `run()` over `repeats` calls, after one untimed call."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def line_through(x0: float, y0: float, x1: float, y1: float) -> Line:
+    """The line through two measurements, its slope and intercept kept non-negative."""
+    slope = max(0.0, (y1 - y0) / (x1 - x0))
+    return Line(max(0.0, y0 - slope * x0), slope)

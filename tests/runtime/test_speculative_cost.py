@@ -1,0 +1,93 @@
+"""How many drafts a step verifies: `draft_cap` against hand-computed costs, the flag's
+parsing, the startup measurement, and an engine whose costs make drafting pay only at
+small batches (the draft model then skips the big-batch steps and catches up after)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from engine_helpers import assert_idle_and_intact, hf_greedy
+
+from sprig.runtime import Engine
+from sprig.runtime.speculative.calibrate import calibrate
+from sprig.runtime.speculative.cost import Line, PassCosts, draft_cap
+from sprig.runtime.speculative.draft_length import DraftLength
+
+FREE = PassCosts(Line(1, 0), Line(0, 0), Line(0, 0))  # drafting costs nothing: always the longest drafts
+
+
+def _rate(rate: float):
+    return DraftLength(max_len=8, rate=rate).expected
+
+
+def test_free_drafts_are_always_verified_and_none_when_nothing_is_proposed() -> None:
+    assert draft_cap(FREE, [4, 2, 0], [_rate(0.1)] * 3, model_steps=True) == 4
+    assert draft_cap(FREE, [0, 0], [_rate(0.9)] * 2, model_steps=False) == 0
+
+
+def test_the_cap_is_the_hand_computed_best() -> None:
+    """Decode 10 ms; verification 10 ms + 1 ms a token; draft steps 2 ms. For one request
+    k drafts cost 11 + 3k ms and yield 1 + sum(rate^i, i = 1..k) tokens; plain decoding
+    makes 0.1 token a ms, and drafting must beat 0.102. Rate 0.3: k = 1 makes 1.3 / 14 =
+    0.093: none. Rate 0.5: 1.5 / 14 = 0.107, then 1.75 / 17 = 0.103: 1. Rate 0.9:
+    1.9 / 14, 2.71 / 17, 3.44 / 20, 4.10 / 23, 4.69 / 26 = 0.1802, 5.22 / 29 = 0.1799: 5."""
+    costs = PassCosts(Line(10, 0), Line(10, 1), Line(2, 0))
+    assert draft_cap(costs, [8], [_rate(0.3)], model_steps=True) == 0
+    assert draft_cap(costs, [8], [_rate(0.5)], model_steps=True) == 1
+    assert draft_cap(costs, [8], [_rate(0.9)], model_steps=True) == 5
+    assert draft_cap(costs, [8], [_rate(0.9)], model_steps=False) == 8  # no draft steps: every draft pays
+
+
+def test_a_big_batch_backs_off() -> None:
+    """Per-request costs dominate at a big batch: the same drafts that pay for one
+    request do not pay for 64, where verifying 5 tokens each costs about 5 decode passes."""
+    costs = PassCosts(Line(4, 0.2), Line(4, 0.2), Line(1, 0.05))
+    assert draft_cap(costs, [4], [_rate(0.7)], model_steps=True) > 0
+    assert draft_cap(costs, [4] * 64, [_rate(0.7)] * 64, model_steps=True) == 0
+
+
+@pytest.mark.parametrize("text", ["1,2,3", "1,2,3,4,5,x", "1,2,3,4,5,-1", ""])
+def test_bad_costs_are_refused_naming_the_field(text, tiny_llama) -> None:
+    with pytest.raises(ValueError, match="speculative_pass_costs"):
+        Engine(tiny_llama, speculative_algorithm="ngram", speculative_pass_costs=text)
+
+
+def test_costs_round_trip_through_their_text() -> None:
+    costs = PassCosts(Line(3.5, 0.125), Line(4, 0.0625), Line(1.25, 0.03))
+    assert PassCosts.parse(str(costs)) == costs
+
+
+def test_calibration_measures_positive_costs(tiny_llama: Path) -> None:
+    with Engine(tiny_llama, dtype="float32") as engine:
+        costs = calibrate(engine.scheduler.runner, engine.scheduler.runner, max_batch=8, drafts=4)
+        assert_idle_and_intact(engine)
+    assert min(costs.decode.fixed, costs.verify.fixed, costs.draft.fixed) > 0
+    assert costs.decode.at(8) >= costs.decode.at(1)
+
+
+PROMPTS = ["the cat the cat the cat", "one two three one two", "a quick fox", "how the model caches the prefix"]
+MAX_NEWS = [6, 10, 16, 24]
+SELF_DRAFT_ACCEPTANCE = 0.97  # a self-draft's drafts differ from the target's tokens only on near-ties
+
+
+def test_a_draft_skipped_at_big_batches_catches_up(tiny_llama: Path) -> None:
+    """Costs under which a fresh request's drafts pay only below 3 running requests: the
+    four requests decode without drafts (the draft writes nothing), then the two longest
+    draft, their draft K/V computed at once from where it stops. The target is its own
+    draft, so its drafts must be kept (the catch-up wrote the right K/V), and the outputs
+    are exact."""
+    costs = "3,1,3,1,0,0.1"  # decode 3 + B ms, verification 3 + N ms, draft steps 0.1 B ms
+    fresh = DraftLength(max_len=4).expected
+    assert draft_cap(PassCosts.parse(costs), [4] * 3, [fresh] * 3, model_steps=True) == 0
+    assert draft_cap(PassCosts.parse(costs), [4], [fresh], model_steps=True) > 0
+    want = [hf_greedy(tiny_llama, [p], n)[0] for p, n in zip(PROMPTS, MAX_NEWS, strict=True)]
+    with Engine(tiny_llama, dtype="float32", check_integrity=True, speculative_algorithm="draft",
+                speculative_draft_model_path=str(tiny_llama), speculative_pass_costs=costs) as engine:
+        outs = engine.generate(PROMPTS, [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+                                         for n in MAX_NEWS])
+        stats = engine.scheduler.speculative.stats
+        assert_idle_and_intact(engine)
+    assert [o["output_ids"] for o in outs] == want
+    assert stats.verify_steps >= MAX_NEWS[1] - 1  # plain passes while 3 or 4 ran (drafting all along: about 6)
+    assert stats.drafted > 0 and stats.acceptance_rate > SELF_DRAFT_ACCEPTANCE
