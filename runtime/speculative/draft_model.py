@@ -21,7 +21,8 @@ the same token there in the same step:
 Drafting for a request first feeds the draft every token of its context from the first
 position whose slot is not `written` through its pending token (one extend, batched
 across requests: usually just the pending token, or the last kept draft and the pending
-token), then k - 1 decode steps. A request the scheduler runs without drafts for a while
+token; a second one after it where requests share a prefix the draft has not written),
+then k - 1 decode steps. A request the scheduler runs without drafts for a while
 (`cost.draft_cap` chose none) costs the draft nothing until it drafts again.
 
 The proposals are the draft's argmax tokens: a deterministic drafter, accepted by the
@@ -141,21 +142,37 @@ class DraftModel:
 
     def _catch_up(self, kv: RequestKV, reqs: list[Req]) -> list[int]:
         """Feed each request's tokens from its first position without draft K/V through its
-        pending token (the last of its `seq_len`); its first draft, per request."""
-        ends = [r.seq_len for r in reqs]
-        contexts = kv.contexts(reqs, ends)
-        firsts = first_unwritten(self.written[contexts], ends)
-        q_lens = [end - first for end, first in zip(ends, firsts, strict=True)]
-        step = ForwardStep(
-            mode=ForwardMode.DECODE if max(q_lens) == 1 else ForwardMode.EXTEND,
-            input_ids=[t for r, first in zip(reqs, firsts, strict=True) for t in r.fill_ids[first : r.seq_len]],
-            q_lens=q_lens,
-            kv_lens=ends,
-            kv_indices=contexts,
-            logits_from=[q - 1 for q in q_lens],
-        )
-        proposed = self.runner.forward(step).argmax(dim=-1).tolist()
-        self._record(step)
+        pending token (the last of its `seq_len`); its first draft, per request.
+
+        Requests sharing a cached prefix the draft has not written (samples of one prompt)
+        would write the same slots in one pass, which no step may do: the first of them
+        feeds the shared slots, and the others go in a next pass that starts after them."""
+        proposed = [0] * len(reqs)
+        todo = list(range(len(reqs)))
+        while todo:
+            ends = [reqs[i].seq_len for i in todo]
+            contexts = kv.contexts([reqs[i] for i in todo], ends)
+            firsts = first_unwritten(self.written[contexts], ends)
+            taken: set[int] = set()
+            now: list[int] = []  # positions in `todo`
+            for j, (i, first) in enumerate(zip(todo, firsts, strict=True)):
+                slots = set(kv.table.read(reqs[i].row, ends[j], first).tolist())
+                if not slots & taken:
+                    now.append(j)
+                    taken |= slots
+            step = ForwardStep(
+                mode=ForwardMode.DECODE if all(ends[j] - firsts[j] == 1 for j in now) else ForwardMode.EXTEND,
+                input_ids=[t for j in now for t in reqs[todo[j]].fill_ids[firsts[j] : ends[j]]],
+                q_lens=[ends[j] - firsts[j] for j in now],
+                kv_lens=[ends[j] for j in now],
+                kv_indices=kv.contexts([reqs[todo[j]] for j in now], [ends[j] for j in now]),
+                logits_from=[ends[j] - firsts[j] - 1 for j in now],
+            )
+            for j, token in zip(now, self.runner.forward(step).argmax(dim=-1).tolist(), strict=True):
+                proposed[todo[j]] = token
+            self._record(step)
+            done = set(now)
+            todo = [i for j, i in enumerate(todo) if j not in done]
         return proposed
 
     def _record(self, step: ForwardStep) -> None:

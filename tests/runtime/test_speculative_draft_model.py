@@ -114,6 +114,25 @@ def test_n_samples_stop_strings_and_logprobs_equal_plain(tiny_llama) -> None:
         assert [lp for lp, _, _ in got_lp] == pytest.approx([lp for lp, _, _ in want_lp], abs=1e-5)
 
 
+def test_samples_sharing_a_prefix_the_draft_has_not_written(tiny_llama) -> None:
+    """A prompt past the CPU attention's shared-prefix threshold (32 tokens) is cached by a
+    request that never drafted (one token, from the prefill), then n samples of it share
+    its slots, which the draft has not written: one pass may not write them twice (the
+    CPU attention refuses it), so one sample feeds them and the others follow. Outputs
+    equal plain decoding's, and the self-draft's drafts are kept (the shared K/V it wrote
+    once serves all four)."""
+    prompt = " ".join(["the cat sat on the mat"] * 8)
+    sp = {"max_new_tokens": 12, "temperature": 0, "n": 4, "ignore_eos": True}
+    with Engine(tiny_llama, dtype="float32") as plain:
+        want = [o["output_ids"] for o in plain.generate([prompt], sp)]
+    with _engine(tiny_llama, tiny_llama) as engine:
+        engine.generate([prompt], {"max_new_tokens": 1})
+        assert engine.scheduler.speculative.stats.drafted == 0
+        assert [o["output_ids"] for o in engine.generate([prompt], sp)] == want
+        assert_idle_and_intact(engine)
+        assert engine.scheduler.speculative.stats.acceptance_rate > SELF_DRAFT_ACCEPTANCE
+
+
 # ---------------------------------------------------------------- refused configurations
 
 
