@@ -85,10 +85,10 @@ HELP = {
     "speculative_num_draft_tokens": "most drafted tokens verified per request and step (each request's length "
     "adapts to its acceptance)",
     "speculative_pass_costs": "milliseconds of a target decode pass, a verification pass and a draft-model step "
-    "as six numbers (decode fixed, per request, verify fixed, per token, draft fixed, per request), which decide "
-    "how many drafts a step verifies, none unless drafting is expected to be faster; measured at startup and "
-    "logged when not given (give the logged ones to replay a run's choices; 1,0,0,0,0,0 drafts whenever the "
-    "drafter proposes)",
+    "as seven numbers (decode fixed, per request; verify fixed, per request, per token; draft fixed, per request), which decide "
+    "how many drafts a step verifies, none unless drafting is expected to be faster; when not given, measured at "
+    "startup, logged, and corrected by timing the passes as they run (given ones are used as they are, so a run's "
+    "choices replay exactly; 1,0,0,0,0,0,0 drafts whenever the drafter proposes)",
     "grammar_backend": "what compiles regex / json_schema / response_format constraints: outlines (slow to compile, "
                        "cheap per token) or llguidance (compiles in milliseconds, costlier per token); "
                        "ebnf grammars always use llguidance",

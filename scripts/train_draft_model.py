@@ -82,7 +82,7 @@ def distill_loss(student: LlamaForCausalLM, teacher: LlamaForCausalLM, batch: li
 def acceptance(cfg: DraftConfig) -> str:
     """Greedy held-out problems served with the draft: its drafts' acceptance rate."""
     with Engine(cfg.teacher, dtype="float32", speculative_algorithm="draft", speculative_draft_model_path=cfg.out,
-                speculative_pass_costs="1,0,0,0,0,0", speculative_num_draft_tokens=4) as engine:
+                speculative_pass_costs="1,0,0,0,0,0,0", speculative_num_draft_tokens=4) as engine:
         texts = prompts(engine.tokenizer, tasks.take("heldout", cfg.eval_problems, seed=0))
         engine.generate(texts, {"max_new_tokens": 128, "temperature": 0})
         stats = engine.scheduler.speculative.stats

@@ -45,7 +45,7 @@ class SchedulerConfig:
       `speculative_pass_costs`: the milliseconds of the target's decode and verification
       passes and of a draft-model step (`speculative.cost.PassCosts`), which decide how
       many drafts a step verifies (none unless that is expected to be faster); None:
-      measured when the engine starts.
+      measured when the engine starts and corrected by timing the passes as they run.
     """
 
     max_running_requests: int = 64

@@ -15,7 +15,7 @@ import torch
 
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
-from sprig.runtime.speculative.cost import Line, PassCosts, line_through, timed_ms
+from sprig.runtime.speculative.cost import Line, PassCosts, Plane, line_through, timed_ms
 
 if TYPE_CHECKING:
     from sprig.runtime.model_runner import ModelRunner
@@ -38,8 +38,8 @@ def calibration_step(batch: int, new_tokens: int, context: int, first_slot: int)
 
 
 def calibrate(target: ModelRunner, draft: ModelRunner | None, max_batch: int, drafts: int) -> PassCosts:
-    """Median times of passes at 1 and B requests: target decode, target verification of
-    `drafts` drafts each, draft decode (B = `min(max_batch, MAX_BATCH)`, at least 2, and
+    """Median times of passes at 1 and B requests: target decode, target verification (of
+    `drafts` drafts at 1 and B requests, of one at B), draft decode (B = `min(max_batch, MAX_BATCH)`, at least 2, and
     fewer where the pool holds fewer contexts). Needs an idle pool (see the module)."""
     slots = target.num_slots
     per = max(1, min(drafts + 1, slots // 2))
@@ -52,6 +52,16 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_batch: int, dr
         return timed_ms(lambda: runner.forward(step))
 
     decode = line_through(1, ms(target, 1, 1), big, ms(target, big, 1))
-    verify = line_through(per, ms(target, 1, per), big * per, ms(target, big, per))
+    verify = plane_through(big, per, ms(target, 1, per), ms(target, big, min(2, per)), ms(target, big, per))
     draft_line = Line(0.0, 0.0) if draft is None else line_through(1, ms(draft, 1, 1), big, ms(draft, big, 1))
     return PassCosts(decode, verify, draft_line)
+
+
+def plane_through(big: int, per: int, one: float, big_short: float, big_long: float) -> Plane:
+    """The verification costs through three passes: 1 request of `per` tokens (`one` ms),
+    `big` requests of 2 tokens each (`big_short`) and of `per` each (`big_long`); terms
+    kept non-negative."""
+    short = min(2, per)
+    per_token = max(0.0, (big_long - big_short) / (big * (per - short))) if per > short else 0.0
+    per_request = max(0.0, (big_short - one - per_token * (big * short - per)) / (big - 1))
+    return Plane(max(0.0, one - per_request - per_token * per), per_request, per_token)

@@ -6,10 +6,14 @@ step without drafts is the plain decode pass. `PassCosts` models each as a line 
 size, and `draft_cap` picks the per-request cap on drafts that makes the most expected
 tokens per second, 0 (plain decoding) unless drafting is expected to be faster.
 
-The costs are measured once when the engine starts (`calibrate`) and then frozen, or
-given (`--speculative-pass-costs`): the choice of drafts is then a pure function of the
-running requests' state, so a run replays exactly. Drafting never changes a request's
-tokens (`accept`), only how many target passes they take.
+The costs are measured when the engine starts (`calibrate`: uniform shapes, unshared
+contexts, no sampling) and then corrected by the passes the scheduler times as it runs:
+each line is scaled by a running average of how long the passes it predicted really took
+(`Scales`), which counts what calibration does not see (sampling rows, requests of mixed
+shapes, shared prefixes). Given costs (`--speculative-pass-costs`) are used as they are,
+so the choice of drafts is a pure function of the running requests' state and a run
+replays exactly. Drafting never changes a request's tokens (`accept`), only how many
+target passes they take.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-FIELDS = ("decode fixed", "decode per request", "verify fixed", "verify per token", "draft fixed",
-          "draft per request")
+FIELDS = ("decode fixed", "decode per request", "verify fixed", "verify per request", "verify per token",
+          "draft fixed", "draft per request")
 MIN_SPEEDUP = 1.02  # drafting must be expected this much faster than the plain pass
+SCALE_DECAY = 0.9  # weight of the past in a line's running correction
 
 
 @dataclass(frozen=True)
@@ -36,18 +41,31 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Plane:
+    """`fixed + per_request * B + per_token * N` milliseconds."""
+
+    fixed: float
+    per_request: float
+    per_token: float
+
+    def at(self, requests: float, tokens: float) -> float:
+        return self.fixed + self.per_request * requests + self.per_token * tokens
+
+
+@dataclass(frozen=True)
 class PassCosts:
     """Milliseconds of a target decode pass of B requests (`decode`, x = B), of a target
-    verification pass of N tokens (`verify`, x = N) and of one decode step of the draft
+    verification pass of B requests and N tokens (`verify`: off the decode path, a
+    request's cost depends on more than its tokens) and of one decode step of the draft
     model over B requests (`draft`, x = B; zero for drafters without a model)."""
 
     decode: Line
-    verify: Line
+    verify: Plane
     draft: Line
 
     @classmethod
     def parse(cls, text: str) -> PassCosts:
-        """Six comma-separated non-negative numbers, in the order of `FIELDS` (the form
+        """Seven comma-separated non-negative numbers, in the order of `FIELDS` (the form
         `str` writes and the engine logs)."""
         try:
             values = [float(v) for v in text.split(",")]
@@ -56,18 +74,38 @@ class PassCosts:
         if len(values) != len(FIELDS) or not all(v >= 0 for v in values):
             raise ValueError(f"speculative_pass_costs must be {len(FIELDS)} comma-separated non-negative "
                              f"milliseconds ({', '.join(FIELDS)}), got {text!r}")
-        return cls(Line(*values[0:2]), Line(*values[2:4]), Line(*values[4:6]))
+        return cls(Line(*values[0:2]), Plane(*values[2:5]), Line(*values[5:7]))
+
+    def scaled(self, scales: Scales) -> PassCosts:
+        v, k = self.verify, scales.verify
+        return PassCosts(Line(self.decode.fixed * scales.decode, self.decode.slope * scales.decode),
+                         Plane(v.fixed * k, v.per_request * k, v.per_token * k),
+                         Line(self.draft.fixed * scales.draft, self.draft.slope * scales.draft))
 
     def describe(self) -> str:
         """The costs in words, for the logs."""
         return (f"decode {self.decode.fixed:.3g} ms + {self.decode.slope:.3g} ms a request, verification "
-                f"{self.verify.fixed:.3g} ms + {self.verify.slope:.3g} ms a token, draft step "
-                f"{self.draft.fixed:.3g} ms + {self.draft.slope:.3g} ms a request")
+                f"{self.verify.fixed:.3g} ms + {self.verify.per_request:.3g} ms a request + "
+                f"{self.verify.per_token:.3g} ms a token, draft step {self.draft.fixed:.3g} ms + "
+                f"{self.draft.slope:.3g} ms a request")
 
     def __str__(self) -> str:
-        values = (self.decode.fixed, self.decode.slope, self.verify.fixed, self.verify.slope, self.draft.fixed,
-                  self.draft.slope)
+        values = (self.decode.fixed, self.decode.slope, self.verify.fixed, self.verify.per_request,
+                  self.verify.per_token, self.draft.fixed, self.draft.slope)
         return ",".join(f"{v:.4g}" for v in values)
+
+
+@dataclass
+class Scales:
+    """Running averages of measured / predicted time, per line of `PassCosts`."""
+
+    decode: float = 1.0
+    verify: float = 1.0
+    draft: float = 1.0
+
+    def observe(self, line: str, predicted_ms: float, measured_ms: float) -> None:
+        ratio = measured_ms / max(predicted_ms, 1e-6)
+        setattr(self, line, SCALE_DECAY * getattr(self, line) + (1 - SCALE_DECAY) * ratio)
 
 
 def draft_cap(costs: PassCosts, sizes: Sequence[int], expected: Sequence[Callable[[int], float]],
@@ -83,7 +121,7 @@ def draft_cap(costs: PassCosts, sizes: Sequence[int], expected: Sequence[Callabl
     for cap in range(1, max(sizes, default=0) + 1):
         ns = [min(n, cap) for n in sizes]
         tokens = batch + sum(e(n) for e, n in zip(expected, ns, strict=True))
-        ms = costs.verify.at(batch + sum(ns))
+        ms = costs.verify.at(batch, batch + sum(ns))
         if model_steps:
             ms += sum(costs.draft.at(sum(1 for n in ns if n > j)) for j in range(cap))
         if tokens / max(ms, 1e-9) > best_rate:

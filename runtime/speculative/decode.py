@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -27,7 +28,7 @@ from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.speculative.accept import accepted_length
 from sprig.runtime.speculative.calibrate import calibrate
-from sprig.runtime.speculative.cost import PassCosts, draft_cap
+from sprig.runtime.speculative.cost import PassCosts, Scales, draft_cap
 from sprig.runtime.speculative.draft_length import START_RATE, DraftLength
 from sprig.runtime.speculative.drafter import DRAFTERS
 
@@ -69,13 +70,16 @@ class SpeculativeDecoder:
     def __init__(self, config: SchedulerConfig, cache: PrefixCache, runner: ModelRunner) -> None:
         self.drafter = DRAFTERS[config.speculative_algorithm](config, cache, runner)
         self.max_len = config.speculative_num_draft_tokens
+        self.measured = config.speculative_pass_costs is None  # then corrected by timing the passes
         self.costs = (
-            PassCosts.parse(config.speculative_pass_costs) if config.speculative_pass_costs is not None
-            else calibrate(runner, self.drafter.runner, config.max_running_requests, self.max_len)
+            calibrate(runner, self.drafter.runner, config.max_running_requests, self.max_len) if self.measured
+            else PassCosts.parse(config.speculative_pass_costs)
         )
+        self.scales = Scales()
         log.info("speculative decoding with the %s drafter, at most %d drafts per request; pass costs %s "
-                 "(--speculative-pass-costs %s)", config.speculative_algorithm, self.max_len,
-                 self.costs.describe(), self.costs)
+                 "(%s: --speculative-pass-costs %s)", config.speculative_algorithm, self.max_len,
+                 self.costs.describe(), "measured at startup, corrected as passes are timed" if self.measured
+                 else "given", self.costs)
         self.lengths: dict[str, DraftLength] = {}
         self.prior = START_RATE  # a new request's expected acceptance: the recent share of drafts kept
         self.stats = SpeculativeStats()
@@ -85,7 +89,9 @@ class SpeculativeDecoder:
         already reserved); returns the requests it touched."""
         batch = list(sched.running)
         self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len, rate=self.prior) for r in batch}
+        start = time.perf_counter()
         drafts = self._drafts(sched, batch)
+        drafted = time.perf_counter()
         pending = [r.seq_len - r.kv_len for r in batch]
         q_lens = [n + len(d) for n, d in zip(pending, drafts, strict=True)]
         ends = [r.kv_len + q for r, q in zip(batch, q_lens, strict=True)]
@@ -101,6 +107,8 @@ class SpeculativeDecoder:
         rows = [r for r, d in zip(batch, drafts, strict=True) for _ in range(len(d) + 1)]
         outputs = [r.output_ids + d[:j] for r, d in zip(batch, drafts, strict=True) for j in range(len(d) + 1)]
         drawn = sched.draw(rows, logits, outputs)
+        if self.measured:
+            self._time(len(batch), drafts, drafted - start, time.perf_counter() - drafted)
         bases = [0, *accumulate(len(d) + 1 for d in drafts)][:-1]  # each request's first row
         accepted = [accepted_length(drawn.ids[b : b + len(d) + 1], d) for b, d in zip(bases, drafts, strict=True)]
         self.drafter.verified(sched.kv, batch, drafts, [n + a for n, a in zip(pending, accepted, strict=True)])
@@ -108,6 +116,19 @@ class SpeculativeDecoder:
             self._accept(sched, req, draft, a, drawn, base)
         self.stats.verify_steps += 1
         return batch
+
+    def _time(self, batch: int, drafts: list[list[int]], drafting_s: float, pass_s: float) -> None:
+        """Correct the cost lines by what this pass took (the target's forward and the
+        draw, and the draft model's steps)."""
+        tokens = batch + sum(len(d) for d in drafts)
+        if tokens > batch:
+            self.scales.observe("verify", self.costs.verify.at(batch, tokens), pass_s * 1e3)
+        else:
+            self.scales.observe("decode", self.costs.decode.at(batch), pass_s * 1e3)
+        if self.drafter.runner is not None and tokens > batch:
+            steps = max(len(d) for d in drafts)
+            live = [sum(1 for d in drafts if len(d) > j) for j in range(steps)]
+            self.scales.observe("draft", sum(self.costs.draft.at(n) for n in live), drafting_s * 1e3)
 
     def mirror(self, step: ForwardStep) -> None:
         """The scheduler ran the extend `step` on the target."""
@@ -118,11 +139,21 @@ class SpeculativeDecoder:
         `draft_cap` finds worth their cost (none at all when the plain pass is expected
         to be as fast: a pass with drafts leaves the decode path for every request)."""
 
+        costs = self.costs.scaled(self.scales)
+        chosen = [0]
+
         def cap(sizes: list[int]) -> int:
             expected = [self.lengths[r.rid].expected for r in batch]
-            return draft_cap(self.costs, sizes, expected, model_steps=self.drafter.runner is not None)
+            chosen[0] = draft_cap(costs, sizes, expected, model_steps=self.drafter.runner is not None)
+            return chosen[0]
 
-        return self.drafter.draft(sched.kv, batch, [self._length(r) for r in batch], cap)
+        lengths = [self._length(r) for r in batch]
+        drafts = self.drafter.draft(sched.kv, batch, lengths, cap)
+        if chosen[0]:  # drafting was worth it, yet these proposed nothing: back off as after a miss
+            for r, n, d in zip(batch, lengths, drafts, strict=True):
+                if n and not d:
+                    self.lengths[r.rid].missed()
+        return drafts
 
     def _length(self, req: Req) -> int:
         """How many drafts `req` may verify now, as long as its adaptive length allows:

@@ -39,6 +39,12 @@ class DraftLength:
         elif accepted:
             self.length, self.misses = accepted + 1, 0
         else:
-            self.length, self.misses = 1, self.misses + 1
-            if self.misses >= 2:
-                self.pause = min(MAX_PAUSE_STEPS, 2 ** (self.misses - 1))
+            self.length = 1
+            self.missed()
+
+    def missed(self) -> None:
+        """A verification kept nothing, or the drafter had nothing to propose: after two
+        in a row, pause for 2, 4, 8 ... steps."""
+        self.misses += 1
+        if self.misses >= 2:
+            self.pause = min(MAX_PAUSE_STEPS, 2 ** (self.misses - 1))

@@ -74,6 +74,8 @@ class ContextDrafts:
 
     def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
               cap: Callable[[list[int]], int]) -> list[list[int]]:
+        if cap(lengths) == 0:  # not worth it even if every request proposed all it may: propose nothing
+            return [[] for _ in batch]
         proposals = [self.drafter.propose(r.fill_ids, k) if k > 0 else [] for r, k in zip(batch, lengths, strict=True)]
         most = cap([len(p) for p in proposals])
         proposals = [p[:most] for p in proposals]

@@ -247,8 +247,8 @@ def _options(
         options["speculative_algorithm"] = rng.choice(drafters)
         options["speculative_num_draft_tokens"] = rng.choice([1, 2, 4, 8])
         # always draft, or costs under which some steps draft and some do not (never measured: replayable)
-        options["speculative_pass_costs"] = rng.choice(["1,0,0,0,0,0", "1,0,0,0,0,0", "2,0.05,2,0.05,1,0.05",
-                                                        "1,0.01,3,0.1,2,0.1"])
+        options["speculative_pass_costs"] = rng.choice(["1,0,0,0,0,0,0", "1,0,0,0,0,0,0", "2,0.05,2,0.02,0.05,1,0.05",
+                                                        "1,0.01,3,0.1,0.1,2,0.1"])
     return options
 
 

@@ -11,10 +11,10 @@ from engine_helpers import assert_idle_and_intact, hf_greedy
 
 from sprig.runtime import Engine
 from sprig.runtime.speculative.calibrate import calibrate
-from sprig.runtime.speculative.cost import Line, PassCosts, draft_cap
+from sprig.runtime.speculative.cost import Line, PassCosts, Plane, draft_cap
 from sprig.runtime.speculative.draft_length import DraftLength
 
-FREE = PassCosts(Line(1, 0), Line(0, 0), Line(0, 0))  # drafting costs nothing: always the longest drafts
+FREE = PassCosts(Line(1, 0), Plane(0, 0, 0), Line(0, 0))  # drafting costs nothing: always the longest drafts
 
 
 def _rate(rate: float):
@@ -32,7 +32,7 @@ def test_the_cap_is_the_hand_computed_best() -> None:
     makes 0.1 token a ms, and drafting must beat 0.102. Rate 0.3: k = 1 makes 1.3 / 14 =
     0.093: none. Rate 0.5: 1.5 / 14 = 0.107, then 1.75 / 17 = 0.103: 1. Rate 0.9:
     1.9 / 14, 2.71 / 17, 3.44 / 20, 4.10 / 23, 4.69 / 26 = 0.1802, 5.22 / 29 = 0.1799: 5."""
-    costs = PassCosts(Line(10, 0), Line(10, 1), Line(2, 0))
+    costs = PassCosts(Line(10, 0), Plane(10, 0, 1), Line(2, 0))
     assert draft_cap(costs, [8], [_rate(0.3)], model_steps=True) == 0
     assert draft_cap(costs, [8], [_rate(0.5)], model_steps=True) == 1
     assert draft_cap(costs, [8], [_rate(0.9)], model_steps=True) == 5
@@ -41,20 +41,25 @@ def test_the_cap_is_the_hand_computed_best() -> None:
 
 def test_a_big_batch_backs_off() -> None:
     """Per-request costs dominate at a big batch: the same drafts that pay for one
-    request do not pay for 64, where verifying 5 tokens each costs about 5 decode passes."""
-    costs = PassCosts(Line(4, 0.2), Line(4, 0.2), Line(1, 0.05))
+    request do not pay for 64, where verifying 5 tokens each costs about 5 decode passes;
+    and a verification pass's own cost per request (off the decode path) counts even
+    when few draft."""
+    costs = PassCosts(Line(4, 0.2), Plane(4, 0, 0.2), Line(1, 0.05))
     assert draft_cap(costs, [4], [_rate(0.7)], model_steps=True) > 0
     assert draft_cap(costs, [4] * 64, [_rate(0.7)] * 64, model_steps=True) == 0
+    per_request = PassCosts(Line(4, 0.2), Plane(4, 0.5, 0.0), Line(0, 0))  # extend costs 0.7 ms a request
+    assert draft_cap(per_request, [4] + [0] * 63, [_rate(0.9)] * 64, model_steps=False) == 0
+    assert draft_cap(per_request, [4] * 64, [_rate(0.9)] * 64, model_steps=False) > 0
 
 
-@pytest.mark.parametrize("text", ["1,2,3", "1,2,3,4,5,x", "1,2,3,4,5,-1", ""])
+@pytest.mark.parametrize("text", ["1,2,3", "1,2,3,4,5,6", "1,2,3,4,5,6,x", "1,2,3,4,5,6,-1", ""])
 def test_bad_costs_are_refused_naming_the_field(text, tiny_llama) -> None:
     with pytest.raises(ValueError, match="speculative_pass_costs"):
         Engine(tiny_llama, speculative_algorithm="ngram", speculative_pass_costs=text)
 
 
 def test_costs_round_trip_through_their_text() -> None:
-    costs = PassCosts(Line(3.5, 0.125), Line(4, 0.0625), Line(1.25, 0.03))
+    costs = PassCosts(Line(3.5, 0.125), Plane(4, 0.5, 0.0625), Line(1.25, 0.03))
     assert PassCosts.parse(str(costs)) == costs
 
 
@@ -62,8 +67,8 @@ def test_calibration_measures_positive_costs(tiny_llama: Path) -> None:
     with Engine(tiny_llama, dtype="float32") as engine:
         costs = calibrate(engine.scheduler.runner, engine.scheduler.runner, max_batch=8, drafts=4)
         assert_idle_and_intact(engine)
-    assert min(costs.decode.fixed, costs.verify.fixed, costs.draft.fixed) > 0
-    assert costs.decode.at(8) >= costs.decode.at(1)
+    assert min(costs.decode.fixed, costs.draft.fixed) > 0
+    assert costs.decode.at(8) >= costs.decode.at(1) and costs.verify.at(8, 40) > costs.verify.at(1, 5)
 
 
 PROMPTS = ["the cat the cat the cat", "one two three one two", "a quick fox", "how the model caches the prefix"]
@@ -77,7 +82,7 @@ def test_a_draft_skipped_at_big_batches_catches_up(tiny_llama: Path) -> None:
     draft, their draft K/V computed at once from where it stops. The target is its own
     draft, so its drafts must be kept (the catch-up wrote the right K/V), and the outputs
     are exact."""
-    costs = "3,1,3,1,0,0.1"  # decode 3 + B ms, verification 3 + N ms, draft steps 0.1 B ms
+    costs = "3,1,3,0,1,0,0.1"  # decode 3 + B ms, verification 3 + N ms, draft steps 0.1 B ms
     fresh = DraftLength(max_len=4).expected
     assert draft_cap(PassCosts.parse(costs), [4] * 3, [fresh] * 3, model_steps=True) == 0
     assert draft_cap(PassCosts.parse(costs), [4], [fresh], model_steps=True) > 0

@@ -42,7 +42,7 @@ class UniformDrafter:
 
 def _samples(path: Path, drafter_tokens: list[int] | None, **options) -> tuple[Counter, decode.SpeculativeStats | None]:
     if drafter_tokens is not None:
-        options = {"speculative_algorithm": "ngram", "speculative_pass_costs": "1,0,0,0,0,0"}
+        options = {"speculative_algorithm": "ngram", "speculative_pass_costs": "1,0,0,0,0,0,0"}
     with Engine(path, dtype="float32", max_running_requests=64, **options) as engine:
         if drafter_tokens is not None:
             engine.scheduler.speculative.drafter = ContextDrafts(UniformDrafter(drafter_tokens))
@@ -85,7 +85,7 @@ def test_speculation_keeps_the_distribution(tiny_llama: Path, plain: Counter) ->
 
 def test_a_draft_model_keeps_the_distribution(tiny_llama: Path, plain: Counter) -> None:
     """The draft model proposes its argmax, which the target's samples often differ from."""
-    spec, stats = _samples(tiny_llama, None, speculative_algorithm="draft", speculative_pass_costs="1,0,0,0,0,0",
+    spec, stats = _samples(tiny_llama, None, speculative_algorithm="draft", speculative_pass_costs="1,0,0,0,0,0,0",
                            speculative_draft_model_path=str(truncated_draft(tiny_llama)))
     assert 0 < stats.accepted < stats.drafted
     assert homogeneity_p_value(plain, spec) > ALPHA

@@ -44,7 +44,7 @@ def small_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _engine(target: Path, draft: Path, **options) -> Engine:
     return Engine(target, dtype="float32", check_integrity=True, speculative_algorithm="draft",
-                  speculative_draft_model_path=str(draft), speculative_pass_costs="1,0,0,0,0,0", **options)
+                  speculative_draft_model_path=str(draft), speculative_pass_costs="1,0,0,0,0,0,0", **options)
 
 
 def _run_twice(engine: Engine) -> list[list[int]]:
@@ -178,7 +178,7 @@ def test_on_cuda_the_draft_decodes_in_cuda_graphs(tiny_llama, reference) -> None
     graphs as the target's do; the self-draft still has every draft accepted."""
     with Engine(tiny_llama, device="cuda", dtype="float32", attention_backend="triton", check_integrity=True,
                 speculative_algorithm="draft", speculative_draft_model_path=str(tiny_llama),
-                speculative_pass_costs="1,0,0,0,0,0") as engine:
+                speculative_pass_costs="1,0,0,0,0,0,0") as engine:
         assert _run_twice(engine) == reference * 2
         draft = engine.scheduler.speculative.drafter.runner
         assert draft.graphs is not None and draft.graphs.captured

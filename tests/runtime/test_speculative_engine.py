@@ -50,7 +50,7 @@ def _spec_engine(path: Path, algorithm: str, **options) -> Engine:
     if algorithm == "draft":
         options.setdefault("speculative_draft_model_path", str(truncated_draft(path)))
     return Engine(path, dtype="float32", check_integrity=True, speculative_algorithm=algorithm,
-                  speculative_pass_costs="1,0,0,0,0,0", **options)
+                  speculative_pass_costs="1,0,0,0,0,0,0", **options)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

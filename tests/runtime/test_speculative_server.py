@@ -44,7 +44,7 @@ def test_a_draft_model_server_gives_the_same_tokens(tiny_llama: Path, server, tm
     plain = server.generate(BODY)
     draft = truncated_draft(tiny_llama)
     with running_server(tiny_llama, "--speculative-algorithm", "draft", "--speculative-draft-model-path", str(draft),
-                        "--speculative-pass-costs", "1,0,0,0,0,0") as spec:
+                        "--speculative-pass-costs", "1,0,0,0,0,0,0") as spec:
         got = spec.generate(BODY)
         assert got["output_ids"] == plain["output_ids"]
         assert got["meta_info"]["spec_verify_ct"] < got["meta_info"]["completion_tokens"]  # drafts were accepted
