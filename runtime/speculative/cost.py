@@ -2,9 +2,9 @@
 
 A step with drafts is one target pass over every request's pending token and drafts (a
 verification pass of N tokens), after the draft model's decode steps if there is one; a
-step without drafts is the plain decode pass. `PassCosts` models each as a line in its
+step without drafts is the plain decode pass. `PassCosts` models each as linear in its
 size, and `draft_cap` picks the per-request cap on drafts that makes the most expected
-tokens per second, 0 (plain decoding) unless drafting is expected to be faster.
+tokens per millisecond, 0 (plain decoding) unless drafting is expected to be faster.
 
 The costs are measured when the engine starts (`calibrate`: uniform shapes, unshared
 contexts, no sampling) and then corrected by the passes the scheduler times as it runs:

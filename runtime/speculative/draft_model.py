@@ -177,15 +177,14 @@ class DraftModel:
 
     def _record(self, step: ForwardStep) -> None:
         """The draft wrote the K/V of `step`'s new tokens at their slots."""
-        slots = new_slots(step.kv_indices, step.kv_lens, step.q_lens)
+        slots, positions = new_tokens(step.kv_indices, step.kv_lens, step.q_lens)
         self.written[slots] = True
         self.wrote[slots, 0] = torch.tensor(step.input_ids, dtype=torch.int64)
-        self.wrote[slots, 1] = torch.cat([torch.arange(kv - q, kv) for kv, q in zip(step.kv_lens, step.q_lens,
-                                                                                     strict=True)])
+        self.wrote[slots, 1] = positions
 
     def mirror(self, step: ForwardStep) -> None:
         """The target wrote `step`'s new tokens: the draft does not hold their K/V."""
-        self.written[new_slots(step.kv_indices, step.kv_lens, step.q_lens)] = False
+        self.written[new_tokens(step.kv_indices, step.kv_lens, step.q_lens)[0]] = False
 
     def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
         """The target fed each request its pending tokens and drafts at positions from
@@ -197,7 +196,6 @@ class DraftModel:
             first_kept_unfed = req.kv_len + min(n, fed - 1) if draft else req.kv_len
             stale.append(kv.table.read(req.row, req.kv_len + fed, first_kept_unfed))
         self.written[torch.cat(stale)] = False
-
 
     def check(self, kv: RequestKV) -> None:
         """Shadow check of the module's invariant (with `check_integrity`, between steps):
@@ -223,14 +221,14 @@ class DraftModel:
                                  f"{self.wrote[slot].tolist()} but holds {want[bad][0].tolist()}")
 
 
-def new_slots(contexts: torch.Tensor, kv_lens: list[int], q_lens: list[int]) -> torch.Tensor:
-    """The slots of each request's last `q_lens[i]` tokens in `contexts` (the requests'
-    `kv_lens[i]` context slots, concatenated)."""
-    ends = torch.tensor(kv_lens, dtype=torch.int64).cumsum(0)  # [B]
+def new_tokens(contexts: torch.Tensor, kv_lens: list[int], q_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slots and positions of each request's last `q_lens[i]` tokens in `contexts`
+    (the requests' `kv_lens[i]` context slots, concatenated)."""
+    kv = torch.tensor(kv_lens, dtype=torch.int64)  # [B]
     q = torch.tensor(q_lens, dtype=torch.int64)  # [B]
-    starts = torch.repeat_interleave(ends - q, q)  # [sum(q)]
     offsets = torch.arange(int(q.sum())) - torch.repeat_interleave(q.cumsum(0) - q, q)  # [sum(q)]
-    return contexts[starts + offsets]
+    positions = torch.repeat_interleave(kv - q, q) + offsets  # [sum(q)]
+    return contexts[torch.repeat_interleave(kv.cumsum(0) - kv, q) + positions], positions
 
 
 def first_unwritten(written: torch.Tensor, lens: list[int]) -> list[int]:
