@@ -27,6 +27,7 @@ Bounded = tuple[Any, int]
 NUMBER_SLACK = 96  # a number's fraction is unbounded in the regex; a random model ends it soon
 FREE_TOKENS = 5
 MAX_BOUND = 500  # the tiny model's context is 1024 tokens
+WS = 1  # the default JSON whitespace `[ ]?`: at most one blank at each place it may stand
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -94,7 +95,7 @@ def arrays(draw, items: st.SearchStrategy[Bounded]) -> Bounded:
     item, item_len = draw(items)
     hi = draw(st.integers(0, 3))
     lo = draw(st.integers(0, hi))
-    return {"type": "array", "items": item, "minItems": lo, "maxItems": hi}, 2 + hi * (item_len + 1)
+    return {"type": "array", "items": item, "minItems": lo, "maxItems": hi}, 2 + WS + hi * (item_len + 1 + WS)
 
 
 @st.composite
@@ -103,7 +104,7 @@ def objects(draw, values: st.SearchStrategy[Bounded]) -> Bounded:
     drawn = {n: draw(values) for n in names}
     required = [n for n in names if draw(st.booleans())]
     schema = {"type": "object", "properties": {n: s for n, (s, _) in drawn.items()}, "required": required}
-    return schema, 2 + sum(_quoted(n) + 2 + length for n, (_, length) in drawn.items())
+    return schema, 2 + WS + sum(_quoted(n) + 2 + 4 * WS + length for n, (_, length) in drawn.items())
 
 
 SCHEMAS = st.recursive(LEAVES, lambda inner: st.one_of(arrays(inner), objects(inner)), max_leaves=5)

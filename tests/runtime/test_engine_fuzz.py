@@ -11,9 +11,9 @@ from engine_fuzz import Workload, fuzz, make_workload
 
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
-CI_SECONDS = 50
-INT4_CI_SECONDS = 20
-TP_CI_SECONDS = 20
+CI_SECONDS = 32
+INT4_CI_SECONDS = 12
+TP_CI_SECONDS = 12
 
 
 @pytest.fixture(scope="module")

@@ -85,9 +85,11 @@ def test_greedy_equals_transformers(arch, algorithm, tiny_checkpoints, reference
 )
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_greedy_equals_transformers_under_scheduler_options(algorithm, options, tiny_checkpoints, references) -> None:
+    # interpreted Triton kernels are slow on the CPU: three prompts there, cold and warm
+    count = 3 if options.get("attention_backend") == "triton" else len(PROMPTS)
     with _spec_engine(tiny_checkpoints["qwen2"], algorithm, **options) as engine:
-        assert ids(outputs(engine, PROMPTS, GREEDY)) == references["qwen2"]
-        assert ids(outputs(engine, PROMPTS, GREEDY)) == references["qwen2"]
+        assert ids(outputs(engine, PROMPTS[:count], GREEDY)) == references["qwen2"][:count]
+        assert ids(outputs(engine, PROMPTS[:count], GREEDY)) == references["qwen2"][:count]
         if "max_total_tokens" in options and options["max_total_tokens"] < 100:
             assert engine.scheduler.stats.retractions > 0
 
