@@ -105,6 +105,39 @@ def test_extend_of_equal_tails_is_batched_and_equals_the_reference(new: int) -> 
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2), (4, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_extends_of_unshared_contexts_are_batched_and_equal_the_reference(
+    hq: int, hkv: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verification-like steps with no shared prefix: requests with the same number of new
+    tokens attend in one call per length bucket (padding masked), whatever their context
+    lengths; a prefill and a long extend run alone; the results equal the reference."""
+    torch.manual_seed(5)
+    c = [100]
+    lengths = [40, 9, 45, 70, 38, 12, 25, 30, 200, 30]
+    new_tokens = [5, 5, 5, 5, 3, 3, 1, 16, 17, 30]  # the last two: past SHORT_EXTEND, and a prefill
+    contexts = [fresh(n, c) for n in lengths]
+    indptr, indices = build_batch(contexts)
+    qo_indptr = torch.tensor([0, *new_tokens]).cumsum(0).to(torch.int32)
+    D = 16
+    k_buf = torch.randn(POOL, hkv, D).to(dtype)
+    v_buf = torch.randn(POOL, hkv, D).to(dtype)
+    q = torch.randn(sum(new_tokens), hq, D).to(dtype)
+    plan = SharingPlan.build(indptr, indices)
+    assert not plan.groups
+    calls = []
+    real = cascade.attention_lse
+    monkeypatch.setattr(cascade, "attention_lse", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    got = cascade.extend_attention(q, LayerKV(k_buf, v_buf, k_buf.dtype), qo_indptr, plan, sm_scale=D**-0.5)
+    want = extend_attention_ref(q, k_buf, v_buf, qo_indptr, indptr, indices, sm_scale=D**-0.5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    # 5 new tokens: contexts 70, 45, 40 in one bucket, 9 in another; 3: 38 and 12 apart;
+    # 1 and 16: one request each; 17 new tokens and the prefill: per request, not here
+    assert sorted(s[0] for s in calls) == [1, 1, 1, 1, 1, 3]
+
+
 def test_the_engine_decodes_a_shared_prompt_through_the_plan(
     tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from sprig.kernels.extend_attention import extend_attention_ref
 from sprig.kernels.store_kv import store_kv_ref
 from sprig.radix.kv_cache import KVCache
 from sprig.runtime.attention.cpu import cascade
@@ -71,9 +70,4 @@ class TorchAttentionBackend:
                 lambda i, bucket: kept.prefixes.get((layer, i), bucket, kv),
                 sm_scale=sm_scale,
             )
-        if plan.groups:
-            return cascade.extend_attention(q, kv, batch.qo_indptr, plan, sm_scale=sm_scale)
-        return extend_attention_ref(
-            q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-            sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale,
-        )
+        return cascade.extend_attention(q, kv, batch.qo_indptr, plan, sm_scale=sm_scale)

@@ -24,9 +24,12 @@ from sprig.runtime.attention.cpu.buckets import (
     attend_padded,
     gather_layer,
     gather_prefix_kv,
+    pad_by_length,
     pad_groups,
 )
 from sprig.runtime.attention.cpu.plan import DecodePlan, SharingPlan
+
+SHORT_EXTEND = 16  # most new tokens of an ungrouped request attended with others (not a prefill)
 
 PrefixKV = Callable[[int, PaddedGroups], tuple[torch.Tensor, torch.Tensor]]
 """(bucket index, bucket) -> its shared K and V, `gather_prefix_kv`'s layout."""
@@ -56,37 +59,43 @@ def extend_attention(
     *,
     sm_scale: float,
 ) -> torch.Tensor:  # [T, Hq, D] in q.dtype
-    """Extend attention by `plan` (made from the batch's kv metadata): a request outside
-    every group runs the plain per-request reference; a grouped request attends causally
-    to its remainder (requests with the same shapes in one call), then all of a group's
-    new tokens attend to the shared prefix at once."""
+    """Extend attention by `plan` (made from the batch's kv metadata). A grouped request
+    attends causally to its remainder (requests with the same shapes in one call), then
+    all of a group's new tokens attend to the shared prefix at once. A request outside
+    every group with at most `SHORT_EXTEND` new tokens after a cached context (a
+    speculative verification, a short turn) attends with the others of its number of new
+    tokens, their contexts padded into length buckets (`pad_by_length`) as decode's are;
+    any other (a prompt's prefill) runs the plain per-request reference."""
     T, Hq, D = q.shape
     out = torch.empty((T, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
     qo = qo_indptr.tolist()
     grouped = {int(b) for g in plan.groups for b in g.members}
     tails: dict[tuple[int, int], list[int]] = {}  # (new tokens, remainder) -> grouped requests
+    short: dict[int, list[int]] = {}  # new tokens -> ungrouped requests with a cached context
     for b in range(len(qo) - 1):
         q0, q1 = qo[b], qo[b + 1]
         if q1 == q0:
             continue
-        slots = plan.rest(b)
-        if slots.numel() < q1 - q0:  # shared slots are computed KV, never a new token's
-            raise ValueError(f"request {b}: {slots.numel()} unshared slots < {q1 - q0} new tokens")
+        rest = int(plan.rest_lens[b])
+        if rest < q1 - q0:  # shared slots are computed KV, never a new token's
+            raise ValueError(f"request {b}: {rest} unshared slots < {q1 - q0} new tokens")
         if b in grouped:
-            tails.setdefault((q1 - q0, slots.numel()), []).append(b)
+            tails.setdefault((q1 - q0, rest), []).append(b)
+        elif q1 - q0 <= SHORT_EXTEND and rest > q1 - q0:
+            short.setdefault(q1 - q0, []).append(b)
         else:
             out[q0:q1] = request_attention_ref(
-                q[q0:q1], kv.k, kv.v, slots, sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale
+                q[q0:q1], kv.k, kv.v, plan.rest(b), sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale
             )
     for (n_new, _), members in tails.items():
-        token_rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(q.device)
         slots = torch.stack([plan.rest(b) for b in members])  # [m, R]
-        o, s = _tail_attention(
-            q.index_select(0, token_rows).view(len(members), n_new, Hq, D), kv, slots, sm_scale,
-        )
-        out.index_copy_(0, token_rows, o.reshape(-1, Hq, D))
-        lse.index_copy_(0, token_rows, s.reshape(-1, Hq))
+        _attend_tails(q, kv, qo, members, n_new, slots, None, out, lse, sm_scale)
+    for n_new, members in short.items():
+        chosen = torch.tensor(members, device=plan.rest_lens.device)
+        for bucket in pad_by_length(plan.rest_starts[chosen], plan.rest_lens[chosen], plan.kv_indices):
+            rows = [members[i] for i in bucket.rows.tolist()]
+            _attend_tails(q, kv, qo, rows, n_new, bucket.slots, bucket.lens, out, lse, sm_scale)
     rows = [
         torch.cat([torch.arange(qo[b], qo[b + 1]) for b in g.members.tolist()]).to(q.device)
         for g in plan.groups
@@ -138,15 +147,37 @@ def _prefix_attention(
     return o.reshape(-1, o.shape[-1]), lse.reshape(-1)
 
 
+def _attend_tails(
+    q: torch.Tensor,  # [T, Hq, D]
+    kv: LayerKV,
+    qo: list[int],  # the batch's query offsets
+    members: list[int],  # requests with n_new new tokens each
+    n_new: int,
+    slots: torch.Tensor,  # [m, R] int64: each member's slots in position order, padded
+    lens: torch.Tensor | None,  # [m] int64: each member's real slots (None: R each)
+    out: torch.Tensor,  # [T, Hq, D] float32: the members' rows written
+    lse: torch.Tensor,  # [T, Hq] float32: the members' rows written
+    sm_scale: float,
+) -> None:
+    """`_tail_attention` of the members' new tokens, written at their rows of `out`, `lse`."""
+    Hq, D = q.shape[1:]
+    token_rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(q.device)
+    o, s = _tail_attention(q.index_select(0, token_rows).view(len(members), n_new, Hq, D), kv, slots, lens, sm_scale)
+    out.index_copy_(0, token_rows, o.reshape(-1, Hq, D))
+    lse.index_copy_(0, token_rows, s.reshape(-1, Hq))
+
+
 def _tail_attention(
     q: torch.Tensor,  # [m, Lq, Hq, D]: each request's last Lq tokens
     kv: LayerKV,
-    slots: torch.Tensor,  # [m, R] int64, R >= Lq: each request's remainder
+    slots: torch.Tensor,  # [m, R] int64, R >= Lq: each request's remainder, padded past lens
+    lens: torch.Tensor | None,  # [m] int64, Lq <= lens <= R: its real length (None: R each)
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [m, Lq, Hq, D], [m, Lq, Hq] float32
     """Causal attention of m requests' new tokens to the ends of their contexts, with the
-    log-sum-exp, in one call: token i sees positions `0 ..= R - Lq + i` of its request's
-    `slots`. A KV head's query rows are its G query heads times the Lq tokens."""
+    log-sum-exp, in one call: token i of request j sees positions `0 ..= lens[j] - Lq + i`
+    of its `slots` (padding never). A KV head's query rows are its G query heads times
+    the Lq tokens."""
     m, Lq, Hq, D = q.shape
     Hkv = kv.k.shape[1]
     G = Hq // Hkv
@@ -155,8 +186,13 @@ def _tail_attention(
     k = k.view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
     v = v.view(m, R, Hkv, D).transpose(1, 2)  # [m, Hkv, R, D]
     qh = q.view(m, Lq, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(m, Hkv, G * Lq, D)
-    seen = torch.arange(R, device=q.device)[None, :] <= torch.arange(Lq, device=q.device)[:, None] + (R - Lq)
-    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=seen.repeat(G, 1))  # [m, Hkv, G*Lq, D], [m, Hkv, G*Lq]
+    last = torch.arange(Lq, device=q.device) - Lq  # [Lq]: token i's offset from the context's end
+    if lens is None:
+        seen = (torch.arange(R, device=q.device)[None, :] <= last[:, None] + R).repeat(G, 1)  # [G*Lq, R]
+    else:
+        ends = lens.to(q.device)[:, None, None] + last[None, :, None]  # [m, Lq, 1]
+        seen = (torch.arange(R, device=q.device)[None, None, :] <= ends).repeat(1, G, 1)[:, None]  # [m, 1, G*Lq, R]
+    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=seen)  # [m, Hkv, G*Lq, D], [m, Hkv, G*Lq]
     return (
         o.view(m, Hkv, G, Lq, D).permute(0, 3, 1, 2, 4).reshape(m, Lq, Hq, D),
         lse.view(m, Hkv, G, Lq).permute(0, 3, 1, 2).reshape(m, Lq, Hq),
