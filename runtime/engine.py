@@ -50,7 +50,8 @@ class Engine:
             model_path = str(ensure_demo_model())
         self.config = EngineConfig.from_kwargs(str(model_path), **kwargs)
         self.tokenizer = load_tokenizer(model_path)
-        self.runner = make_runner(self.config.runner, self.config.dist)
+        self.runner = make_runner(self.config.runner, self.config.dist,
+                                  draft_model_path=self.config.scheduler.speculative_draft_model_path)
         self.scheduler = Scheduler(self.config.scheduler, self.runner, self.tokenizer)
         self._ids = itertools.count()
         self.limits = ModelLimits(self.scheduler.context_len, self.scheduler.vocab_size)

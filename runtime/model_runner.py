@@ -18,7 +18,7 @@ from sprig.runtime.forward_step import ForwardStep, build_forward_batch
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.quantization.formats import OnlineFormat
-from sprig.runtime.weight_loader import load_model
+from sprig.runtime.weight_loader import load_model, parameter_count
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -125,9 +125,14 @@ class ModelRunner:
     samplers draw from. Not thread-safe: one step at a time. With a tensor-parallel group
     `tp` it is one rank's runner: its part of the model and of the KV pool (its KV heads, at
     the same slots as every rank's), and every rank must run the same steps in order.
+    `draft_model_path` names a draft model that will run beside this one (speculative
+    decoding) with a KV pool of the same slots in the same storage: a CUDA pool sized by
+    `mem_fraction_static` then leaves room in that fraction for the draft's weights and
+    its pool.
     """
 
-    def __init__(self, config: RunnerConfig, tp: TPGroup | None = None) -> None:
+    def __init__(self, config: RunnerConfig, tp: TPGroup | None = None, *,
+                 draft_model_path: str | None = None) -> None:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(
             config.model_path, context_length=config.context_length, supported=supported_architectures()
@@ -149,7 +154,7 @@ class ModelRunner:
             local.num_layers, local.num_kv_heads,
             local.head_dim, self.dtype, _kv_storage(config.kv_cache_dtype, self.device),
         )
-        slots = _num_slots(config, shape, self.device)
+        slots = _num_slots(config, shape, self.device, draft_model_path, self.model_config.context_len)
         self.kv_cache = KVCache(
             shape, slots if tp is None else tp.min_int(slots), page_size=config.page_size,
             device=self.device,
@@ -238,15 +243,37 @@ def _kv_storage(name: str, device: torch.device) -> torch.dtype | None:
     return KV_CACHE_DTYPES[name]
 
 
-def _num_slots(config: RunnerConfig, shape: KVShape, device: torch.device) -> int:
-    """Usable KV slots, a positive multiple of the page size (see `RunnerConfig`)."""
+def draft_footprint(path: str, shape: KVShape, context_len: int) -> tuple[int, int]:
+    """(weight bytes, KV bytes per token) of the draft checkpoint at `path` run beside a
+    model of KV `shape`: its weights in the model's dtype, its pool in the same storage."""
+    draft = ModelConfig.from_pretrained(path, context_length=context_len, supported=supported_architectures())
+    draft_shape = replace(shape, num_layers=draft.num_layers, num_kv_heads=draft.num_kv_heads,
+                          head_dim=draft.head_dim)
+    weights = parameter_count(path) * torch.empty((), dtype=shape.dtype).element_size()
+    return weights, draft_shape.bytes_per_token
+
+
+def _num_slots(config: RunnerConfig, shape: KVShape, device: torch.device, draft_model_path: str | None,
+               context_len: int) -> int:
+    """Usable KV slots, a positive multiple of the page size (see `RunnerConfig`); on CUDA
+    the footprint of a draft model at `draft_model_path` comes out of the same budget."""
     page = config.page_size
     if config.max_total_tokens is not None:
         slots = config.max_total_tokens - config.max_total_tokens % page
     elif device.type == "cuda":
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
-        slots = slots_for_budget(int(free * config.mem_fraction_static), shape, page)
+        budget = int(free * config.mem_fraction_static)
+        beside = None
+        if draft_model_path is not None:
+            try:
+                beside = draft_footprint(draft_model_path, shape, context_len)
+            except (OSError, ValueError, KeyError):  # a draft that cannot serve: its own checks name the flag
+                beside = None
+        if beside is not None:  # the draft's weights, then both pools at the same slots
+            weights, per_token = beside
+            budget = max(0, budget - weights) * shape.bytes_per_token // (shape.bytes_per_token + per_token)
+        slots = slots_for_budget(budget, shape, page)
     else:
         cap = CPU_DEFAULT_TOKENS * replace(shape, storage=None).bytes_per_token // shape.bytes_per_token
         cap -= cap % page

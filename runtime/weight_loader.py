@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,16 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     if not files:
         raise ValueError(f"{path}: no *.safetensors files (other weight formats are not supported)")
     return files
+
+
+def parameter_count(path: str | Path) -> int:
+    """How many weights the checkpoint at `path` holds (read from the files' headers)."""
+    total = 0
+    for file in checkpoint_files(path):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+                total += math.prod(f.get_slice(name).get_shape())
+    return total
 
 
 def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, device: torch.device) -> None:

@@ -134,7 +134,11 @@ def check_splittable(config: RunnerConfig, dist: DistConfig) -> None:
     ShardPlan(model, 0, dist.tp_size)
 
 
-def make_runner(config: RunnerConfig, dist: DistConfig,
-                on_failure: Callable[[str], None] | None = None) -> ModelRunner | TPRunner:
-    """One process's runner for `tp_size` 1, else rank 0 of a tensor-parallel group."""
-    return ModelRunner(config) if dist.tp_size == 1 else TPRunner(config, dist, on_failure)
+def make_runner(config: RunnerConfig, dist: DistConfig, on_failure: Callable[[str], None] | None = None, *,
+                draft_model_path: str | None = None) -> ModelRunner | TPRunner:
+    """One process's runner for `tp_size` 1 (its pool leaving room for a draft model at
+    `draft_model_path`, see `ModelRunner`), else rank 0 of a tensor-parallel group."""
+    if dist.tp_size == 1:
+        return ModelRunner(config, draft_model_path=draft_model_path)
+    assert draft_model_path is None  # EngineConfig refuses a draft model under TP
+    return TPRunner(config, dist, on_failure)

@@ -216,7 +216,8 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         from sprig.runtime.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(engine.runner.model_path)
-        runner = make_runner(engine.runner, engine.dist, on_failure=_exit_on_rank_failure)
+        runner = make_runner(engine.runner, engine.dist, on_failure=_exit_on_rank_failure,
+                             draft_model_path=engine.scheduler.speculative_draft_model_path)
         if engine.dist.tp_size > 1:  # SIGTERM unwinds, so that `runner.close()` stops the other ranks
             signal.signal(signal.SIGTERM, _raise_system_exit)
         scheduler = Scheduler(engine.scheduler, runner, tokenizer)

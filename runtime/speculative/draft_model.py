@@ -97,7 +97,7 @@ class DraftModel:
             self.runner = ModelRunner(config)
         except torch.OutOfMemoryError as e:  # the target's pool took the memory first
             raise ValueError(f"{FLAG}: the draft model and a KV pool of {target.num_slots} slots do not fit beside "
-                             f"the target ({e}); lower --mem-fraction-static or set --max-total-tokens") from None
+                             f"the target ({e}); lower --mem-fraction-static or --max-total-tokens") from None
         if self.runner.num_slots != target.num_slots:
             raise AssertionError(f"draft pool {self.runner.num_slots} slots, target's {target.num_slots}")
         rows = self.runner.kv_cache.num_slots + self.runner.kv_cache.page_size

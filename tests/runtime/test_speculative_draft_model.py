@@ -13,6 +13,7 @@ from engine_helpers import assert_idle_and_intact, hf_greedy
 
 from sprig.runtime import Engine
 from sprig.runtime.cli import main
+from sprig.runtime.model_runner import draft_footprint
 from sprig.runtime.speculative.draft_model import DraftModel
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
@@ -170,6 +171,37 @@ def test_the_cli_refuses_a_draft_algorithm_without_a_model(tmp_path, capsys) -> 
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--model", str(tmp_path), "--speculative-algorithm", "draft"])
     assert exc.value.code == 2 and PATH_FLAG in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_the_draft_footprint_is_what_the_draft_runner_takes(kv_cache_dtype, tiny_llama, small_draft) -> None:
+    """What a CUDA target's pool leaves room for (the draft's weights in the target's dtype,
+    its KV bytes per token in the target's storage) is what the draft's runner allocates."""
+    with Engine(tiny_llama, dtype="bfloat16", kv_cache_dtype=kv_cache_dtype, speculative_algorithm="draft",
+                speculative_draft_model_path=str(small_draft)) as engine:
+        target = engine.runner
+        draft = engine.scheduler.speculative.drafter.runner
+        weights = sum(t.numel() * t.element_size() for t in draft.model.state_dict().values())
+        assert draft_footprint(str(small_draft), target.kv_cache.shape, target.model_config.context_len) == (
+            weights, draft.kv_cache.shape.bytes_per_token)
+        assert draft.kv_cache.shape.storage == target.kv_cache.shape.storage
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_default_pool_leaves_room_for_the_draft(tiny_llama, small_draft, reference) -> None:
+    """Sized by --mem-fraction-static (no --max-total-tokens), the target's pool, the
+    draft's weights and the draft's pool of the same slots all fit in that fraction."""
+    import torch
+
+    torch.cuda.empty_cache()
+    free_before, _ = torch.cuda.mem_get_info()
+    with Engine(tiny_llama, device="cuda", dtype="float32", speculative_algorithm="draft",
+                speculative_draft_model_path=str(small_draft), mem_fraction_static=0.5) as engine:
+        target, draft = engine.runner, engine.scheduler.speculative.drafter.runner
+        assert draft.num_slots == target.num_slots > 0
+        pools = target.num_slots * (target.kv_cache.shape.bytes_per_token + draft.kv_cache.shape.bytes_per_token)
+        assert 0.4 * free_before < pools < 0.5 * free_before
+        assert [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)] == reference
 
 
 @pytest.mark.gpu
