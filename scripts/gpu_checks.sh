@@ -3,11 +3,13 @@
 # whose python3 has torch and triton. Wheels for what it lacks (pyzmq, orjson,
 # outlines-core, FastAPI and their needs) may lie in $WHEELS (default: .whl); sprig is
 # installed from this checkout into a scratch directory, so nothing global changes.
-# Logs go to $OUT (default: ./gpu-logs).
+# Logs go to $OUT (default: ./gpu-logs). $PHASE_TIMEOUT (seconds) bounds each test or
+# benchmark command, so that one phase that hangs leaves time for the others.
 #
 #   usage: bash scripts/gpu_checks.sh PHASE...
 #   phases: info, kernels (Triton kernels and backend vs their references), gpumark
-#           (tests marked gpu), suite (runtime, lang and radix tests on CUDA), kbench
+#           (tests marked gpu), newpaths (speculative decoding, quantized weights and
+#           the quantized KV cache on CUDA), suite (runtime, lang and radix tests on CUDA), kbench
 #           (bench_kernels), obench (bench_offline, 1b bf16, with transformers),
 #           obench-eager (bench_offline without CUDA graphs, no transformers), sbench
 #           (bench_serving vs the offline engine: bench_offline's workload through a
@@ -16,6 +18,8 @@ set -u
 export PYTHONUNBUFFERED=1
 WHEELS=${WHEELS:-.whl}
 OUT=${OUT:-gpu-logs}
+RUN=()
+[ -n "${PHASE_TIMEOUT:-}" ] && RUN=(timeout -k 5 "$PHASE_TIMEOUT")
 SITE=$(mktemp -d)
 mkdir -p "$OUT"
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
@@ -29,21 +33,25 @@ for phase in "$@"; do
   case $phase in
     info) nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
           python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)";;
-    kernels) python3 -m pytest -q -p no:cacheprovider tests/kernels tests/runtime/test_triton_backend.py 2>&1 | tee "$OUT/kernels.log" | tail -30;;
-    gpumark) python3 -m pytest -q -p no:cacheprovider tests -m gpu 2>&1 | tee "$OUT/gpumark.log" | tail -30;;
-    suite) python3 -m pytest -q -p no:cacheprovider --maxfail 15 --durations 10 tests/runtime tests/lang tests/radix 2>&1 | tee "$OUT/suite.log" | tail -60;;
-    kbench) python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log";;
-    obench) python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b 2>&1 | tee "$OUT/bench_offline.log";;
-    obench-eager) python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b --skip-transformers --disable-cuda-graph 2>&1 | tee "$OUT/bench_offline_eager.log";;
+    kernels) "${RUN[@]}" python3 -m pytest -q -p no:cacheprovider tests/kernels tests/runtime/test_triton_backend.py 2>&1 | tee "$OUT/kernels.log" | tail -30;;
+    gpumark) "${RUN[@]}" python3 -m pytest -q -p no:cacheprovider tests -m gpu 2>&1 | tee "$OUT/gpumark.log" | tail -30;;
+    newpaths) "${RUN[@]}" python3 -m pytest -q -p no:cacheprovider --maxfail 15 tests/runtime/test_quant_linear.py \
+                tests/runtime/test_kv_int8.py tests/runtime/test_speculative_draft_model.py \
+                tests/runtime/test_quant_parity.py tests/runtime/test_speculative_engine.py \
+                tests/runtime/test_speculative_distribution.py 2>&1 | tee "$OUT/newpaths.log" | tail -40;;
+    suite) "${RUN[@]}" python3 -m pytest -q -p no:cacheprovider --maxfail 15 --durations 10 tests/runtime tests/lang tests/radix 2>&1 | tee "$OUT/suite.log" | tail -60;;
+    kbench) "${RUN[@]}" python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log";;
+    obench) "${RUN[@]}" python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b 2>&1 | tee "$OUT/bench_offline.log";;
+    obench-eager) "${RUN[@]}" python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b --skip-transformers --disable-cuda-graph 2>&1 | tee "$OUT/bench_offline_eager.log";;
     sbench|sbench-poisson)
       [ -d "$SITE/m1b" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_offline import SIZES; \
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint; build_tiny_checkpoint('$SITE/m1b', 'llama', max_position_embeddings=4096, **SIZES['1b'])" >/dev/null 2>&1
       common=(--model "$SITE/m1b" --dtype bfloat16 --max-running-requests 128 --repeats 3)
       if [ "$phase" = sbench ]; then
-        python3 benchmarks/bench_serving.py "${common[@]}" --max-concurrency 128 --gsp-num-groups 8 --gsp-prompts-per-group 16 \
+        "${RUN[@]}" python3 benchmarks/bench_serving.py "${common[@]}" --max-concurrency 128 --gsp-num-groups 8 --gsp-prompts-per-group 16 \
           --gsp-system-prompt-len 512 --gsp-question-len 32 --gsp-output-len 64 --compare-engine 2>&1 | tee "$OUT/bench_serving.log"
       else
-        python3 benchmarks/bench_serving.py "${common[@]}" --dataset random --num-prompts 256 --random-input-len 512 \
+        "${RUN[@]}" python3 benchmarks/bench_serving.py "${common[@]}" --dataset random --num-prompts 256 --random-input-len 512 \
           --random-output-len 128 --request-rate 32 2>&1 | tee "$OUT/bench_serving_poisson.log"
       fi;;
     *) echo "unknown phase: $phase (see the usage at the top of this file)"; exit 2;;

@@ -27,6 +27,8 @@ from sprig.runtime.forward_step import build_forward_batch
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 
+CPU = torch.device("cpu")
+
 # ---------------------------------------------------------------- sizing
 
 
@@ -71,15 +73,16 @@ def test_the_runner_sizes_an_int8_pool_by_its_bytes(tiny_llama: Path, monkeypatc
 # ---------------------------------------------------------------- every backend reads what the reference reads
 
 
-def _pools(config: ModelConfig, n: int) -> list[KVCache]:
+def _pools(config: ModelConfig, n: int, device: torch.device = CPU) -> list[KVCache]:
     """n equal int8 pools holding random quantized K/V: the prefixes."""
     shape = KVShape(config.num_layers, config.num_kv_heads, config.head_dim, torch.float32, torch.int8)
-    pools = [KVCache(shape, 160) for _ in range(n)]
+    pools = [KVCache(shape, 160, device=device) for _ in range(n)]
     g = torch.Generator().manual_seed(1)
     for layer in range(config.num_layers):
         for name in ("k", "v", "k_scale", "v_scale"):
             init = getattr(pools[0], name)[layer]
-            init.copy_(torch.randint(-127, 128, init.shape, generator=g) if name in ("k", "v") else torch.rand(init.shape, generator=g) / 50)
+            init.copy_((torch.randint(-127, 128, init.shape, generator=g) if name in ("k", "v")
+                        else torch.rand(init.shape, generator=g) / 50).to(device))
             for pool in pools[1:]:
                 getattr(pool, name)[layer].copy_(init)
     return pools
@@ -89,9 +92,11 @@ def _pools(config: ModelConfig, n: int) -> list[KVCache]:
 def test_backends_read_the_int8_pool_as_the_reference_does(tiny_llama: Path, name: str) -> None:
     """An extend step (two requests share a 40-slot prefix: cascade attention), then decode
     steps (kept K/V extended step by step), every layer: each backend's output equals the
-    reference backend's on its own copy of the pool, and the pools stay bit-equal."""
+    reference backend's on its own copy of the pool, and the pools stay bit-equal. Triton
+    runs compiled on CUDA, in its interpreter on the CPU."""
+    device = torch.device("cuda") if name == "triton" and torch.cuda.is_available() else CPU
     config = ModelConfig.from_pretrained(tiny_llama)
-    mine, ref_pool = _pools(config, 2)
+    mine, ref_pool = _pools(config, 2, device)
     backend = backend_class(name)(config, mine)
     reference = backend_class("reference")(config, ref_pool)
     shared = torch.arange(100, 140)
@@ -104,13 +109,13 @@ def test_backends_read_the_int8_pool_as_the_reference_does(tiny_llama: Path, nam
         if step:
             contexts = [torch.cat([c, torch.tensor([60 + 3 * step + i])]) for i, c in enumerate(contexts)]
             new = [1, 1, 1]
-        batch, _ = build_forward_batch(contexts_step(mode, [0] * sum(new), new, contexts, [0] * 3), mine, torch.device("cpu"))
+        batch, _ = build_forward_batch(contexts_step(mode, [0] * sum(new), new, contexts, [0] * 3), mine, device)
         ref_batch = dataclasses.replace(batch, kv_cache=ref_pool)
         backend.begin_step(batch)
         reference.begin_step(ref_batch)
         for layer in range(config.num_layers):
-            q = torch.randn(batch.num_tokens, T_heads[0], T_heads[2], generator=g)
-            k, v = (torch.randn(batch.num_tokens, T_heads[1], T_heads[2], generator=g) for _ in range(2))
+            q = torch.randn(batch.num_tokens, T_heads[0], T_heads[2], generator=g).to(device)
+            k, v = (torch.randn(batch.num_tokens, T_heads[1], T_heads[2], generator=g).to(device) for _ in range(2))
             got = backend.forward(q, k, v, layer, batch, sm_scale=0.25)
             want = reference.forward(q, k, v, layer, ref_batch, sm_scale=0.25)
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
@@ -166,10 +171,11 @@ def test_shadow_mode_passes_with_int8_and_decodes_as_without_it(tiny_llama: Path
 
 
 def test_shadow_mode_catches_kept_kv_that_skip_dequantization(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fast path that reads the int8 values without their scales fails at once."""
+    """A fast path of the CPU attention that reads the int8 values without their scales
+    fails at once."""
     monkeypatch.setattr(kept_kv, "gather_kv", lambda buffer, rows, scale, dtype: buffer.index_select(0, rows).to(dtype))
     prompts, params = _shared_workload()
-    with Engine(str(tiny_llama), dtype="float32", kv_cache_dtype="int8", shadow_attention=True) as engine, \
+    with Engine(str(tiny_llama), device="cpu", dtype="float32", kv_cache_dtype="int8", shadow_attention=True) as engine, \
             pytest.raises(ShadowMismatch, match="decode"):
         engine.generate(prompts, params)
 

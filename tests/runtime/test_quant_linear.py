@@ -155,10 +155,13 @@ def test_scheme_validation(bits: int, group: int | None, message: str) -> None:
 )
 def test_cuda_path_runs_through_the_triton_kernel(scheme: QuantScheme, monkeypatch: pytest.MonkeyPatch) -> None:
     """What CUDA runs for every weight (`DequantMatmul`: the Triton kernel, decoding e4m3
-    for fp8), here under the interpreter, equals the dequantized weight's product; 8-bit
-    codes are packed from a transposed view, which must come out row-major."""
-    monkeypatch.setenv("SPRIG_FORCE_TRITON", "1")
+    for fp8), compiled on CUDA and in the interpreter on the CPU, equals the dequantized
+    weight's product; 8-bit codes are packed from a transposed view, which must come out
+    row-major."""
+    device = torch.device("cuda") if torch.cuda.is_available() else CPU
+    if device == CPU:
+        monkeypatch.setenv("SPRIG_FORCE_TRITON", "1")
     weight = _weight(40, 64, scheme)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
-    got = DequantMatmul(weight, torch.float32, CPU)(x)
+    got = DequantMatmul(weight, torch.float32, device)(x.to(device)).cpu()
     torch.testing.assert_close(got, F.linear(x, weight.dequantize()), atol=2e-5, rtol=1e-5)
