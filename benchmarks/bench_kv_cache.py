@@ -32,7 +32,7 @@ from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 SHAPES = {  # name -> (layers, KV heads, head dim)
-    "demo model (6 x 6 x 32)": (6, 6, 32),
+    "demo model (6 x 8 x 32)": (6, 8, 32),
     "~300M Llama (24 x 16 x 64)": (24, 16, 64),
     "Llama-3-8B (32 x 8 x 128)": (32, 8, 128),
 }

@@ -19,7 +19,7 @@ Ben has a dog named Rex.
 Ben lives in Lima.
 Mia's favorite color is green."""
 SHOTS = [("What is Mia's job?", "Mia works as a nurse."), ("What is the name of Ben's dog?", "Ben's dog is named Rex.")]
-QUESTIONS = ["How old is Ben?", "What is Mia's favorite color?", "Who lives in Oslo?"]
+QUESTIONS = ["How old is Ben?", "What is Mia's favorite color?", "Where does Mia live?"]
 
 
 @sprig.function

@@ -46,7 +46,7 @@ SERVED = {
     "few_shot_qa.py": [
         r"^How old is Ben\? -> Ben is 34 years old\.\n  \([1-9]\d* of \d+ prompt tokens came from the cache\)$",
         r"^What is Mia's favorite color\? -> Mia's favorite color is green\.$",
-        r"^Who lives in Oslo\? -> Mia lives in Oslo\.$",
+        r"^Where does Mia live\? -> Mia lives in Oslo\.$",
     ],
     "streaming_chat.py": [
         r"^assistant: Nice to meet you, Kofi!$",

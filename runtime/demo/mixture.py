@@ -27,11 +27,11 @@ class Task:
 
 
 TASKS = {
-    "arithmetic": Task(0.48, None),
-    "tools": Task(0.15, make_tool_dialogue),
-    "json": Task(0.13, make_extraction_dialogue),
-    "few-shot": Task(0.12, make_facts_dialogue),
-    "multi-turn": Task(0.12, make_chat_dialogue),
+    "arithmetic": Task(0.20, None),
+    "tools": Task(0.13, make_tool_dialogue),
+    "json": Task(0.22, make_extraction_dialogue),
+    "few-shot": Task(0.32, make_facts_dialogue),
+    "multi-turn": Task(0.13, make_chat_dialogue),
 }
 
 
