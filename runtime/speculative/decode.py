@@ -34,6 +34,7 @@ from sprig.runtime.speculative.drafter import DRAFTERS
 
 log = logging.getLogger("sprig.scheduler")
 PRIOR_DECAY = 0.9  # weight of the past in the acceptance a new request is assumed to have
+PROBE_AFTER = 64  # steps in a row without drafts, after which one step verifies a draft per request
 
 if TYPE_CHECKING:
     from sprig.radix import PrefixCache
@@ -82,6 +83,7 @@ class SpeculativeDecoder:
                  else "given", self.costs)
         self.lengths: dict[str, DraftLength] = {}
         self.prior = START_RATE  # a new request's expected acceptance: the recent share of drafts kept
+        self.undrafted = 0  # steps in a row that verified no drafts
         self.stats = SpeculativeStats()
 
     def decode(self, sched: Scheduler) -> list[Req]:
@@ -137,7 +139,10 @@ class SpeculativeDecoder:
     def _drafts(self, sched: Scheduler, batch: list[Req]) -> list[list[int]]:
         """The drafts each request verifies this step, their slots reserved: as many as
         `draft_cap` finds worth their cost (none at all when the plain pass is expected
-        to be as fast: a pass with drafts leaves the decode path for every request)."""
+        to be as fast: a pass with drafts leaves the decode path for every request).
+        After `PROBE_AFTER` steps in a row without drafts, one step verifies a draft per
+        request anyway: what drafts are expected to yield is learnt only from drafts
+        verified, and a pessimistic prior would otherwise never be tested."""
 
         costs = self.costs.scaled(self.scales)
         chosen = [0]
@@ -145,10 +150,13 @@ class SpeculativeDecoder:
         def cap(sizes: list[int]) -> int:
             expected = [self.lengths[r.rid].expected for r in batch]
             chosen[0] = draft_cap(costs, sizes, expected, model_steps=self.drafter.runner is not None)
+            if not chosen[0] and self.undrafted >= PROBE_AFTER and max(sizes, default=0) > 0:
+                chosen[0] = 1
             return chosen[0]
 
         lengths = [self._length(r) for r in batch]
         drafts = self.drafter.draft(sched.kv, batch, lengths, cap)
+        self.undrafted = 0 if any(drafts) else self.undrafted + 1
         if chosen[0]:  # drafting was worth it, yet these proposed nothing: back off as after a miss
             for r, n, d in zip(batch, lengths, drafts, strict=True):
                 if n and not d:
