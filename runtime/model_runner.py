@@ -3,6 +3,7 @@ calls `forward(ForwardStep)` once per step and gets float32 logits back."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -264,15 +265,11 @@ def _num_slots(config: RunnerConfig, shape: KVShape, device: torch.device, draft
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
         budget = int(free * config.mem_fraction_static)
-        beside = None
         if draft_model_path is not None:
-            try:
-                beside = draft_footprint(draft_model_path, shape, context_len)
-            except (OSError, ValueError, KeyError):  # a draft that cannot serve: its own checks name the flag
-                beside = None
-        if beside is not None:  # the draft's weights, then both pools at the same slots
-            weights, per_token = beside
-            budget = max(0, budget - weights) * shape.bytes_per_token // (shape.bytes_per_token + per_token)
+            # a draft that cannot be read keeps the budget whole: its own checks then refuse it, naming the flag
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                weights, per_token = draft_footprint(draft_model_path, shape, context_len)
+                budget = max(0, budget - weights) * shape.bytes_per_token // (shape.bytes_per_token + per_token)
         slots = slots_for_budget(budget, shape, page)
     else:
         cap = CPU_DEFAULT_TOKENS * replace(shape, storage=None).bytes_per_token // shape.bytes_per_token
