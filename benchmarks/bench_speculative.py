@@ -2,7 +2,7 @@
 
 Workloads (held-out demo problems, chat-formatted), each at batch 1, 8 and 64: at most
 that many sequences in flight (`max_running_requests`):
-- greedy: `batch` problems;
+- greedy: `max(batch, GREEDY_MIN)` problems (at batch 1 one after another);
 - self-consistency: batch / 8 problems (at least one), 8 seeded samples each at T = 0.6,
   top_p 0.9 (at batch 1 the samples run one after another);
 - tree search: batch / 8 problems (at least one), a beam search over solution lines
@@ -40,6 +40,7 @@ from sprig.runtime.demo.verify import is_answer, step_value
 SIDES = (None, "ngram", "radix", "draft")
 TASKS = ("greedy", "self-consistency", "tree search")
 TREE_ROUNDS, TREE_BEAM, TREE_EXPAND = 6, 2, 4
+GREEDY_MIN = 8  # greedy problems at the smaller batch sizes: one problem is too short a run to time
 DRAFT_MODEL_PATH = DEMO_MODEL_PATH.parent / "draft"
 
 
@@ -84,7 +85,7 @@ def tree_search(engine: Engine, texts: list[str], questions: list[str], max_new:
 def workload(task: str, batch: int, texts: list[str], problems: list[Problem], max_new: int):
     """The task at `batch` as a function of the engine, returning every output's ids."""
     if task == "greedy":
-        return lambda engine: greedy(engine, texts[:batch], max_new)
+        return lambda engine: greedy(engine, texts[: max(batch, GREEDY_MIN)], max_new)
     count = max(1, batch // 8)
     if task == "self-consistency":
         return lambda engine: self_consistency(engine, texts[:count], max_new)
@@ -125,7 +126,7 @@ def main() -> None:
         for side in sides for batch in args.batches
     }
     tokenizer = engines[None, args.batches[0]].tokenizer
-    problems = take("heldout", max(args.batches), seed=0)
+    problems = take("heldout", max(*args.batches, GREEDY_MIN), seed=0)
     texts = prompts(tokenizer, problems)
     for engine in engines.values():  # warm-up
         engine.generate(texts[:2], {"max_new_tokens": 8, "temperature": 0})

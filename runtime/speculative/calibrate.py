@@ -19,6 +19,7 @@ from sprig.runtime.speculative.cost import Line, PassCosts, Plane, line_through,
 
 if TYPE_CHECKING:
     from sprig.runtime.model_runner import ModelRunner
+    from sprig.runtime.speculative.draft_model import DraftModel
 
 CONTEXT = 64  # tokens each calibration request attends to
 MAX_BATCH = 32  # the larger size measured (when the scheduler runs that many)
@@ -37,10 +38,11 @@ def calibration_step(batch: int, new_tokens: int, context: int, first_slot: int)
     )
 
 
-def calibrate(target: ModelRunner, draft: ModelRunner | None, max_batch: int, drafts: int) -> PassCosts:
+def calibrate(target: ModelRunner, draft: DraftModel | None, max_batch: int, drafts: int) -> PassCosts:
     """Median times of passes at 1 and B requests: target decode, target verification (of
-    `drafts` drafts at 1 and B requests, of one at B), draft decode (B = `min(max_batch, MAX_BATCH)`, at least 2, and
-    fewer where the pool holds fewer contexts). Needs an idle pool (see the module)."""
+    `drafts` drafts at 1 and B requests, of one at B), a draft model's decode step (in a
+    round of `drafts`: `DraftModel.step_ms`) (B = `min(max_batch, MAX_BATCH)`, at least 2,
+    and fewer where the pool holds fewer contexts). Needs an idle pool (see the module)."""
     slots = target.num_slots
     per = max(1, min(drafts + 1, slots // 2))
     big = max(2, min(max_batch, MAX_BATCH, slots // (2 * per)))
@@ -53,7 +55,8 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_batch: int, dr
 
     decode = line_through(1, ms(target, 1, 1), big, ms(target, big, 1))
     verify = plane_through(big, per, ms(target, 1, per), ms(target, big, min(2, per)), ms(target, big, per))
-    draft_line = Line(0.0, 0.0) if draft is None else line_through(1, ms(draft, 1, 1), big, ms(draft, big, 1))
+    draft_line = (Line(0.0, 0.0) if draft is None else
+                  line_through(1, draft.step_ms(1, context, first, per), big, draft.step_ms(big, context, first, per)))
     return PassCosts(decode, verify, draft_line)
 
 

@@ -29,11 +29,12 @@ from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.speculative.accept import accepted_length
 from sprig.runtime.speculative.calibrate import calibrate
 from sprig.runtime.speculative.cost import PassCosts, Scales, draft_cap
-from sprig.runtime.speculative.draft_length import START_RATE, DraftLength
+from sprig.runtime.speculative.draft_length import START_RATE, AcceptanceRate, DraftLength
+from sprig.runtime.speculative.draft_model import DraftModel
 from sprig.runtime.speculative.drafter import DRAFTERS
 
 log = logging.getLogger("sprig.scheduler")
-PRIOR_DECAY = 0.9  # weight of the past in the acceptance a new request is assumed to have
+PRIOR_DECAY = 0.9  # per verification, the weight of the past in the acceptance a new request is assumed to have
 PROBE_AFTER = 64  # steps in a row without drafts, after which one step verifies a draft per request
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ class SpeculativeDecoder:
         self.max_len = config.speculative_num_draft_tokens
         self.measured = config.speculative_pass_costs is None  # then corrected by timing the passes
         self.costs = (
-            calibrate(runner, self.drafter.runner, config.max_running_requests, self.max_len) if self.measured
+            calibrate(runner, self.drafter if isinstance(self.drafter, DraftModel) else None,
+                      config.max_running_requests, self.max_len) if self.measured
             else PassCosts.parse(config.speculative_pass_costs)
         )
         self.scales = Scales()
@@ -82,7 +84,7 @@ class SpeculativeDecoder:
                  self.costs.describe(), "measured at startup, corrected as passes are timed" if self.measured
                  else "given", self.costs)
         self.lengths: dict[str, DraftLength] = {}
-        self.prior = START_RATE  # a new request's expected acceptance: the recent share of drafts kept
+        self.prior = AcceptanceRate.starting_at(START_RATE, PRIOR_DECAY)  # over recent verifications of all requests
         self.undrafted = 0  # steps in a row that verified no drafts
         self.stats = SpeculativeStats()
 
@@ -90,7 +92,7 @@ class SpeculativeDecoder:
         """One verification pass over every running request (room for their pending tokens
         already reserved); returns the requests it touched."""
         batch = list(sched.running)
-        self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len, rate=self.prior) for r in batch}
+        self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len, rate=self.prior.rate) for r in batch}
         start = time.perf_counter()
         drafts = self._drafts(sched, batch)
         drafted = time.perf_counter()
@@ -127,10 +129,11 @@ class SpeculativeDecoder:
             self.scales.observe("verify", self.costs.verify.at(batch, tokens), pass_s * 1e3)
         else:
             self.scales.observe("decode", self.costs.decode.at(batch), pass_s * 1e3)
-        if self.drafter.runner is not None and tokens > batch:
+        if isinstance(self.drafter, DraftModel) and tokens > batch:  # its catching up on prompts is not a step
             steps = max(len(d) for d in drafts)
             live = [sum(1 for d in drafts if len(d) > j) for j in range(steps)]
-            self.scales.observe("draft", sum(self.costs.draft.at(n) for n in live), drafting_s * 1e3)
+            self.scales.observe("draft", sum(self.costs.draft.at(n) for n in live),
+                                (drafting_s - self.drafter.extend_s) * 1e3)
 
     def mirror(self, step: ForwardStep) -> None:
         """The scheduler ran the extend `step` on the target."""
@@ -187,6 +190,6 @@ class SpeculativeDecoder:
             self.stats.drafted += len(draft)
             self.stats.accepted += min(accepted, j + 1)
             self.lengths[req.rid].update(len(draft), accepted)
-            self.prior = PRIOR_DECAY * self.prior + (1 - PRIOR_DECAY) * accepted / len(draft)
+            self.prior.update(len(draft), accepted)
         if not req.finished:
             sched.kv.shrink(req)

@@ -23,7 +23,14 @@ position whose slot is not `written` through its pending token (one extend, batc
 across requests: usually just the pending token, or the last kept draft and the pending
 token; a second one after it where requests share a prefix the draft has not written),
 then k - 1 decode steps. A request the scheduler runs without drafts for a while
-(`cost.draft_cap` chose none) costs the draft nothing until it drafts again.
+(`cost.draft_cap` chose none) costs the draft nothing until it drafts again. On the CPU
+the decode steps run as one round of `draft_decoder.DraftDecoder` (contiguous copies of
+the contexts, gathered once), which also feeds a request's few unwritten tokens (at most
+`FEED_STEPS`: the last kept draft and the pending token) one at a time, so only a prompt
+takes an extend on the runner. The runner's steps there are extends only (and, in the
+decoder's shadow mode, decode steps that write each slot just before the decoder writes
+it again), so the CPU attention backend's K/V kept between decode steps (`kept_kv`),
+cleared by every extend, never holds what the decoder has since overwritten.
 
 The proposals are the draft's argmax tokens: a deterministic drafter, accepted by the
 coupling `accepted_length` at every temperature, so greedy outputs equal plain decoding's
@@ -32,6 +39,7 @@ and a seeded request's tokens do not depend on whether speculation is on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -45,6 +53,10 @@ from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
 from sprig.runtime.models import supported_architectures
+from sprig.runtime.speculative.calibrate import calibration_step
+from sprig.runtime.speculative.cost import timed_ms
+from sprig.runtime.speculative.draft_decoder import DraftDecoder
+from sprig.runtime.speculative.draft_decoder import supports as supports_contiguous
 from sprig.runtime.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
@@ -52,6 +64,7 @@ if TYPE_CHECKING:
     from sprig.runtime.scheduler.request import Req
 
 FLAG = "--speculative-draft-model-path"
+FEED_STEPS = 4  # on the CPU, a request feeds at most this many tokens to the draft one at a time (more: an extend)
 
 
 def draft_runner_config(path: str, target: ModelRunner) -> RunnerConfig:
@@ -103,6 +116,21 @@ class DraftModel:
         rows = self.runner.kv_cache.num_slots + self.runner.kv_cache.page_size
         self.written = torch.zeros(rows, dtype=torch.bool)  # [rows]
         self.wrote = torch.full((rows, 2), -1, dtype=torch.int64)  # [rows, (token, position)] last draft write
+        self.decoder = (DraftDecoder(self.runner, shadow=config.shadow_attention)
+                        if supports_contiguous(self.runner) else None)
+        self.extend_s = 0.0  # seconds the last `draft` spent in extends (catching up on prompts)
+
+    def step_ms(self, batch: int, context: int, first_slot: int, steps: int) -> float:
+        """Milliseconds a decode step of the draft takes in a round of `steps` for `batch`
+        requests of `context`-token contexts (`steps <= context`), measured on garbage
+        K/V in the slots from `first_slot` (one context per request): for calibration,
+        with every slot free."""
+        if self.decoder is None:
+            step = calibration_step(batch, 1, context, first_slot)
+            return timed_ms(lambda: self.runner.forward(step))
+        slots = [torch.arange(first_slot + b * context, first_slot + (b + 1) * context) for b in range(batch)]
+        starts = [context - steps] * batch
+        return timed_ms(lambda: self.decoder.run(slots, starts, [[0]] * batch, [steps] * batch)) / steps
 
     def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
               cap: Callable[[list[int]], int]) -> list[list[int]]:
@@ -110,6 +138,7 @@ class DraftModel:
         pending token where `lengths[i] > 0`); a request whose draft slots the free list
         cannot supply drafts nothing."""
         drafts: list[list[int]] = [[] for _ in batch]
+        self.extend_s = 0.0
         most = cap(lengths)
         if most == 0:
             return drafts
@@ -118,6 +147,8 @@ class DraftModel:
         live = [i for i, k in enumerate(ks) if k]
         if not live:
             return drafts
+        if self.decoder is not None:
+            return self._draft_contiguous(kv, batch, ks, live, drafts)
         tokens = self._catch_up(kv, [batch[i] for i in live])
         for i, token in zip(live, tokens, strict=True):
             drafts[i].append(token)
@@ -138,6 +169,39 @@ class DraftModel:
             self._record(step)
             for i, token in zip(live, proposed, strict=True):
                 drafts[i].append(token)
+        return drafts
+
+    def _draft_contiguous(self, kv: RequestKV, batch: list[Req], ks: list[int], live: list[int],
+                          drafts: list[list[int]]) -> list[list[int]]:
+        """`draft` on the CPU: a request with more than `FEED_STEPS` tokens to feed (a
+        prompt), or whose tokens to feed lie in slots another request also feeds, catches
+        up on the runner (`_catch_up`, one extend); every other token is fed, and every
+        draft proposed, by `self.decoder` in one round."""
+        reqs = [batch[i] for i in live]
+        ends = [r.seq_len for r in reqs]
+        firsts = first_unwritten(self.written[kv.contexts(reqs, ends)], ends)
+        taken: set[int] = set()
+        fed_here = []
+        for j, (r, first, end) in enumerate(zip(reqs, firsts, ends, strict=True)):
+            slots = set(kv.table.read(r.row, end, first).tolist())
+            if end - first <= FEED_STEPS and not slots & taken:
+                fed_here.append(j)
+            taken |= slots
+        behind = [j for j in range(len(reqs)) if j not in set(fed_here)]
+        for j, token in zip(behind, self._catch_up(kv, [reqs[j] for j in behind]) if behind else [], strict=True):
+            drafts[live[j]].append(token)
+        rows = fed_here + [j for j in behind if ks[live[j]] > 1]
+        if not rows:
+            return drafts
+        starts = [firsts[j] if j in fed_here else ends[j] for j in rows]
+        tokens = [reqs[j].fill_ids[firsts[j] : ends[j]] if j in fed_here else drafts[live[j]][:1] for j in rows]
+        wanted = [ks[live[j]] - (j not in fed_here) for j in rows]
+        reads = [start + len(t) - 1 + n for start, t, n in zip(starts, tokens, wanted, strict=True)]
+        slots = [kv.table.read(reqs[j].row, end) for j, end in zip(rows, reads, strict=True)]
+        proposals = self.decoder.run(slots, starts, tokens, wanted)
+        for j, start, end, fed, proposed, row_slots in zip(rows, starts, reads, tokens, proposals, slots, strict=True):
+            drafts[live[j]] += proposed
+            self._wrote(row_slots[start:end], fed + proposed[:-1], torch.arange(start, end))
         return drafts
 
     def _catch_up(self, kv: RequestKV, reqs: list[Req]) -> list[int]:
@@ -168,8 +232,11 @@ class DraftModel:
                 kv_indices=kv.contexts([reqs[todo[j]] for j in now], [ends[j] for j in now]),
                 logits_from=[ends[j] - firsts[j] - 1 for j in now],
             )
+            begun = time.perf_counter()
             for j, token in zip(now, self.runner.forward(step).argmax(dim=-1).tolist(), strict=True):
                 proposed[todo[j]] = token
+            if step.mode is ForwardMode.EXTEND:
+                self.extend_s += time.perf_counter() - begun
             self._record(step)
             done = set(now)
             todo = [i for j, i in enumerate(todo) if j not in done]
@@ -178,8 +245,12 @@ class DraftModel:
     def _record(self, step: ForwardStep) -> None:
         """The draft wrote the K/V of `step`'s new tokens at their slots."""
         slots, positions = new_tokens(step.kv_indices, step.kv_lens, step.q_lens)
+        self._wrote(slots, step.input_ids, positions)
+
+    def _wrote(self, slots: torch.Tensor, tokens: list[int], positions: torch.Tensor) -> None:
+        """The draft wrote the K/V of `tokens` at `positions` into `slots`."""
         self.written[slots] = True
-        self.wrote[slots, 0] = torch.tensor(step.input_ids, dtype=torch.int64)
+        self.wrote[slots, 0] = torch.tensor(tokens, dtype=torch.int64)
         self.wrote[slots, 1] = positions
 
     def mirror(self, step: ForwardStep) -> None:

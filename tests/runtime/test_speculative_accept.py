@@ -13,7 +13,7 @@ from sprig.runtime.speculative.accept import (
     residual,
     speculative_step,
 )
-from sprig.runtime.speculative.draft_length import DraftLength
+from sprig.runtime.speculative.draft_length import AcceptanceRate, DraftLength
 from sprig.runtime.speculative.ngram import NgramDrafter
 from sprig.runtime.speculative.radix_drafter import RadixDrafter
 
@@ -142,17 +142,45 @@ def test_radix_drafter_follows_the_most_visited_branch(page: int) -> None:
 
 def test_draft_length_adapts() -> None:
     n = DraftLength(max_len=4)
-    assert n.next() == 4
+    assert n.next() == 2  # at the starting rate 0.5 a third draft is kept a time in eight
+    n.update(2, 2)
     n.update(4, 4)
     assert n.next() == 4
     n.update(4, 1)
-    assert n.next() == 2
     n.update(2, 0)
-    n.update(1, 0)  # twice nothing: pause
+    assert n.next() == 2  # rate 0.54
+    n.update(1, 0)  # twice nothing: pause, then one draft (rate 0.33)
     assert [n.next() for _ in range(3)] == [0, 0, 1]
-    n.update(1, 1)
-    assert n.next() == 2
+    for _ in range(3):
+        n.update(1, 1)
+    assert n.next() == 4
     assert 0 < n.expected(2) < n.expected(3) < 3
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.7, 0.9])
+def test_the_acceptance_rate_recovers_the_chance_a_draft_is_kept(alpha: float) -> None:
+    """Drafts kept each with chance alpha, checked in order until the first rejection: the
+    estimate lands on alpha, where the share of drafts kept (accepted / drafted) does not."""
+    rng = np.random.default_rng(0)
+    estimate = AcceptanceRate.starting_at(0.5, decay=0.999)
+    shares = []
+    for _ in range(20000):
+        drafted = int(rng.integers(1, 9))
+        accepted = next((i for i in range(drafted) if rng.random() >= alpha), drafted)
+        estimate.update(drafted, accepted)
+        shares.append(accepted / drafted)
+    assert abs(estimate.rate - alpha) < 0.03
+    assert float(np.mean(shares)) < alpha - 0.1
+
+
+def test_the_acceptance_rate_counts_checked_drafts() -> None:
+    rate = AcceptanceRate.starting_at(0.5, decay=0.0)  # the last verification alone
+    rate.update(4, 2)
+    assert rate.rate == 2 / 3  # two kept, the third rejected, the fourth never checked
+    rate.update(4, 4)
+    assert rate.rate == 1.0
+    rate.update(3, 0)
+    assert rate.rate == 0.0
 
 
 def test_proposals_are_pure() -> None:

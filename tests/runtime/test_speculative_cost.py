@@ -65,8 +65,9 @@ def test_costs_round_trip_through_their_text() -> None:
 
 
 def test_calibration_measures_positive_costs(tiny_llama: Path) -> None:
-    with Engine(tiny_llama, dtype="float32") as engine:
-        costs = calibrate(engine.scheduler.runner, engine.scheduler.runner, max_batch=8, drafts=4)
+    with Engine(tiny_llama, dtype="float32", speculative_algorithm="draft",
+                speculative_draft_model_path=str(tiny_llama)) as engine:
+        costs = calibrate(engine.scheduler.runner, engine.scheduler.speculative.drafter, max_batch=8, drafts=4)
         assert_idle_and_intact(engine)
     assert min(costs.decode.fixed, costs.draft.fixed) > 0
     # terms are kept non-negative, so bigger passes never cost less (strictly more is a
