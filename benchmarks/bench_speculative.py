@@ -11,7 +11,8 @@ that many sequences in flight (`max_running_requests`):
   step verifier `demo.verify.step_value`; paths ending in an `Answer:` line stop).
 Every side runs on its own engine per batch size, warmed up
 first; timed runs alternate sides
-(off, ngram, radix, draft, off, ...) with the radix cache flushed before each, and each side's
+(off, ngram, radix, draft, then ngram, radix, draft, off, ...: each repeat starts one side
+later) with the radix cache flushed before each, and each side's
 median run is reported: wall time, target forward passes (extend + verification/decode
 steps), mean tokens per request per pass, and the ratios against off. Outputs are
 checked equal to off's (greedy and seeded sampling are exact under speculation). The
@@ -137,8 +138,8 @@ def main() -> None:
         for batch in args.batches:
             run = workload(task, batch, texts, problems, args.max_new_tokens)
             runs: dict[str | None, list[Run]] = {side: [] for side in sides}
-            for _ in range(args.repeats):
-                for side in sides:
+            for repeat in range(args.repeats):  # each repeat in another order: none always runs after the same side
+                for side in sides[repeat % len(sides):] + sides[: repeat % len(sides)]:
                     runs[side].append(timed(engines[side, batch], run))
             base = runs[None][0].outputs
             for side in sides:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from sprig.runtime.model_runner import ModelRunner
     from sprig.runtime.speculative.draft_model import DraftModel
 
-CONTEXT = 64  # tokens each calibration request attends to
+CONTEXT = 160  # tokens each calibration request attends to
 MAX_BATCH = 32  # the larger size measured (when the scheduler runs that many)
 
 

@@ -173,29 +173,37 @@ class DraftModel:
 
     def _draft_contiguous(self, kv: RequestKV, batch: list[Req], ks: list[int], live: list[int],
                           drafts: list[list[int]]) -> list[list[int]]:
-        """`draft` on the CPU: a request with more than `FEED_STEPS` tokens to feed (a
-        prompt), or whose tokens to feed lie in slots another request also feeds, catches
-        up on the runner (`_catch_up`, one extend); every other token is fed, and every
-        draft proposed, by `self.decoder` in one round."""
+        """`draft` on the CPU: requests with more than `FEED_STEPS` tokens to feed (a
+        prompt), or whose tokens to feed lie in slots another request also feeds, catch up
+        on the runner (`_feed_pass`: an extend, which also proposes their first draft) until
+        every other request has at most `FEED_STEPS` tokens of its own to feed (the samples
+        of a prompt wait for the first of them to feed their shared slots); then
+        `self.decoder` feeds those and proposes every remaining draft in one round."""
         reqs = [batch[i] for i in live]
-        ends = [r.seq_len for r in reqs]
-        firsts = first_unwritten(self.written[kv.contexts(reqs, ends)], ends)
-        taken: set[int] = set()
-        fed_here = []
-        for j, (r, first, end) in enumerate(zip(reqs, firsts, ends, strict=True)):
-            slots = set(kv.table.read(r.row, end, first).tolist())
-            if end - first <= FEED_STEPS and not slots & taken:
-                fed_here.append(j)
-            taken |= slots
-        behind = [j for j in range(len(reqs)) if j not in set(fed_here)]
-        for j, token in zip(behind, self._catch_up(kv, [reqs[j] for j in behind]) if behind else [], strict=True):
+        caught: dict[int, int] = {}  # position in `reqs` -> its first draft
+        while True:
+            todo = [j for j in range(len(reqs)) if j not in caught]
+            ends = [reqs[j].seq_len for j in todo]
+            firsts = first_unwritten(self.written[kv.contexts([reqs[j] for j in todo], ends)], ends) if todo else []
+            taken: set[int] = set()
+            behind = []
+            for j, first, end in zip(todo, firsts, ends, strict=True):
+                slots = set(kv.table.read(reqs[j].row, end, first).tolist())
+                if end - first > FEED_STEPS or slots & taken:
+                    behind.append(j)
+                taken |= slots
+            if not behind:
+                break
+            caught.update((behind[b], token) for b, token in self._feed_pass(kv, [reqs[j] for j in behind]))
+        start_of = dict(zip(todo, firsts, strict=True))
+        for j, token in caught.items():
             drafts[live[j]].append(token)
-        rows = fed_here + [j for j in behind if ks[live[j]] > 1]
+        rows = todo + [j for j in caught if ks[live[j]] > 1]
         if not rows:
             return drafts
-        starts = [firsts[j] if j in fed_here else ends[j] for j in rows]
-        tokens = [reqs[j].fill_ids[firsts[j] : ends[j]] if j in fed_here else drafts[live[j]][:1] for j in rows]
-        wanted = [ks[live[j]] - (j not in fed_here) for j in rows]
+        starts = [start_of.get(j, reqs[j].seq_len) for j in rows]
+        tokens = [[caught[j]] if j in caught else reqs[j].fill_ids[start_of[j] : reqs[j].seq_len] for j in rows]
+        wanted = [ks[live[j]] - (j in caught) for j in rows]
         reads = [start + len(t) - 1 + n for start, t, n in zip(starts, tokens, wanted, strict=True)]
         slots = [kv.table.read(reqs[j].row, end) for j, end in zip(rows, reads, strict=True)]
         proposals = self.decoder.run(slots, starts, tokens, wanted)
@@ -206,41 +214,48 @@ class DraftModel:
 
     def _catch_up(self, kv: RequestKV, reqs: list[Req]) -> list[int]:
         """Feed each request's tokens from its first position without draft K/V through its
-        pending token (the last of its `seq_len`); its first draft, per request.
-
-        Requests sharing a cached prefix the draft has not written (samples of one prompt)
-        would write the same slots in one pass, which no step may do: the first of them
-        feeds the shared slots, and the others go in a next pass that starts after them."""
+        pending token (the last of its `seq_len`); its first draft, per request: passes of
+        `_feed_pass` until every request is fed."""
         proposed = [0] * len(reqs)
         todo = list(range(len(reqs)))
         while todo:
-            ends = [reqs[i].seq_len for i in todo]
-            contexts = kv.contexts([reqs[i] for i in todo], ends)
-            firsts = first_unwritten(self.written[contexts], ends)
-            taken: set[int] = set()
-            now: list[int] = []  # positions in `todo`
-            for j, (i, first) in enumerate(zip(todo, firsts, strict=True)):
-                slots = set(kv.table.read(reqs[i].row, ends[j], first).tolist())
-                if not slots & taken:
-                    now.append(j)
-                    taken |= slots
-            step = ForwardStep(
-                mode=ForwardMode.DECODE if all(ends[j] - firsts[j] == 1 for j in now) else ForwardMode.EXTEND,
-                input_ids=[t for j in now for t in reqs[todo[j]].fill_ids[firsts[j] : ends[j]]],
-                q_lens=[ends[j] - firsts[j] for j in now],
-                kv_lens=[ends[j] for j in now],
-                kv_indices=kv.contexts([reqs[todo[j]] for j in now], [ends[j] for j in now]),
-                logits_from=[ends[j] - firsts[j] - 1 for j in now],
-            )
-            begun = time.perf_counter()
-            for j, token in zip(now, self.runner.forward(step).argmax(dim=-1).tolist(), strict=True):
+            fed = self._feed_pass(kv, [reqs[i] for i in todo])
+            for j, token in fed:
                 proposed[todo[j]] = token
-            if step.mode is ForwardMode.EXTEND:
-                self.extend_s += time.perf_counter() - begun
-            self._record(step)
-            done = set(now)
+            done = {j for j, _ in fed}
             todo = [i for j, i in enumerate(todo) if j not in done]
         return proposed
+
+    def _feed_pass(self, kv: RequestKV, reqs: list[Req]) -> list[tuple[int, int]]:
+        """One pass of the runner feeding requests their tokens from the first position
+        without draft K/V through their pending token: (index in `reqs`, first draft) of
+        each request it fed. Requests sharing a cached prefix the draft has not written
+        (samples of one prompt) would write the same slots in one pass, which no step may
+        do: the first of them is fed, the others are left for a later pass (which then
+        starts after the slots this one wrote)."""
+        ends = [r.seq_len for r in reqs]
+        firsts = first_unwritten(self.written[kv.contexts(reqs, ends)], ends)
+        taken: set[int] = set()
+        now: list[int] = []
+        for j, (r, first, end) in enumerate(zip(reqs, firsts, ends, strict=True)):
+            slots = set(kv.table.read(r.row, end, first).tolist())
+            if not slots & taken:
+                now.append(j)
+                taken |= slots
+        step = ForwardStep(
+            mode=ForwardMode.DECODE if all(ends[j] - firsts[j] == 1 for j in now) else ForwardMode.EXTEND,
+            input_ids=[t for j in now for t in reqs[j].fill_ids[firsts[j] : ends[j]]],
+            q_lens=[ends[j] - firsts[j] for j in now],
+            kv_lens=[ends[j] for j in now],
+            kv_indices=kv.contexts([reqs[j] for j in now], [ends[j] for j in now]),
+            logits_from=[ends[j] - firsts[j] - 1 for j in now],
+        )
+        begun = time.perf_counter()
+        tokens = self.runner.forward(step).argmax(dim=-1).tolist()
+        if step.mode is ForwardMode.EXTEND:
+            self.extend_s += time.perf_counter() - begun
+        self._record(step)
+        return list(zip(now, tokens, strict=True))
 
     def _record(self, step: ForwardStep) -> None:
         """The draft wrote the K/V of `step`'s new tokens at their slots."""
