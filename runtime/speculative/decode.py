@@ -149,21 +149,24 @@ class SpeculativeDecoder:
 
         costs = self.costs.scaled(self.scales)
         chosen = [0]
+        lengths = [self._length(r) for r in batch]
+        proposed = [lengths]  # the sizes the drafter last asked the cap for: what it could propose
 
         def cap(sizes: list[int]) -> int:
+            proposed[0] = sizes
             expected = [self.lengths[r.rid].expected for r in batch]
             chosen[0] = draft_cap(costs, sizes, expected, model_steps=self.drafter.runner is not None)
             if not chosen[0] and self.undrafted >= PROBE_AFTER and max(sizes, default=0) > 0:
                 chosen[0] = 1
             return chosen[0]
 
-        lengths = [self._length(r) for r in batch]
         drafts = self.drafter.draft(sched.kv, batch, lengths, cap)
         self.undrafted = 0 if any(drafts) else self.undrafted + 1
-        if chosen[0]:  # drafting was worth it, yet these proposed nothing: back off as after a miss
-            for r, n, d in zip(batch, lengths, drafts, strict=True):
-                if n and not d:
-                    self.lengths[r.rid].missed()
+        for r, n, size, d in zip(batch, lengths, proposed[0], drafts, strict=True):
+            if n and not size:
+                self.lengths[r.rid].empty()
+            elif n and chosen[0] and not d:  # drafting was worth it, yet this one got none
+                self.lengths[r.rid].missed()
         return drafts
 
     def _length(self, req: Req) -> int:

@@ -1,12 +1,13 @@
 """How many drafts each request verifies next, and what they are expected to yield: as
 many as its acceptance rate makes worth checking, none for a while after two misses in a
-row."""
+row or after its drafter had nothing to propose."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 MAX_PAUSE_STEPS = 32
+EMPTY_PAUSE_STEPS = 4  # steps a request waits to ask again a drafter that had nothing to propose
 RATE_DECAY = 0.5  # per verification, the weight of the past in a request's acceptance rate
 START_RATE = 0.5  # assumed acceptance of a request's first drafts
 MIN_WORTH = 0.2  # a request's n-th draft is proposed only if it is expected to add this many tokens (rate ** n)
@@ -77,9 +78,14 @@ class DraftLength:
         else:
             self.missed()
 
+    def empty(self) -> None:
+        """The drafter had nothing to propose: ask it again after `EMPTY_PAUSE_STEPS` (its
+        context has to grow before it can find anything new)."""
+        self.pause = max(self.pause, EMPTY_PAUSE_STEPS)
+
     def missed(self) -> None:
-        """A verification kept nothing, or the drafter had nothing to propose: after two
-        in a row, pause for 2, 4, 8 ... steps."""
+        """A verification kept nothing, or drafting was worth it and the request got no
+        drafts: after two in a row, pause for 2, 4, 8 ... steps."""
         self.misses += 1
         if self.misses >= 2:
             self.pause = min(MAX_PAUSE_STEPS, 2 ** (self.misses - 1))

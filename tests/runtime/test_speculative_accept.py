@@ -13,7 +13,7 @@ from sprig.runtime.speculative.accept import (
     residual,
     speculative_step,
 )
-from sprig.runtime.speculative.draft_length import AcceptanceRate, DraftLength
+from sprig.runtime.speculative.draft_length import EMPTY_PAUSE_STEPS, AcceptanceRate, DraftLength
 from sprig.runtime.speculative.ngram import NgramDrafter
 from sprig.runtime.speculative.radix_drafter import RadixDrafter
 
@@ -155,6 +155,13 @@ def test_draft_length_adapts() -> None:
         n.update(1, 1)
     assert n.next() == 4
     assert 0 < n.expected(2) < n.expected(3) < 3
+
+
+def test_a_drafter_with_nothing_to_propose_is_asked_again_later() -> None:
+    n = DraftLength(max_len=4)
+    n.empty()
+    assert [n.next() for _ in range(EMPTY_PAUSE_STEPS + 1)] == [0] * EMPTY_PAUSE_STEPS + [2]
+    assert n.misses == 0  # not a miss: its rate and later pauses are untouched
 
 
 @pytest.mark.parametrize("alpha", [0.3, 0.7, 0.9])
