@@ -143,7 +143,7 @@ class DraftDecoder:
         B, Hq, Hkv, D = fed.shape[0], self.heads, self.kv_heads, self.head_dim
         mask = None
         if B > 1:  # each row attends to its own positions 0 ..= position
-            mask = (torch.arange(upto)[None, :] <= positions[:, None])[:, None, None, :]  # [B, 1, 1, upto]
+            mask = (torch.arange(upto)[None, :] <= positions[:, None])[:, None, :]  # [B, 1, upto]
         rotation = rotary_rows(positions, self.rotary.cos, self.rotary.sin, self.dtype)
         live_rows = torch.tensor(live, dtype=torch.int64)
         pool = self.runner.kv_cache
@@ -174,10 +174,7 @@ class DraftDecoder:
                 v[live_rows] = gather_kv(kv.v, loc, kv.v_scale, self.dtype)
             ks[i][rows, :, positions] = k
             vs[i][rows, :, positions] = v
-            o = F.scaled_dot_product_attention(
-                q[:, :, None, :], ks[i][:, :, :upto], vs[i][:, :, :upto],
-                attn_mask=mask, scale=self.sm_scale, enable_gqa=Hq != Hkv,
-            )  # [B, Hq, 1, D]
+            o = _attend(q, ks[i][:, :, :upto], vs[i][:, :, :upto], mask, self.sm_scale)  # [B, Hq, D]
             hidden = F.linear(o.reshape(B, Hq * D), *w.o)
             hidden, residual = rms_norm_ref(hidden, w.post_norm, w.eps, residual)
             hidden = F.linear(silu_and_mul_ref(F.linear(hidden, *w.gate_up)), *w.down)
@@ -198,6 +195,21 @@ class DraftDecoder:
             logits_from=[0] * len(live),
         )
         return self.runner.forward(step)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            scale: float) -> torch.Tensor:
+    """One query per row: q `[B, Hq, D]` over k, v `[B, Hkv, L, D]` (query head h reads KV
+    head h // (Hq / Hkv)), where `mask` `[B, 1, L]` (None: all) says which positions count;
+    `[B, Hq, D]`. Two batched matmuls and a softmax: for one query row SDPA's masked path
+    is slower on the CPU."""
+    B, Hq, D = q.shape
+    Hkv = k.shape[1]
+    qg = q.view(B, Hkv, Hq // Hkv, D)  # [B, Hkv, G, D]
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale)  # [B, Hkv, G, L]
+    if mask is not None:
+        scores.masked_fill_(~mask[:, :, None, :], float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v).view(B, Hq, D)
 
 
 def _layer(layer: torch.nn.Module) -> _Layer:
