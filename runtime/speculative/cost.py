@@ -129,7 +129,7 @@ def draft_cap(costs: PassCosts, sizes: Sequence[int], expected: Sequence[Callabl
     return best
 
 
-def timed_ms(run: Callable[[], object], repeats: int = 3) -> float:
+def timed_ms(run: Callable[[], object], repeats: int = 7) -> float:
     """Median wall milliseconds of `run()` over `repeats` calls, after one untimed call."""
     run()
     times = []
