@@ -10,8 +10,8 @@ from _backend import backend, sampling_parser
 import sprig
 from sprig.meta import best_of_n
 
-QUESTION = ("Leo has 44 stamps. Then Leo gives away 37. Then Leo triples them. Then Leo gives away 13. "
-            "How many stamps does Leo have now?")
+QUESTION = ("Fay has 24 stamps. Then Fay buys 34 more. Then Fay gives away 26. Then Fay buys 21 more. "
+            "How many stamps does Fay have now?")
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ class Task:
 
 TASKS = {
     "arithmetic": Task(0.20, None),
-    "tools": Task(0.13, make_tool_dialogue),
-    "json": Task(0.22, make_extraction_dialogue),
-    "few-shot": Task(0.32, make_facts_dialogue),
+    "tools": Task(0.07, make_tool_dialogue),
+    "json": Task(0.24, make_extraction_dialogue),
+    "few-shot": Task(0.36, make_facts_dialogue),
     "multi-turn": Task(0.13, make_chat_dialogue),
 }
 
