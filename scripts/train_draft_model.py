@@ -38,7 +38,7 @@ class DraftConfig:
     out: str = "runtime/demo/draft"
     teacher: str = str(DEMO_MODEL_PATH)
     seed: int = 0
-    steps: int = 500
+    steps: int = 1000
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 20
