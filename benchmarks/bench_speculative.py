@@ -21,6 +21,7 @@ draft side's draft model is the one shipped for the demo model (runtime/demo/dra
 
     python benchmarks/bench_speculative.py                 # the embedded demo model
     python benchmarks/bench_speculative.py --repeats 5 --batches 1 8
+    python benchmarks/bench_speculative.py --device cuda   # on a GPU (CUDA graphs on)
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", help="the target's and the draft's weights and KV")
+    ap.add_argument("--max-total-tokens", type=int, default=16384,
+                    help="each engine's KV pool (the CPU default; every side and batch size has its own engine)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     ap.add_argument("--sides", nargs="+", default=["off", *SIDES[1:]], choices=["off", *SIDES[1:]])
     args = ap.parse_args()
@@ -121,7 +126,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     engines = {
-        (side, batch): Engine(dtype="float32", speculative_algorithm=side, max_running_requests=batch,
+        (side, batch): Engine(dtype=args.dtype, device=args.device, max_total_tokens=args.max_total_tokens,
+                              speculative_algorithm=side, max_running_requests=batch,
                               speculative_num_draft_tokens=args.num_draft_tokens,
                               speculative_draft_model_path=str(DRAFT_MODEL_PATH) if side == "draft" else None)
         for side in sides for batch in args.batches
@@ -131,7 +137,8 @@ def main() -> None:
     texts = prompts(tokenizer, problems)
     for engine in engines.values():  # warm-up
         engine.generate(texts[:2], {"max_new_tokens": 8, "temperature": 0})
-    print(f"demo model, float32, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats, medians; "
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
+    print(f"demo model, {args.dtype}, {args.device} ({where}), {args.repeats} interleaved repeats, medians; "
           f"--num-draft-tokens {args.num_draft_tokens}")
     print(f"{'task':<18}{'batch':>6} {'side':<7}{'wall s':>9}{'passes':>8}{'tok/pass':>9}{'passes x':>9}{'wall x':>8}")
     for task in args.tasks:

@@ -82,6 +82,8 @@ HELP = {
     "speculative_draft_model_path": "the draft model of --speculative-algorithm draft: a local Hugging Face "
     "checkpoint with the target's tokenizer (same vocabulary, same token ids), run beside the target with a KV "
     "pool of as many slots (not with --tp-size > 1)",
+    "disable_draft_decoder": "run the draft model's decode steps through its model runner on the CPU too, "
+    "instead of the contiguous CPU draft decoder (the plain path; for checking it)",
     "speculative_num_draft_tokens": "most drafted tokens verified per request and step (each request's length "
     "adapts to its acceptance)",
     "speculative_pass_costs": "milliseconds of a target decode pass, a verification pass and a draft-model step "

@@ -13,7 +13,8 @@
 #           (bench_kernels), obench (bench_offline, 1b bf16, with transformers),
 #           obench-eager (bench_offline without CUDA graphs, no transformers), sbench
 #           (bench_serving vs the offline engine: bench_offline's workload through a
-#           local server on the 1b model), sbench-poisson (random prompts at 32 requests/s)
+#           local server on the 1b model), sbench-poisson (random prompts at 32 requests/s),
+#           spbench (bench_speculative: each drafter vs off on the demo model, CUDA graphs on)
 set -u
 export PYTHONUNBUFFERED=1
 WHEELS=${WHEELS:-.whl}
@@ -43,6 +44,7 @@ for phase in "$@"; do
     kbench) "${RUN[@]}" python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log";;
     obench) "${RUN[@]}" python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b 2>&1 | tee "$OUT/bench_offline.log";;
     obench-eager) "${RUN[@]}" python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b --skip-transformers --disable-cuda-graph 2>&1 | tee "$OUT/bench_offline_eager.log";;
+    spbench) "${RUN[@]}" python3 benchmarks/bench_speculative.py --device cuda --repeats 3 2>&1 | tee "$OUT/bench_speculative.log";;
     sbench|sbench-poisson)
       [ -d "$SITE/m1b" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_offline import SIZES; \
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint; build_tiny_checkpoint('$SITE/m1b', 'llama', max_position_embeddings=4096, **SIZES['1b'])" >/dev/null 2>&1

@@ -46,6 +46,9 @@ class SchedulerConfig:
       passes and of a draft-model step (`speculative.cost.PassCosts`), which decide how
       many drafts a step verifies (none unless that is expected to be faster); None:
       measured when the engine starts and corrected by timing the passes as they run.
+      `disable_draft_decoder`: run the draft model's rounds of decode steps through its
+      runner (`speculative.runner_rounds`, the plain path CUDA takes) also where the
+      CPU's contiguous `DraftDecoder` could run them; drafts and outputs stay exact.
     """
 
     max_running_requests: int = 64
@@ -66,6 +69,7 @@ class SchedulerConfig:
     speculative_num_draft_tokens: int = 4
     speculative_pass_costs: str | None = None
     speculative_draft_model_path: str | None = None
+    disable_draft_decoder: bool = False
     check_integrity: bool = False
 
     def __post_init__(self) -> None:

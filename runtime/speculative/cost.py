@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 FIELDS = ("decode fixed", "decode per request", "verify fixed", "verify per request", "verify per token",
           "draft fixed", "draft per request")
 MIN_SPEEDUP = 1.05  # drafting must be expected this much faster than the plain pass
@@ -118,26 +120,38 @@ def draft_cap(costs: PassCosts, sizes: Sequence[int], expected: Sequence[Callabl
     batch = len(sizes)
     plain = batch / max(costs.decode.at(batch), 1e-9)
     best, best_rate = 0, plain * MIN_SPEEDUP
+    gains = [[e(n) for n in range(size + 1)] for e, size in zip(expected, sizes, strict=True)]
+    drafting = [sum(1 for n in sizes if n > j) for j in range(max(sizes, default=0))]  # requests at draft step j
+    steps_ms = 0.0
     for cap in range(1, max(sizes, default=0) + 1):
         ns = [min(n, cap) for n in sizes]
-        tokens = batch + sum(e(n) for e, n in zip(expected, ns, strict=True))
-        ms = costs.verify.at(batch, batch + sum(ns))
+        tokens = batch + sum(g[n] for g, n in zip(gains, ns, strict=True))
         if model_steps:
-            ms += sum(costs.draft.at(sum(1 for n in ns if n > j)) for j in range(cap))
+            steps_ms += costs.draft.at(drafting[cap - 1])
+        ms = costs.verify.at(batch, batch + sum(ns)) + steps_ms
         if tokens / max(ms, 1e-9) > best_rate:
             best, best_rate = cap, tokens / max(ms, 1e-9)
     return best
 
 
 def timed_ms(run: Callable[[], object], repeats: int = 7) -> float:
-    """Median wall milliseconds of `run()` over `repeats` calls, after one untimed call."""
-    run()
+    """Median wall milliseconds of `run()` over `repeats` calls, after one untimed call.
+    A call that returns a CUDA tensor is timed until the device has computed it: a pass
+    of the scheduler ends by reading its tokens back, so kernel launches alone (a CUDA
+    graph's replay is one) would make it look far cheaper than it is."""
+    finished(run())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        run()
+        finished(run())
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def finished(result: object) -> None:
+    """Wait for the device that computes `result`, where it is a CUDA tensor."""
+    if isinstance(result, torch.Tensor) and result.is_cuda:
+        torch.cuda.synchronize(result.device)
 
 
 def line_through(x0: float, y0: float, x1: float, y1: float) -> Line:

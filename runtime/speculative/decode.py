@@ -35,7 +35,7 @@ from sprig.runtime.speculative.drafter import DRAFTERS
 
 log = logging.getLogger("sprig.scheduler")
 PRIOR_DECAY = 0.9  # per verification, the weight of the past in the acceptance a new request is assumed to have
-PROBE_AFTER = 64  # steps in a row without drafts, after which one step verifies a draft per request
+PROBE_AFTER = 64  # steps in a row without drafts or probes, after which one step asks for a draft per request
 
 if TYPE_CHECKING:
     from sprig.radix import PrefixCache
@@ -143,12 +143,15 @@ class SpeculativeDecoder:
         """The drafts each request verifies this step, their slots reserved: as many as
         `draft_cap` finds worth their cost (none at all when the plain pass is expected
         to be as fast: a pass with drafts leaves the decode path for every request).
-        After `PROBE_AFTER` steps in a row without drafts, one step verifies a draft per
-        request anyway: what drafts are expected to yield is learnt only from drafts
-        verified, and a pessimistic prior would otherwise never be tested."""
+        After `PROBE_AFTER` steps in a row without drafts or probes, one step asks the
+        drafter for a draft per request anyway (a probe): what drafts are expected to
+        yield is learnt only from drafts verified, and a pessimistic prior would otherwise
+        never be tested. A probe the drafter has nothing for waits `PROBE_AFTER` steps
+        like one that drafted: proposing is work, which a gate that declines drafts
+        should not repeat every step."""
 
         costs = self.costs.scaled(self.scales)
-        chosen = [0]
+        chosen, probed = [0], [False]
         lengths = [self._length(r) for r in batch]
         proposed = [lengths]  # the sizes the drafter last asked the cap for: what it could propose
 
@@ -157,11 +160,11 @@ class SpeculativeDecoder:
             expected = [self.lengths[r.rid].expected for r in batch]
             chosen[0] = draft_cap(costs, sizes, expected, model_steps=self.drafter.runner is not None)
             if not chosen[0] and self.undrafted >= PROBE_AFTER and max(sizes, default=0) > 0:
-                chosen[0] = 1
+                chosen[0], probed[0] = 1, True
             return chosen[0]
 
         drafts = self.drafter.draft(sched.kv, batch, lengths, cap)
-        self.undrafted = 0 if any(drafts) else self.undrafted + 1
+        self.undrafted = 0 if any(drafts) or probed[0] else self.undrafted + 1  # a probe that found nothing counts
         for r, n, size, d in zip(batch, lengths, proposed[0], drafts, strict=True):
             if n and not size:
                 self.lengths[r.rid].empty()

@@ -32,10 +32,9 @@ from sprig.kernels.paged import gather_kv
 from sprig.kernels.rmsnorm import rms_norm_ref
 from sprig.kernels.rotary import apply_rotary_ref, rotary_rows
 from sprig.kernels.store_kv import store_kv_ref
-from sprig.runtime.forward_batch import ForwardMode
-from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.models.llama import DecoderModel
+from sprig.runtime.speculative.runner_rounds import round_step
 
 # |lean - general| allowed in shadow mode, times (1 + the largest |logit|), by model dtype
 SHADOW_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
@@ -185,16 +184,7 @@ class DraftDecoder:
                  live: list[int], j: int) -> torch.Tensor:
         """Shadow mode: step `j` of the live rows on the runner's general path (it writes
         the same slots, which the step after it overwrites)."""
-        ends = [starts[b] + j + 1 for b in live]
-        step = ForwardStep(
-            mode=ForwardMode.DECODE,
-            input_ids=fed[live].tolist(),
-            q_lens=[1] * len(live),
-            kv_lens=ends,
-            kv_indices=torch.cat([slots[b][:end] for b, end in zip(live, ends, strict=True)]),
-            logits_from=[0] * len(live),
-        )
-        return self.runner.forward(step)
+        return self.runner.forward(round_step(slots, starts, fed.tolist(), live, j))
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -18,19 +18,21 @@ the same token there in the same step:
   drafts it rejected, before any token is emitted (`verified`);
 - the draft's own passes set `written` at the slots they write.
 
-Drafting for a request first feeds the draft every token of its context from the first
-position whose slot is not `written` through its pending token (one extend, batched
-across requests: usually just the pending token, or the last kept draft and the pending
-token; a second one after it where requests share a prefix the draft has not written),
-then k - 1 decode steps. A request the scheduler runs without drafts for a while
-(`cost.draft_cap` chose none) costs the draft nothing until it drafts again. On the CPU
-the decode steps run as one round of `draft_decoder.DraftDecoder` (contiguous copies of
-the contexts, gathered once), which also feeds a request's few unwritten tokens (at most
-`FEED_STEPS`: the last kept draft and the pending token) one at a time, so only a prompt
-takes an extend on the runner. The runner's steps there are extends only (and, in the
-decoder's shadow mode, decode steps that write each slot just before the decoder writes
-it again), so the CPU attention backend's K/V kept between decode steps (`kept_kv`),
-cleared by every extend, never holds what the decoder has since overwritten.
+Drafting for a request feeds the draft every token of its context from the first
+position whose slot is not `written` through its pending token, then proposes k tokens,
+in one round of decode steps batched across requests: a request's few unwritten tokens
+(at most `FEED_STEPS`: usually the pending token, or the last kept draft and the pending
+token) are fed one a step, the round's first steps; a request with more to feed (a
+prompt), or whose unwritten slots another request of the round also feeds (samples of a
+prompt sharing a prefix the draft has not written), first catches up in an extend on the
+runner. A request the scheduler runs without drafts for a while (`cost.draft_cap` chose
+none) costs the draft nothing until it drafts again. On the CPU the rounds run in
+`draft_decoder.DraftDecoder` (contiguous copies of the contexts, gathered once); its
+runner's steps are extends only (and, in the decoder's shadow mode, decode steps that
+write each slot just before the decoder writes it again), so the CPU attention backend's
+K/V kept between decode steps (`kept_kv`), cleared by every extend, never holds what the
+decoder has since overwritten. Elsewhere (CUDA: graph-replayed steps) they run through
+the runner's general decode path (`runner_rounds.RunnerRounds`).
 
 The proposals are the draft's argmax tokens: a deterministic drafter, accepted by the
 coupling `accepted_length` at every temperature, so greedy outputs equal plain decoding's
@@ -53,10 +55,10 @@ from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
 from sprig.runtime.models import supported_architectures
-from sprig.runtime.speculative.calibrate import calibration_step
 from sprig.runtime.speculative.cost import timed_ms
 from sprig.runtime.speculative.draft_decoder import DraftDecoder
 from sprig.runtime.speculative.draft_decoder import supports as supports_contiguous
+from sprig.runtime.speculative.runner_rounds import RunnerRounds
 from sprig.runtime.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
@@ -64,7 +66,7 @@ if TYPE_CHECKING:
     from sprig.runtime.scheduler.request import Req
 
 FLAG = "--speculative-draft-model-path"
-FEED_STEPS = 4  # on the CPU, a request feeds at most this many tokens to the draft one at a time (more: an extend)
+FEED_STEPS = 4  # a request feeds at most this many tokens to the draft in a round's steps (more: an extend first)
 
 
 def draft_runner_config(path: str, target: ModelRunner) -> RunnerConfig:
@@ -96,7 +98,9 @@ def check_same_vocabulary(draft_path: str, target_path: str, draft_vocab: int, t
 class DraftModel:
     """The `draft` drafter: owns the draft's `ModelRunner` (see the module's invariant)."""
 
-    def __init__(self, path: str, target: ModelRunner) -> None:
+    def __init__(self, path: str, target: ModelRunner, *, contiguous: bool = True) -> None:
+        """`contiguous`: run rounds in `DraftDecoder` where it supports the draft's runner
+        (else, and where it does not, through the runner: `RunnerRounds`)."""
         if not Path(path).is_dir():
             raise ValueError(f"{FLAG} {path!r} is not a directory")
         config = draft_runner_config(path, target)
@@ -116,8 +120,8 @@ class DraftModel:
         rows = self.runner.kv_cache.num_slots + self.runner.kv_cache.page_size
         self.written = torch.zeros(rows, dtype=torch.bool)  # [rows]
         self.wrote = torch.full((rows, 2), -1, dtype=torch.int64)  # [rows, (token, position)] last draft write
-        self.decoder = (DraftDecoder(self.runner, shadow=config.shadow_attention)
-                        if supports_contiguous(self.runner) else None)
+        self.rounds = (DraftDecoder(self.runner, shadow=config.shadow_attention)
+                       if contiguous and supports_contiguous(self.runner) else RunnerRounds(self.runner))
         self.extend_s = 0.0  # seconds the last `draft` spent in extends (catching up on prompts)
 
     def step_ms(self, batch: int, context: int, first_slot: int, steps: int) -> float:
@@ -125,12 +129,9 @@ class DraftModel:
         requests of `context`-token contexts (`steps <= context`), measured on garbage
         K/V in the slots from `first_slot` (one context per request): for calibration,
         with every slot free."""
-        if self.decoder is None:
-            step = calibration_step(batch, 1, context, first_slot)
-            return timed_ms(lambda: self.runner.forward(step))
         slots = [torch.arange(first_slot + b * context, first_slot + (b + 1) * context) for b in range(batch)]
         starts = [context - steps] * batch
-        return timed_ms(lambda: self.decoder.run(slots, starts, [[0]] * batch, [steps] * batch)) / steps
+        return timed_ms(lambda: self.rounds.run(slots, starts, [[0]] * batch, [steps] * batch)) / steps
 
     def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
               cap: Callable[[list[int]], int]) -> list[list[int]]:
@@ -147,38 +148,17 @@ class DraftModel:
         live = [i for i, k in enumerate(ks) if k]
         if not live:
             return drafts
-        if self.decoder is not None:
-            return self._draft_contiguous(kv, batch, ks, live, drafts)
-        tokens = self._catch_up(kv, [batch[i] for i in live])
-        for i, token in zip(live, tokens, strict=True):
-            drafts[i].append(token)
-        for j in range(1, max(ks)):
-            live = [i for i in live if ks[i] > j]
-            reqs = [batch[i] for i in live]
-            ends = [r.seq_len + j for r in reqs]
-            contexts = kv.contexts(reqs, ends)
-            step = ForwardStep(
-                mode=ForwardMode.DECODE,
-                input_ids=[drafts[i][-1] for i in live],
-                q_lens=[1] * len(live),
-                kv_lens=ends,
-                kv_indices=contexts,
-                logits_from=[0] * len(live),
-            )
-            proposed = self.runner.forward(step).argmax(dim=-1).tolist()
-            self._record(step)
-            for i, token in zip(live, proposed, strict=True):
-                drafts[i].append(token)
-        return drafts
+        return self._draft_round(kv, batch, ks, live, drafts)
 
-    def _draft_contiguous(self, kv: RequestKV, batch: list[Req], ks: list[int], live: list[int],
+    def _draft_round(self, kv: RequestKV, batch: list[Req], ks: list[int], live: list[int],
                           drafts: list[list[int]]) -> list[list[int]]:
-        """`draft` on the CPU: requests with more than `FEED_STEPS` tokens to feed (a
-        prompt), or whose tokens to feed lie in slots another request also feeds, catch up
-        on the runner (`_feed_pass`: an extend, which also proposes their first draft) until
-        every other request has at most `FEED_STEPS` tokens of its own to feed (the samples
-        of a prompt wait for the first of them to feed their shared slots); then
-        `self.decoder` feeds those and proposes every remaining draft in one round."""
+        """The drafts of the `live` requests of `batch` (`ks[i]` each): requests with more
+        than `FEED_STEPS` tokens to feed (a prompt), or whose tokens to feed lie in slots
+        another request also feeds, catch up on the runner (`_feed_pass`: an extend, which
+        also proposes their first draft) until every other request has at most
+        `FEED_STEPS` tokens of its own to feed (the samples of a prompt wait for the first
+        of them to feed their shared slots); then `self.rounds` feeds those and proposes
+        every remaining draft in one round."""
         reqs = [batch[i] for i in live]
         caught: dict[int, int] = {}  # position in `reqs` -> its first draft
         while True:
@@ -206,25 +186,11 @@ class DraftModel:
         wanted = [ks[live[j]] - (j in caught) for j in rows]
         reads = [start + len(t) - 1 + n for start, t, n in zip(starts, tokens, wanted, strict=True)]
         slots = [kv.table.read(reqs[j].row, end) for j, end in zip(rows, reads, strict=True)]
-        proposals = self.decoder.run(slots, starts, tokens, wanted)
+        proposals = self.rounds.run(slots, starts, tokens, wanted)
         for j, start, end, fed, proposed, row_slots in zip(rows, starts, reads, tokens, proposals, slots, strict=True):
             drafts[live[j]] += proposed
             self._wrote(row_slots[start:end], fed + proposed[:-1], torch.arange(start, end))
         return drafts
-
-    def _catch_up(self, kv: RequestKV, reqs: list[Req]) -> list[int]:
-        """Feed each request's tokens from its first position without draft K/V through its
-        pending token (the last of its `seq_len`); its first draft, per request: passes of
-        `_feed_pass` until every request is fed."""
-        proposed = [0] * len(reqs)
-        todo = list(range(len(reqs)))
-        while todo:
-            fed = self._feed_pass(kv, [reqs[i] for i in todo])
-            for j, token in fed:
-                proposed[todo[j]] = token
-            done = {j for j, _ in fed}
-            todo = [i for j, i in enumerate(todo) if j not in done]
-        return proposed
 
     def _feed_pass(self, kv: RequestKV, reqs: list[Req]) -> list[tuple[int, int]]:
         """One pass of the runner feeding requests their tokens from the first position

@@ -93,7 +93,7 @@ class ContextDrafts:
 
 def _draft_model(config: SchedulerConfig, cache: PrefixCache, runner: ModelRunner) -> Drafter:
     assert config.speculative_draft_model_path is not None  # SchedulerConfig checks it
-    return DraftModel(config.speculative_draft_model_path, runner)
+    return DraftModel(config.speculative_draft_model_path, runner, contiguous=not config.disable_draft_decoder)
 
 
 DRAFTERS: dict[str, Callable[[SchedulerConfig, PrefixCache, ModelRunner], Drafter]] = {

@@ -10,7 +10,8 @@ engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough 
 retract, radix on or off, few or many running requests, each schedule policy, either
 attention backend, a float or an int8 KV cache, float or int4 weights, speculative
 decoding off or with any drafter (the draft model: the target's first layer,
-`draft_checkpoints.truncated_draft`; alone runs never speculate), in shadow mode,
+`draft_checkpoints.truncated_draft`, its rounds in the CPU's draft decoder or through its
+runner as on CUDA; alone runs never speculate), in shadow mode,
 driven step by step through the scheduler.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
@@ -249,6 +250,8 @@ def _options(
         # always draft, or costs under which some steps draft and some do not (never measured: replayable)
         options["speculative_pass_costs"] = rng.choice(["1,0,0,0,0,0,0", "1,0,0,0,0,0,0", "2,0.05,2,0.02,0.05,1,0.05",
                                                         "1,0.01,3,0.1,0.1,2,0.1"])
+        if options["speculative_algorithm"] == "draft" and rng.random() < 0.5:
+            options["disable_draft_decoder"] = True  # the rounds CUDA runs: the runner's decode steps
     return options
 
 
@@ -531,7 +534,7 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     stats.by_kv_cache[kv] = stats.by_kv_cache.get(kv, 0) + 1
     weights = "weights " + options.get("quantization", "float")
     stats.by_weights[weights] = stats.by_weights.get(weights, 0) + 1
-    spec = "spec " + (options.get("speculative_algorithm") or "off")
+    spec = "spec " + (options.get("speculative_algorithm") or "off") + (" (runner rounds)" if options.get("disable_draft_decoder") else "")
     stats.by_spec[spec] = stats.by_spec.get(spec, 0) + 1
     tp = f"tp {options.get('tp_size', 1)}"
     stats.by_tp[tp] = stats.by_tp.get(tp, 0) + 1

@@ -1,6 +1,7 @@
 """The draft model's contiguous decode rounds (`DraftDecoder`) against the runner's general
 path, on every architecture, with a float and an int8 KV pool: the same proposals, logits
-equal up to rounding at every step (shadow mode), and the same K/V left in the pool."""
+equal up to rounding at every step (shadow mode), and the same K/V left in the pool. The
+plain rounds (`RunnerRounds`, the runner's decode steps) against the same reference."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner, RunnerConfig
 from sprig.runtime.speculative.draft_decoder import DraftDecoder, supports
+from sprig.runtime.speculative.runner_rounds import RunnerRounds
 
 CONTEXTS = [7, 12, 1, 30]  # prompt tokens in the pool per request
 DRAFTS = [4, 2, 3, 1]
@@ -70,6 +72,17 @@ def test_a_round_equals_the_general_path(arch: str, kv_cache_dtype: str, tiny_ch
     for a, b in zip(general.kv_cache.k + general.kv_cache.v, lean.kv_cache.k + lean.kv_cache.v, strict=True):
         torch.testing.assert_close(b[written].float(), a[written].float(), atol=1e-5 if kv_cache_dtype == "auto" else 1,
                                    rtol=1e-4 if kv_cache_dtype == "auto" else 0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_runner_rounds_equal_the_general_path(arch: str, tiny_checkpoints: dict[str, Path]) -> None:
+    """Requests feeding one to three tokens before their drafts, in one round of steps."""
+    general, plain = runner(tiny_checkpoints[arch]), runner(tiny_checkpoints[arch])
+    slots = prefill(general)
+    prefill(plain)
+    assert RunnerRounds(plain).run(slots, CONTEXTS, FED, DRAFTS) == general_round(general, slots)
+    for a, b in zip(general.kv_cache.k + general.kv_cache.v, plain.kv_cache.k + plain.kv_cache.v, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_shadow_mode_catches_a_wrong_step(tiny_llama: Path) -> None:

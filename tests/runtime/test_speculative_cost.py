@@ -14,6 +14,7 @@ from sprig.runtime.speculative import decode
 from sprig.runtime.speculative.calibrate import calibrate
 from sprig.runtime.speculative.cost import Line, PassCosts, Plane, draft_cap
 from sprig.runtime.speculative.draft_length import DraftLength
+from sprig.runtime.speculative.ngram import NgramDrafter
 
 FREE = PassCosts(Line(1, 0), Plane(0, 0, 0), Line(0, 0))  # drafting costs nothing: always the longest drafts
 
@@ -128,3 +129,24 @@ def test_a_pessimistic_prior_is_tested_by_a_probe(probe: bool, tiny_llama: Path,
         assert stats.verify_steps < 2 * after
     else:
         assert stats.drafted == 0 and stats.verify_steps == params["max_new_tokens"] - 1
+
+
+def test_a_probe_that_finds_nothing_waits_like_one_that_drafted(tiny_llama: Path, monkeypatch) -> None:
+    """Costs under which drafts never pay, and a drafter that never has anything to
+    propose: it is asked once per `PROBE_AFTER` steps (per request), not on every step
+    after the first probe, which would make a declining gate pay for proposals anyway.
+    Outputs are plain decoding's."""
+    costs = "1,0,100,0,1,0,0"  # decode 1 ms, verification 100 ms: no draft is ever worth it
+    asked = []
+    monkeypatch.setattr(NgramDrafter, "propose", lambda self, context, k: asked.append(len(context)) or [])
+    after = decode.PROBE_AFTER
+    params = {"max_new_tokens": 4 * after, "temperature": 0, "ignore_eos": True}
+    with Engine(tiny_llama, dtype="float32", check_integrity=True, speculative_algorithm="ngram",
+                speculative_pass_costs=costs) as engine:
+        outs = engine.generate(PROMPTS[:2], params)
+        stats = engine.scheduler.speculative.stats
+        assert_idle_and_intact(engine)
+    with Engine(tiny_llama, dtype="float32") as plain:
+        assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain.generate(PROMPTS[:2], params)]
+    assert stats.drafted == 0 and stats.verify_steps == params["max_new_tokens"] - 1
+    assert 0 < len(asked) <= 2 * (params["max_new_tokens"] // (after + 1))

@@ -1,7 +1,9 @@
 """The draft-model drafter: its KV lives in a second pool at the target's slots, written
 lazily where a per-slot flag says it is missing (so a target that is its own draft has
 every draft accepted, through cache hits, chunked prefill and retraction); drafts of
-another shape leave greedy outputs exact; bad flags are refused naming the flag."""
+another shape leave greedy outputs exact; bad flags are refused naming the flag. Both
+round implementations run these: the CPU's contiguous `DraftDecoder` and the runner's
+own decode steps (`RunnerRounds`, what CUDA runs)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from sprig.runtime import Engine
 from sprig.runtime.cli import main
 from sprig.runtime.model_runner import draft_footprint
 from sprig.runtime.speculative.draft_model import DraftModel
+from sprig.runtime.speculative.runner_rounds import RunnerRounds
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 PROMPTS = [
@@ -43,9 +46,17 @@ def small_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                  num_key_value_heads=1)
 
 
-def _engine(target: Path, draft: Path, **options) -> Engine:
+@pytest.fixture(params=["decoder", "runner"])
+def rounds(request: pytest.FixtureRequest) -> str:
+    """Which rounds the draft runs: `DraftDecoder` (the CPU's own) or `RunnerRounds`
+    (`disable_draft_decoder`)."""
+    return request.param
+
+
+def _engine(target: Path, draft: Path, rounds: str = "decoder", **options) -> Engine:
     return Engine(target, dtype="float32", check_integrity=True, speculative_algorithm="draft",
-                  speculative_draft_model_path=str(draft), speculative_pass_costs="1,0,0,0,0,0,0", **options)
+                  speculative_draft_model_path=str(draft), speculative_pass_costs="1,0,0,0,0,0,0",
+                  disable_draft_decoder=rounds == "runner", **options)
 
 
 def _run_twice(engine: Engine) -> list[list[int]]:
@@ -67,11 +78,12 @@ OPTION_IDS = ["plain", "chunked-paged", "retraction", "triton"]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
-def test_a_self_draft_has_every_draft_accepted(options, tiny_llama, reference) -> None:
+def test_a_self_draft_has_every_draft_accepted(options, rounds, tiny_llama, reference) -> None:
     """The target as its own draft: its drafts are the target's greedy tokens exactly when
     the draft pool holds the target's K/V at every slot the drafts read, prefixes cached
     by other requests, other chunks and retracted requests' slots included."""
-    with _engine(tiny_llama, tiny_llama, **options) as engine:
+    with _engine(tiny_llama, tiny_llama, rounds, **options) as engine:
+        assert isinstance(engine.scheduler.speculative.drafter.rounds, RunnerRounds) == (rounds == "runner")
         assert _run_twice(engine) == reference * 2
         stats = engine.scheduler.speculative.stats
         if "max_total_tokens" in options:
@@ -80,21 +92,21 @@ def test_a_self_draft_has_every_draft_accepted(options, tiny_llama, reference) -
 
 
 @pytest.mark.parametrize("skipped", ["mirror", "verified"])
-def test_a_stale_written_flag_is_caught(skipped, tiny_llama, monkeypatch) -> None:
+def test_a_stale_written_flag_is_caught(skipped, rounds, tiny_llama, monkeypatch) -> None:
     """Without the prefills' or the verification passes' clearing of `written`, slots the
     target rewrote (freed and handed to other tokens in a small pool, or a rejected
     draft's slot reused for the target's own token) still count as holding the draft's
     K/V: the shadow check of `check_integrity` (`DraftModel.check`) finds such a slot.
     The same run with the clearing passes it (the other tests here)."""
     monkeypatch.setattr(DraftModel, skipped, lambda self, *args: None)
-    engine = _engine(tiny_llama, truncated_draft(tiny_llama), **OPTIONS[2])
+    engine = _engine(tiny_llama, truncated_draft(tiny_llama), rounds, **OPTIONS[2])
     with engine, pytest.raises(AssertionError, match="draft KV: slot"):
         _run_twice(engine)
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
-def test_a_draft_of_other_shapes_keeps_greedy_exact(options, tiny_llama, small_draft, reference) -> None:
-    with _engine(tiny_llama, small_draft, **options) as engine:
+def test_a_draft_of_other_shapes_keeps_greedy_exact(options, rounds, tiny_llama, small_draft, reference) -> None:
+    with _engine(tiny_llama, small_draft, rounds, **options) as engine:
         assert engine.scheduler.speculative.drafter.runner.kv_cache.shape.num_layers == 1
         assert _run_twice(engine) == reference * 2
         assert engine.scheduler.speculative.stats.drafted > 0
@@ -115,7 +127,7 @@ def test_n_samples_stop_strings_and_logprobs_equal_plain(tiny_llama) -> None:
         assert [lp for lp, _, _ in got_lp] == pytest.approx([lp for lp, _, _ in want_lp], abs=1e-5)
 
 
-def test_samples_sharing_a_prefix_the_draft_has_not_written(tiny_llama) -> None:
+def test_samples_sharing_a_prefix_the_draft_has_not_written(rounds, tiny_llama) -> None:
     """A prompt past the CPU attention's shared-prefix threshold (32 tokens) is cached by a
     request that never drafted (one token, from the prefill), then n samples of it share
     its slots, which the draft has not written: one pass may not write them twice (the
@@ -126,7 +138,7 @@ def test_samples_sharing_a_prefix_the_draft_has_not_written(tiny_llama) -> None:
     sp = {"max_new_tokens": 12, "temperature": 0, "n": 4, "ignore_eos": True}
     with Engine(tiny_llama, dtype="float32") as plain:
         want = [o["output_ids"] for o in plain.generate([prompt], sp)]
-    with _engine(tiny_llama, tiny_llama) as engine:
+    with _engine(tiny_llama, tiny_llama, rounds) as engine:
         engine.generate([prompt], {"max_new_tokens": 1})
         assert engine.scheduler.speculative.stats.drafted == 0
         assert [o["output_ids"] for o in engine.generate([prompt], sp)] == want
