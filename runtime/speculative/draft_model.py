@@ -151,7 +151,7 @@ class DraftModel:
         return self._draft_round(kv, batch, ks, live, drafts)
 
     def _draft_round(self, kv: RequestKV, batch: list[Req], ks: list[int], live: list[int],
-                          drafts: list[list[int]]) -> list[list[int]]:
+                     drafts: list[list[int]]) -> list[list[int]]:
         """The drafts of the `live` requests of `batch` (`ks[i]` each): requests with more
         than `FEED_STEPS` tokens to feed (a prompt), or whose tokens to feed lie in slots
         another request also feeds, catch up on the runner (`_feed_pass`: an extend, which
