@@ -12,7 +12,7 @@ from engine_helpers import assert_idle_and_intact, hf_greedy
 from sprig.runtime import Engine
 from sprig.runtime.speculative import decode
 from sprig.runtime.speculative.calibrate import calibrate
-from sprig.runtime.speculative.cost import Line, PassCosts, Plane, draft_cap
+from sprig.runtime.speculative.cost import Line, PassCosts, Plane, draft_cap, timed_ms
 from sprig.runtime.speculative.draft_length import DraftLength
 from sprig.runtime.speculative.ngram import NgramDrafter
 
@@ -150,3 +150,20 @@ def test_a_probe_that_finds_nothing_waits_like_one_that_drafted(tiny_llama: Path
         assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain.generate(PROMPTS[:2], params)]
     assert stats.drafted == 0 and stats.verify_steps == params["max_new_tokens"] - 1
     assert 0 < len(asked) <= 2 * (params["max_new_tokens"] // (after + 1))
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_timed_pass_waits_for_the_device(monkeypatch) -> None:
+    """A pass that returns a CUDA tensor is timed until the device has computed it (a
+    graph-replayed pass is one launch: timing the launch alone made it look free); one
+    that returns host values (the draft's rounds: token lists) needs no wait."""
+    import torch
+
+    waits = []
+    real = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(device) or real(device))
+    timed_ms(lambda: torch.ones(4, device="cuda"), repeats=3)
+    assert len(waits) == 4 and all(torch.device(d).type == "cuda" for d in waits)
+    waits.clear()
+    timed_ms(lambda: torch.ones(4, device="cuda").tolist(), repeats=3)
+    assert waits == []
