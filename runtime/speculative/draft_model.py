@@ -137,7 +137,12 @@ class DraftModel:
               cap: Callable[[list[int]], int]) -> list[list[int]]:
         """`min(lengths[i], cap(lengths))` argmax drafts for `batch[i]` (each with one
         pending token where `lengths[i] > 0`); a request whose draft slots the free list
-        cannot supply drafts nothing."""
+        cannot supply drafts nothing. Requests with more than `FEED_STEPS` tokens to feed
+        (a prompt), or whose tokens to feed lie in slots another request also feeds, catch
+        up on the runner (`_feed_pass`: an extend, which also proposes their first draft)
+        until every other request has at most `FEED_STEPS` tokens of its own to feed (the
+        samples of a prompt wait for the first of them to feed their shared slots); then
+        `self.rounds` feeds those and proposes every remaining draft in one round."""
         drafts: list[list[int]] = [[] for _ in batch]
         self.extend_s = 0.0
         most = cap(lengths)
@@ -148,17 +153,6 @@ class DraftModel:
         live = [i for i, k in enumerate(ks) if k]
         if not live:
             return drafts
-        return self._draft_round(kv, batch, ks, live, drafts)
-
-    def _draft_round(self, kv: RequestKV, batch: list[Req], ks: list[int], live: list[int],
-                     drafts: list[list[int]]) -> list[list[int]]:
-        """The drafts of the `live` requests of `batch` (`ks[i]` each): requests with more
-        than `FEED_STEPS` tokens to feed (a prompt), or whose tokens to feed lie in slots
-        another request also feeds, catch up on the runner (`_feed_pass`: an extend, which
-        also proposes their first draft) until every other request has at most
-        `FEED_STEPS` tokens of its own to feed (the samples of a prompt wait for the first
-        of them to feed their shared slots); then `self.rounds` feeds those and proposes
-        every remaining draft in one round."""
         reqs = [batch[i] for i in live]
         caught: dict[int, int] = {}  # position in `reqs` -> its first draft
         while True:
