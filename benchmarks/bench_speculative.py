@@ -14,7 +14,8 @@ first; timed runs alternate sides
 (off, ngram, radix, draft, then ngram, radix, draft, off, ...: each repeat starts one side
 later) with the radix cache flushed before each, and each side's
 median run is reported: wall time, target forward passes (extend + verification/decode
-steps), mean tokens per request per pass, and the ratios against off. Outputs are
+steps), mean tokens per request per pass, how many times the tokens kept lay on an
+alternative path of a token tree (`alt`), and the ratios against off. Outputs are
 checked equal to off's (greedy and seeded sampling are exact under speculation). The
 draft side's draft model is the one shipped for the demo model (runtime/demo/draft,
 `scripts/train_draft_model.py`).
@@ -22,6 +23,7 @@ draft side's draft model is the one shipped for the demo model (runtime/demo/dra
     python benchmarks/bench_speculative.py                 # the embedded demo model
     python benchmarks/bench_speculative.py --repeats 5 --batches 1 8
     python benchmarks/bench_speculative.py --device cuda   # on a GPU (CUDA graphs on)
+    python benchmarks/bench_speculative.py --sides radix radix-path  # token trees on and off
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from sprig.runtime.demo.evaluate import prompts
 from sprig.runtime.demo.tasks import Problem, take
 from sprig.runtime.demo.verify import is_answer, step_value
 
-SIDES = (None, "ngram", "radix", "draft")
+SIDES = (None, "ngram", "radix", "draft", "radix-path")  # radix-path: the radix drafter without token trees
 TASKS = ("greedy", "self-consistency", "tree search")
 TREE_ROUNDS, TREE_BEAM, TREE_EXPAND = 6, 2, 4
 GREEDY_MIN = 8  # greedy problems at the smaller batch sizes: one problem is too short a run to time
@@ -51,6 +53,7 @@ class Run:
     seconds: float
     passes: int
     accept_length: float
+    alternatives: int  # alternative paths of token trees the kept tokens lay on
     outputs: list[list[int]]
 
 
@@ -99,13 +102,13 @@ def timed(engine: Engine, run) -> Run:
     sched = engine.scheduler
     passes0 = sched.stats.extend_steps + sched.stats.decode_steps
     spec = sched.speculative.stats if sched.speculative else None
-    emitted0, steps0 = (spec.emitted, spec.request_steps) if spec else (0, 0)
+    emitted0, steps0, alt0 = (spec.emitted, spec.request_steps, spec.alternatives_kept) if spec else (0, 0, 0)
     start = time.perf_counter()
     outputs = run(engine)
     seconds = time.perf_counter() - start
     passes = sched.stats.extend_steps + sched.stats.decode_steps - passes0
     accept = (spec.emitted - emitted0) / max(1, spec.request_steps - steps0) if spec else 1.0
-    return Run(seconds, passes, accept, outputs)
+    return Run(seconds, passes, accept, spec.alternatives_kept - alt0 if spec else 0, outputs)
 
 
 def main() -> None:
@@ -120,14 +123,16 @@ def main() -> None:
     ap.add_argument("--max-total-tokens", type=int, default=16384,
                     help="each engine's KV pool (the CPU default; every side and batch size has its own engine)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    ap.add_argument("--sides", nargs="+", default=["off", *SIDES[1:]], choices=["off", *SIDES[1:]])
+    ap.add_argument("--sides", nargs="+", default=["off", *SIDES[1:4]], choices=["off", *SIDES[1:]],
+                    help="drafters to run beside off (radix-path: radix without token trees)")
     args = ap.parse_args()
     sides = tuple(None if s == "off" else s for s in dict.fromkeys(["off", *args.sides]))
     if args.threads:
         torch.set_num_threads(args.threads)
     engines = {
         (side, batch): Engine(dtype=args.dtype, device=args.device, max_total_tokens=args.max_total_tokens,
-                              speculative_algorithm=side, max_running_requests=batch,
+                              speculative_algorithm="radix" if side == "radix-path" else side,
+                              speculative_alternatives=0 if side == "radix-path" else 3, max_running_requests=batch,
                               speculative_num_draft_tokens=args.num_draft_tokens,
                               speculative_draft_model_path=str(DRAFT_MODEL_PATH) if side == "draft" else None)
         for side in sides for batch in args.batches
@@ -140,7 +145,8 @@ def main() -> None:
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
     print(f"demo model, {args.dtype}, {args.device} ({where}), {args.repeats} interleaved repeats, medians; "
           f"--num-draft-tokens {args.num_draft_tokens}")
-    print(f"{'task':<18}{'batch':>6} {'side':<7}{'wall s':>9}{'passes':>8}{'tok/pass':>9}{'passes x':>9}{'wall x':>8}")
+    print(f"{'task':<18}{'batch':>6} {'side':<11}{'wall s':>9}{'passes':>8}{'tok/pass':>9}{'alt':>6}{'passes x':>9}"
+          f"{'wall x':>8}")
     for task in args.tasks:
         for batch in args.batches:
             run = workload(task, batch, texts, problems, args.max_new_tokens)
@@ -158,8 +164,9 @@ def main() -> None:
                 s = statistics.median(r.seconds for r in runs[side])
                 p = statistics.median(r.passes for r in runs[side])
                 a = statistics.median(r.accept_length for r in runs[side])
-                print(f"{task:<18}{batch:>6} {side or 'off':<7}{s:>9.2f}{p:>8.0f}{a:>9.2f}{off_p / p:>9.2f}{off_s / s:>8.2f}",
-                      flush=True)
+                alt = statistics.median(r.alternatives for r in runs[side])
+                print(f"{task:<18}{batch:>6} {side or 'off':<11}{s:>9.2f}{p:>8.0f}{a:>9.2f}{alt:>6.0f}{off_p / p:>9.2f}"
+                      f"{off_s / s:>8.2f}", flush=True)
     for engine in engines.values():
         engine.shutdown()
 

@@ -77,15 +77,17 @@ HELP = {
     "grammar_compile_timeout_s": "seconds a regex, JSON schema or ebnf grammar may take to compile; longer is a 400",
     "speculative_algorithm": "speculative decoding's drafter (off by default): ngram (prompt lookup in the "
     "request's own context), radix (the radix cache's most visited continuation: sibling samples, earlier "
-    "branches) or draft (a draft model's greedy continuation, --speculative-draft-model-path); outputs are "
+    "branches; less visited branches verified beside it as a token tree) or draft (a draft model's greedy continuation, --speculative-draft-model-path); outputs are "
     "exactly those without it",
     "speculative_draft_model_path": "the draft model of --speculative-algorithm draft: a local Hugging Face "
     "checkpoint with the target's tokenizer (same vocabulary, same token ids), run beside the target with a KV "
-    "pool of as many slots (not with --tp-size > 1)",
+    "pool of as many slots (with --tp-size > 1: whole, beside rank 0)",
     "disable_draft_decoder": "run the draft model's decode steps through its model runner on the CPU too, "
     "instead of the contiguous CPU draft decoder (the plain path; for checking it)",
     "speculative_num_draft_tokens": "most drafted tokens verified per request and step (each request's length "
     "adapts to its acceptance)",
+    "speculative_alternatives": "most other paths a request verifies beside its draft in a step (a token tree of "
+    "the radix drafter's less visited branches, each only where it is expected to pay; page size 1); 0: drafts only",
     "speculative_pass_costs": "milliseconds of a target decode pass, a verification pass and a draft-model step "
     "as seven numbers (decode fixed, per request; verify fixed, per request, per token; draft fixed, per request), which decide "
     "how many drafts a step verifies, none unless drafting is expected to be faster; when not given, measured at "

@@ -20,11 +20,6 @@ class EngineConfig:
     scheduler: SchedulerConfig
     dist: DistConfig = field(default_factory=DistConfig)
 
-    def __post_init__(self) -> None:
-        if self.scheduler.speculative_algorithm == "draft" and self.dist.tp_size > 1:
-            raise ValueError("--speculative-algorithm draft runs its draft model on one rank: it cannot be combined "
-                             f"with --tp-size {self.dist.tp_size} yet")
-
     @classmethod
     def from_kwargs(cls, model_path: str, **kwargs: Any) -> EngineConfig:
         """Route each keyword to the config that owns it; an unknown key is a `TypeError`."""

@@ -37,7 +37,9 @@ class TPRunner:
     is called once (a server exits there)."""
 
     def __init__(self, config: RunnerConfig, dist: DistConfig,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+                 on_failure: Callable[[str], None] | None = None, *, draft_model_path: str | None = None) -> None:
+        """`draft_model_path`: a draft model will run whole beside rank 0 (speculative
+        decoding); rank 0's pool, and so every rank's, leaves room for it."""
         if dist.node_rank != 0:
             raise ValueError("rank 0 runs on node 0; other nodes run `sprig serve --node-rank N` (no scheduler)")
         check_splittable(config, dist)
@@ -53,7 +55,7 @@ class TPRunner:
                 threading.Thread(target=self._watch, args=(rank,), daemon=True, name=f"tp-watch-{rank}").start()
             config = rank_config(config, dist, 0)
             self.group = connect(config, dist, 0, address, failed=lambda: self.failure)
-            self.runner = ModelRunner(config, tp=self.group)
+            self.runner = ModelRunner(config, tp=self.group, draft_model_path=draft_model_path)
         except BaseException as e:
             self._closing = True
             self._stop_ranks(0.0)
@@ -136,9 +138,8 @@ def check_splittable(config: RunnerConfig, dist: DistConfig) -> None:
 
 def make_runner(config: RunnerConfig, dist: DistConfig, on_failure: Callable[[str], None] | None = None, *,
                 draft_model_path: str | None = None) -> ModelRunner | TPRunner:
-    """One process's runner for `tp_size` 1 (its pool leaving room for a draft model at
-    `draft_model_path`, see `ModelRunner`), else rank 0 of a tensor-parallel group."""
+    """One process's runner for `tp_size` 1, else rank 0 of a tensor-parallel group; its
+    pool leaves room for a draft model at `draft_model_path` (see `ModelRunner`)."""
     if dist.tp_size == 1:
         return ModelRunner(config, draft_model_path=draft_model_path)
-    assert draft_model_path is None  # EngineConfig refuses a draft model under TP
-    return TPRunner(config, dist, on_failure)
+    return TPRunner(config, dist, on_failure, draft_model_path=draft_model_path)

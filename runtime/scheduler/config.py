@@ -49,6 +49,9 @@ class SchedulerConfig:
       `disable_draft_decoder`: run the draft model's rounds of decode steps through its
       runner (`speculative.runner_rounds`, the plain path CUDA takes) also where the
       CPU's contiguous `DraftDecoder` could run them; drafts and outputs stay exact.
+      `speculative_alternatives`: most other paths a request verifies beside its draft in
+      a step (a token tree: the radix drafter's less-visited branches; with page size 1),
+      each only where it is expected to pay (`speculative.cost.widen`); 0: drafts only.
     """
 
     max_running_requests: int = 64
@@ -70,6 +73,7 @@ class SchedulerConfig:
     speculative_pass_costs: str | None = None
     speculative_draft_model_path: str | None = None
     disable_draft_decoder: bool = False
+    speculative_alternatives: int = 3
     check_integrity: bool = False
 
     def __post_init__(self) -> None:
@@ -109,5 +113,7 @@ class SchedulerConfig:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
         if self.speculative_pass_costs is not None:
             PassCosts.parse(self.speculative_pass_costs)
+        if not 0 <= self.speculative_alternatives <= 16:
+            raise ValueError(f"speculative_alternatives must be in [0, 16], got {self.speculative_alternatives}")
         if self.in_batch_prefix_min < 1:
             raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

@@ -104,6 +104,29 @@ class RequestKV:
         need = self.pages(length) - req.alloc_len
         return need <= self.allocator.available() and self.reserve(req, length)
 
+    def take_free(self, n: int) -> torch.Tensor | None:
+        """`n` slots from the free list alone (never evicting cache), or None. The caller
+        owns them until it frees them (`free`) or gives them to a request (`adopt`)
+        within the same step."""
+        return self.allocator.alloc(n) if n <= self.allocator.available() else None
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Return slots from `take_free` to the free list."""
+        if slots.numel():
+            self.allocator.free(slots)
+
+    def adopt(self, req: Req, start: int, slots: torch.Tensor) -> None:
+        """Make `slots` (from `take_free`, page size 1) `req`'s slots of tokens `start ..`,
+        freeing the slots it held there (`start >= req.prefix_len`: none in the tree)."""
+        if self.page_size != 1 or start < req.prefix_len:
+            raise ValueError("adopt needs page size 1 and positions past the cached prefix")
+        end = start + slots.numel()
+        held = min(end, req.alloc_len)
+        if held > start:
+            self.allocator.free(self.table.read(req.row, held, start).clone())  # a copy: the row is rewritten next
+        self.table.write(req.row, start, slots)
+        req.alloc_len = max(req.alloc_len, end)
+
     def shrink(self, req: Req) -> None:
         """Free `req`'s own slots past the pages its tokens need (rejected drafts)."""
         keep = max(self.pages(req.seq_len), req.prefix_len)

@@ -4,13 +4,17 @@ Two rules, both lossless (each emitted token is distributed exactly as the targe
 sampler would draw it, given the tokens before it):
 
 - Deterministic drafters (a one-hot draft distribution q at the drafted token x): the
-  coupling `accepted_length`. At every drafted position the target token y is drawn from
-  p with exactly the draw the non-speculative sampler makes there (a seeded request's
+  coupling `tree_walk`. At every drafted position the target token y is drawn from p
+  with exactly the draw the non-speculative sampler makes there (a seeded request's
   noise depends only on its seed and position); x is accepted iff y == x, else y is
   emitted and the rest dropped. Accepting with probability p(x) and, on rejection,
   emitting y ~ p conditioned on y != x is rejection sampling with one-hot q
   (normalize(max(0, p - q)) is that conditional), so it is lossless, and a seeded
-  request emits the same tokens with speculation on or off.
+  request emits the same tokens with speculation on or off. Over a token tree (the
+  draft and alternative paths) the coupling stays the same: at each depth the target's
+  token is read from one row holding the context of the tokens kept so far, a row chosen
+  by those tokens alone, and the walk goes on along a path that has it; so every
+  emitted token is the draw the sampler makes there.
 - Stochastic drafters (a draft model's q): `speculative_step` accepts x with probability
   min(1, p(x) / q(x)) and on rejection draws from normalize(max(0, p - q)).
 
@@ -20,25 +24,29 @@ logit_bias, penalties, temperature, top-k/top-p/min-p and the grammar mask.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 
-def accepted_length(targets: Sequence[int], drafts: Sequence[int]) -> int:
-    """How many drafts the coupling keeps: the longest prefix with `drafts[j] == targets[j]`.
-
-    `targets[j]` is the target's token after the context extended by `drafts[:j]`, so
-    `len(targets) == len(drafts) + 1`; the tokens emitted are `targets[: a + 1]` for the
-    returned a (the kept drafts, then the target's own token at the first mismatch, or
-    the bonus token after the last draft).
-    """
-    if len(targets) != len(drafts) + 1:
-        raise ValueError(f"{len(targets)} target tokens for {len(drafts)} drafts; need one more")
-    a = 0
-    while a < len(drafts) and drafts[a] == targets[a]:
-        a += 1
-    return a
+def tree_walk(paths: Sequence[Sequence[int]], target: Callable[[int, int], int]) -> list[tuple[int, int]]:
+    """The coupling over a token tree given as `paths` (the draft first; every path starts
+    where the draft does). `target(b, j)` is the target's token after the context extended
+    by `paths[b][:j]`. Starting on path 0 at depth 0, the target's token at depth j is read
+    on the path b being followed; the walk goes on along b if b has it at depth j, else
+    along the first path that agrees with b before j and has it there, else stops.
+    Returns the (path, depth) each emitted token was read at: the kept drafts, then the
+    target's own token (at the first mismatch, or the bonus token after a path's end);
+    `target` is called on those alone."""
+    b, j, picks = 0, 0, []
+    while True:
+        y = target(b, j)
+        picks.append((b, j))
+        if not (len(paths[b]) > j and paths[b][j] == y):
+            b = next((c for c, p in enumerate(paths) if len(p) > j and p[j] == y and p[:j] == paths[b][:j]), -1)
+            if b < 0:
+                return picks
+        j += 1
 
 
 def accept_probability(p: torch.Tensor, q: torch.Tensor, x: int) -> float:

@@ -134,6 +134,33 @@ def draft_cap(costs: PassCosts, sizes: Sequence[int], expected: Sequence[Callabl
     return best
 
 
+def branch_gain(rate: float, depth: int, length: int, draft: int) -> float:
+    """Tokens an alternative path of `length` tokens, which leaves a draft of `draft`
+    tokens after `depth` shared ones, is expected to add when drafts are kept at `rate`:
+    it is followed only if the shared tokens were kept and the draft's next was not (or
+    the draft ended there), and is then kept token by token like a draft."""
+    leave = rate**depth * ((1 - rate) if depth < draft else 1.0)
+    return leave * sum(rate ** (i + 1) for i in range(length - depth))
+
+
+def widen(costs: PassCosts, sequences: int, tokens: int, expected: float,
+          candidates: Sequence[tuple[float, int]]) -> list[int]:
+    """Which `candidates` (expected tokens gained, tokens verified), each one more sequence
+    of a verification pass of `sequences` sequences and `tokens` tokens expected to emit
+    `expected` tokens, to verify too: best gain per token first, each while it raises the
+    expected tokens per millisecond. Indices, ascending."""
+    ms = costs.verify.at(sequences, tokens)
+    chosen = []
+    for i in sorted(range(len(candidates)), key=lambda i: -candidates[i][0] / candidates[i][1]):
+        gain, n = candidates[i]
+        more = costs.verify.at(sequences + 1, tokens + n)
+        if (expected + gain) / max(more, 1e-9) <= expected / max(ms, 1e-9):
+            break
+        chosen.append(i)
+        sequences, tokens, expected, ms = sequences + 1, tokens + n, expected + gain, more
+    return sorted(chosen)
+
+
 def timed_ms(run: Callable[[], object], repeats: int = 7) -> float:
     """Median wall milliseconds of `run()` over `repeats` calls, after one untimed call.
     A call that returns a CUDA tensor is timed until the device has computed it: a pass

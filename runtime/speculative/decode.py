@@ -1,13 +1,15 @@
-"""The speculative decode step: draft, verify every request's drafts in one forward pass
-of the target, keep what the acceptance rule accepts.
+"""The speculative decode step: draft, verify every request's drafts (and the alternative
+paths of a token tree, `tree`) in one forward pass of the target, keep what the
+acceptance rule accepts.
 
 Invariants:
 - Each request's tokens are exactly what the plain decode step would emit one step at a
-  time: target row j of a request is sampled as if its output already held its first j
-  drafts (same penalties, min-new-tokens ban and seeded noise), and `accepted_length`
-  keeps drafts only while they equal those tokens.
-- KV: drafts get slots only from the free list (they never evict cache or retract); a
-  rejected draft's slots are freed in the same step; `kv_len` covers only accepted
+  time: target row j of a path is sampled as if the request's output already held the
+  path's first j tokens (same penalties, min-new-tokens ban and seeded noise), and
+  `tree_walk` keeps drafts only while they equal those tokens.
+- KV: drafts and alternative paths get slots only from the free list (they never evict
+  cache or retract); a rejected draft's slots, and those of every path not followed,
+  are freed in the same step; `kv_len` covers only accepted
   tokens, so what a request releases to the radix tree is verified. A drafter that keeps
   KV of its own at the target's slots (the draft model) sees every extend the scheduler
   runs (`mirror`) and, before any verified token is emitted, which tokens each
@@ -24,14 +26,17 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
+import torch
+
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
-from sprig.runtime.speculative.accept import accepted_length
+from sprig.runtime.speculative.accept import tree_walk
 from sprig.runtime.speculative.calibrate import calibrate
-from sprig.runtime.speculative.cost import PassCosts, Scales, draft_cap
+from sprig.runtime.speculative.cost import PassCosts, Scales, branch_gain, draft_cap, widen
 from sprig.runtime.speculative.draft_length import START_RATE, AcceptanceRate, DraftLength
 from sprig.runtime.speculative.draft_model import DraftModel
 from sprig.runtime.speculative.drafter import DRAFTERS
+from sprig.runtime.speculative.tree import Branch, shared_prefix
 
 log = logging.getLogger("sprig.scheduler")
 PRIOR_DECAY = 0.9  # per verification, the weight of the past in the acceptance a new request is assumed to have
@@ -47,14 +52,17 @@ if TYPE_CHECKING:
 
 @dataclass
 class SpeculativeStats:
-    """Counters since start: verification passes, drafts verified, drafts accepted and
-    tokens emitted by the passes (accepted drafts plus one target token per request)."""
+    """Counters since start: verification passes, drafts verified (a token tree's tokens
+    each once), drafts accepted and tokens emitted by the passes (accepted drafts plus
+    one target token per request)."""
 
     verify_steps: int = 0
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
     request_steps: int = 0  # (request, verification pass) pairs
+    alternatives: int = 0  # alternative paths verified beside drafts (token trees)
+    alternatives_kept: int = 0  # of them, those the kept tokens lay on (one drafted token at least)
 
     @property
     def acceptance_rate(self) -> float:
@@ -72,6 +80,7 @@ class SpeculativeDecoder:
     def __init__(self, config: SchedulerConfig, cache: PrefixCache, runner: ModelRunner) -> None:
         self.drafter = DRAFTERS[config.speculative_algorithm](config, cache, runner)
         self.max_len = config.speculative_num_draft_tokens
+        self.width = config.speculative_alternatives
         self.measured = config.speculative_pass_costs is None  # then corrected by timing the passes
         self.costs = (
             calibrate(runner, self.drafter if isinstance(self.drafter, DraftModel) else None,
@@ -94,42 +103,86 @@ class SpeculativeDecoder:
         batch = list(sched.running)
         self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len, rate=self.prior.rate) for r in batch}
         start = time.perf_counter()
-        drafts = self._drafts(sched, batch)
+        drafts, limits = self._drafts(sched, batch)
+        branches = self._branches(sched, batch, drafts, limits)
         drafted = time.perf_counter()
-        pending = [r.seq_len - r.kv_len for r in batch]
-        q_lens = [n + len(d) for n, d in zip(pending, drafts, strict=True)]
-        ends = [r.kv_len + q for r, q in zip(batch, q_lens, strict=True)]
-        step = ForwardStep(
-            mode=ForwardMode.DECODE if max(q_lens) == 1 else ForwardMode.EXTEND,
-            input_ids=[t for r, d in zip(batch, drafts, strict=True) for t in r.pending_ids() + d],
-            q_lens=q_lens,
-            kv_lens=ends,
-            kv_indices=sched.kv.contexts(batch, ends),
-            logits_from=[n - 1 for n in pending],
-        )
-        logits = sched.runner.forward(step)  # [sum(len(d) + 1), V]
+        step = self._step(sched, batch, drafts, branches)
+        logits = sched.runner.forward(step)  # [sum(len(d) + 1) + the branches' rows, V]
         rows = [r for r, d in zip(batch, drafts, strict=True) for _ in range(len(d) + 1)]
         outputs = [r.output_ids + d[:j] for r, d in zip(batch, drafts, strict=True) for j in range(len(d) + 1)]
+        for b in branches:
+            req = batch[b.owner]
+            rows += [req] * (len(b.tokens) - b.depth)
+            outputs += [req.output_ids + b.tokens[:j] for j in range(b.depth + 1, len(b.tokens) + 1)]
         drawn = sched.draw(rows, logits, outputs)
         if self.measured:
-            self._time(len(batch), drafts, drafted - start, time.perf_counter() - drafted)
+            self._time(step, drafts, drafted - start, time.perf_counter() - drafted)
+        paths: list[list[list[int]]] = [[d] for d in drafts]
         bases = [0, *accumulate(len(d) + 1 for d in drafts)][:-1]  # each request's first row
-        accepted = [accepted_length(drawn.ids[b : b + len(d) + 1], d) for b, d in zip(bases, drafts, strict=True)]
-        self.drafter.verified(sched.kv, batch, drafts, [n + a for n, a in zip(pending, accepted, strict=True)])
-        for req, draft, a, base in zip(batch, drafts, accepted, bases, strict=True):
-            self._accept(sched, req, draft, a, drawn, base)
+        row0 = [[base] for base in bases]  # per request and path: the row of its depth 0
+        first = sum(len(d) + 1 for d in drafts)
+        for b in branches:
+            paths[b.owner].append(b.tokens)
+            row0[b.owner].append(first - b.depth - 1)  # its rows start at depth + 1
+            first += len(b.tokens) - b.depth
+        walks = [tree_walk(p, lambda k, j, r=r: drawn.ids[r[k] + j]) for p, r in zip(paths, row0, strict=True)]
+        self._keep_slots(sched, batch, branches, walks)
+        followed = [p[w[-1][0]] for p, w in zip(paths, walks, strict=True)]
+        pending = [r.seq_len - r.kv_len for r in batch]
+        self.drafter.verified(sched.kv, batch, followed, [n + len(w) - 1 for n, w in zip(pending, walks, strict=True)])
+        for i, (req, path, walk) in enumerate(zip(batch, followed, walks, strict=True)):
+            tree = len(drafts[i]) + sum(len(b.tokens) - b.depth for b in branches if b.owner == i)
+            self._accept(sched, req, path, [row0[i][k] + j for k, j in walk], drawn, tree)
         self.stats.verify_steps += 1
         return batch
 
-    def _time(self, batch: int, drafts: list[list[int]], drafting_s: float, pass_s: float) -> None:
+    @staticmethod
+    def _step(sched: Scheduler, batch: list[Req], drafts: list[list[int]], branches: list[Branch]) -> ForwardStep:
+        """The verification pass: each request's pending tokens and draft (logits from its
+        last pending token on), then each alternative path after its owner's pending token
+        (logits from the token after the prefix it shares with the draft on)."""
+        pending = [r.seq_len - r.kv_len for r in batch]
+        q_lens = [n + len(d) for n, d in zip(pending, drafts, strict=True)]
+        ends = [r.kv_len + q for r, q in zip(batch, q_lens, strict=True)]
+        contexts = [sched.kv.contexts(batch, ends)]
+        for b in branches:
+            req = batch[b.owner]
+            contexts += [sched.kv.contexts([req], [req.kv_len]), b.slots.to(contexts[0].dtype)]
+        return ForwardStep(
+            mode=ForwardMode.DECODE if max(q_lens) == 1 and not branches else ForwardMode.EXTEND,
+            input_ids=[t for r, d in zip(batch, drafts, strict=True) for t in r.pending_ids() + d]
+            + [t for b in branches for t in batch[b.owner].pending_ids() + b.tokens],
+            q_lens=q_lens + [1 + len(b.tokens) for b in branches],
+            kv_lens=ends + [batch[b.owner].kv_len + 1 + len(b.tokens) for b in branches],
+            kv_indices=torch.cat(contexts) if branches else contexts[0],
+            logits_from=[n - 1 for n in pending] + [b.depth + 1 for b in branches],
+        )
+
+    def _keep_slots(self, sched: Scheduler, batch: list[Req], branches: list[Branch],
+                    walks: list[list[tuple[int, int]]]) -> None:
+        """A request whose kept tokens lie on an alternative path takes that path's slots
+        for its pending token and those tokens; every other slot of the branches is freed."""
+        seen = [0] * len(batch)
+        for b in branches:
+            seen[b.owner] += 1  # this branch is path `seen[b.owner]` of its owner
+            walk = walks[b.owner]
+            if walk[-1][0] == seen[b.owner]:
+                self.stats.alternatives_kept += 1
+                kept = len(walk)  # the pending token and the drafts kept
+                sched.kv.adopt(batch[b.owner], batch[b.owner].kv_len, b.slots[:kept])
+                sched.kv.free(b.slots[kept:])
+            else:
+                sched.kv.free(b.slots)
+
+    def _time(self, step: ForwardStep, drafts: list[list[int]], drafting_s: float, pass_s: float) -> None:
         """Correct the cost lines by what this pass took (the target's forward and the
         draw, and the draft model's steps)."""
-        tokens = batch + sum(len(d) for d in drafts)
-        if tokens > batch:
-            self.scales.observe("verify", self.costs.verify.at(batch, tokens), pass_s * 1e3)
+        sequences, tokens = len(step.q_lens), sum(step.q_lens)
+        if tokens > sequences:
+            self.scales.observe("verify", self.costs.verify.at(sequences, tokens), pass_s * 1e3)
         else:
-            self.scales.observe("decode", self.costs.decode.at(batch), pass_s * 1e3)
-        if isinstance(self.drafter, DraftModel) and tokens > batch:  # its catching up on prompts is not a step
+            self.scales.observe("decode", self.costs.decode.at(sequences), pass_s * 1e3)
+        if isinstance(self.drafter, DraftModel) and tokens > sequences:  # its catching up on prompts is not a step
             steps = max(len(d) for d in drafts)
             live = [sum(1 for d in drafts if len(d) > j) for j in range(steps)]
             self.scales.observe("draft", sum(self.costs.draft.at(n) for n in live),
@@ -139,8 +192,9 @@ class SpeculativeDecoder:
         """The scheduler ran the extend `step` on the target."""
         self.drafter.mirror(step)
 
-    def _drafts(self, sched: Scheduler, batch: list[Req]) -> list[list[int]]:
-        """The drafts each request verifies this step, their slots reserved: as many as
+    def _drafts(self, sched: Scheduler, batch: list[Req]) -> tuple[list[list[int]], list[int]]:
+        """The drafts each request verifies this step, their slots reserved, and how many
+        each could have had (its limit, under the cap): as many as
         `draft_cap` finds worth their cost (none at all when the plain pass is expected
         to be as fast: a pass with drafts leaves the decode path for every request).
         After `PROBE_AFTER` steps in a row without drafts or probes, one step asks the
@@ -170,7 +224,39 @@ class SpeculativeDecoder:
                 self.lengths[r.rid].empty()
             elif n and chosen[0] and not d:  # drafting was worth it, yet this one got none
                 self.lengths[r.rid].missed()
-        return drafts
+        return drafts, [min(n, chosen[0]) for n in lengths]
+
+    def _branches(self, sched: Scheduler, batch: list[Req], drafts: list[list[int]],
+                  limits: list[int]) -> list[Branch]:
+        """The alternative paths verified beside the drafts (a token tree, `tree`): those
+        the drafter proposes that raise the pass's expected tokens per millisecond
+        (`cost.widen`), their slots taken from the free list; none where pages hold more
+        than one slot."""
+        if sched.kv.page_size != 1 or not self.width or not any(drafts):
+            return []
+        proposed = self.drafter.alternatives(batch, drafts, limits, self.width)
+        candidates = []
+        for i, (r, d, paths) in enumerate(zip(batch, drafts, proposed, strict=True)):
+            rate = self.lengths[r.rid].acceptance.rate
+            for path in paths:
+                depth = shared_prefix(path, d)
+                if depth < len(path):
+                    candidates.append((i, path, depth, branch_gain(rate, depth, len(path), len(d))))
+        if not candidates:
+            return []
+        tokens = sum(r.seq_len - r.kv_len + len(d) for r, d in zip(batch, drafts, strict=True))
+        expected = len(batch) + sum(self.lengths[r.rid].expected(len(d)) for r, d in zip(batch, drafts, strict=True))
+        chosen = widen(self.costs.scaled(self.scales), len(batch), tokens, expected,
+                       [(gain, 1 + len(path)) for _, path, _, gain in candidates])
+        branches = []
+        for k in chosen:
+            i, path, depth, _ = candidates[k]
+            slots = sched.kv.take_free(1 + len(path))
+            if slots is None:
+                break
+            branches.append(Branch(i, path, depth, slots))
+        self.stats.alternatives += len(branches)
+        return branches
 
     def _length(self, req: Req) -> int:
         """How many drafts `req` may verify now, as long as its adaptive length allows:
@@ -180,22 +266,24 @@ class SpeculativeDecoder:
         room = req.params.max_new_tokens - len(req.output_ids) - 1
         return max(0, min(self.lengths[req.rid].next(), room))
 
-    def _accept(self, sched: Scheduler, req: Req, draft: list[int], accepted: int, drawn: Drawn, base: int) -> None:
-        """Emit the target's tokens for `req` (rows from `base`) up to and including the
-        first that differs from its draft, the `accepted` drafts before it kept (stopping
-        early if one finishes it); free the rejected slots."""
-        for j in range(accepted + 1):
+    def _accept(self, sched: Scheduler, req: Req, path: list[int], rows: list[int], drawn: Drawn, tree: int) -> None:
+        """Emit the target's tokens for `req` from `rows` (the drafts of `path` kept, then
+        the target's own token; stopping early if one finishes it), `tree` drafts having
+        been verified for it; free the rejected slots."""
+        accepted, emitted = len(rows) - 1, 0
+        for row in rows:
             req.kv_len = req.seq_len  # the pending token and the drafts kept so far
-            sched.emit(req, drawn, base + j)
+            sched.emit(req, drawn, row)
+            emitted += 1
             if req.finished:
                 break
         req.spec_verify_ct += 1
         self.stats.request_steps += 1
-        self.stats.emitted += j + 1
-        if draft:
-            self.stats.drafted += len(draft)
-            self.stats.accepted += min(accepted, j + 1)
-            self.lengths[req.rid].update(len(draft), accepted)
-            self.prior.update(len(draft), accepted)
+        self.stats.emitted += emitted
+        if path:
+            self.stats.drafted += tree
+            self.stats.accepted += min(accepted, emitted)
+            self.lengths[req.rid].update(len(path), accepted)
+            self.prior.update(len(path), accepted)
         if not req.finished:
             sched.kv.shrink(req)

@@ -35,7 +35,7 @@ decoder has since overwritten. Elsewhere (CUDA: graph-replayed steps) they run t
 the runner's general decode path (`runner_rounds.RunnerRounds`).
 
 The proposals are the draft's argmax tokens: a deterministic drafter, accepted by the
-coupling `accepted_length` at every temperature, so greedy outputs equal plain decoding's
+coupling `accept.tree_walk` at every temperature, so greedy outputs equal plain decoding's
 and a seeded request's tokens do not depend on whether speculation is on.
 """
 
@@ -231,6 +231,11 @@ class DraftModel:
     def mirror(self, step: ForwardStep) -> None:
         """The target wrote `step`'s new tokens: the draft does not hold their K/V."""
         self.written[new_tokens(step.kv_indices, step.kv_lens, step.q_lens)[0]] = False
+
+    def alternatives(self, batch: list[Req], drafts: list[list[int]], limits: list[int],
+                     width: int) -> list[list[list[int]]]:
+        """None: the draft model proposes one path."""
+        return [[] for _ in batch]
 
     def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
         """The target fed each request its pending tokens and drafts at positions from

@@ -1,7 +1,7 @@
 """Drafters: cheap guesses of a request's next tokens, verified by the target model.
 
 Every drafter is deterministic (its draft distribution q is one-hot at each proposed
-token), so the coupling `accepted_length` keeps the output exact. Two kinds:
+token), so the coupling `accept.tree_walk` keeps the output exact. Two kinds:
 
 - context drafters (`ContextDrafter`: `propose(context, k)`), pure with respect to the KV
   pool (they may read the radix tree but never lock, split or evict): `ngram`, `radix`;
@@ -46,10 +46,18 @@ class Drafter(Protocol):
         the target's slots in step with it."""
         ...
 
+    def alternatives(self, batch: list[Req], drafts: list[list[int]], limits: list[int],
+                     width: int) -> list[list[list[int]]]:
+        """Up to `width` other paths for each request with a draft (of `limits[i]` tokens at
+        most; each starts where the draft does and differs from it), verified beside it:
+        a token tree. Only for one-hot drafts (the coupling walks the tree)."""
+        ...
+
     def verified(self, kv: RequestKV, batch: list[Req], drafts: list[list[int]], kept: list[int]) -> None:
         """A verification pass fed `batch[i]` its pending tokens, then `drafts[i]`, and keeps
         the first `kept[i]` of them (the target's own token after them is pending next):
-        called before any is emitted, while the request still holds their slots."""
+        called before any is emitted, while the request still holds their slots. Where the
+        pass verified alternatives, `drafts[i]` is the path the tokens kept lie on."""
         ...
 
     def check(self, kv: RequestKV) -> None:
@@ -61,6 +69,11 @@ class Drafter(Protocol):
 class ContextDrafter(Protocol):
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         """At most `k` tokens guessed to follow `context` (the request's prompt + output)."""
+        ...
+
+    def alternatives(self, context: Sequence[int], k: int, width: int) -> list[list[int]]:
+        """At most `width` paths of at most `k` tokens, other than `propose(context, k)`,
+        each starting where it does (none for a drafter that proposes one path)."""
         ...
 
 
@@ -80,6 +93,11 @@ class ContextDrafts:
         most = cap([len(p) for p in proposals])
         proposals = [p[:most] for p in proposals]
         return [p if p and kv.reserve_free(r, r.seq_len + len(p)) else [] for r, p in zip(batch, proposals, strict=True)]
+
+    def alternatives(self, batch: list[Req], drafts: list[list[int]], limits: list[int],
+                     width: int) -> list[list[list[int]]]:
+        return [self.drafter.alternatives(r.fill_ids, k, width) if d else []
+                for r, d, k in zip(batch, drafts, limits, strict=True)]
 
     def mirror(self, step: ForwardStep) -> None:
         pass

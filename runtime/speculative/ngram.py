@@ -28,6 +28,10 @@ class NgramDrafter:
                 return ctx[start : start + k].tolist()
         return []
 
+    def alternatives(self, context: Sequence[int], k: int, width: int) -> list[list[int]]:
+        """None: prompt lookup proposes one path."""
+        return []
+
 
 def follows(seq: np.ndarray, suffix: np.ndarray) -> int | None:
     """Where the tokens after the last occurrence of `suffix` in `seq` that ends before

@@ -2,7 +2,8 @@
 
 Everything the tree holds is verified output of some finished request (or a prompt), so
 finished sibling samples of `n > 1`, earlier branches and earlier turns sharing the
-context are all candidate drafts.
+context are all candidate drafts. Where the cached continuations branch, the less-visited
+ones are `alternatives`: a token tree whose paths the target verifies side by side.
 """
 
 from __future__ import annotations
@@ -32,16 +33,29 @@ class RadixDrafter:
         self.cache = cache
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
+        return next(iter(self._paths_from(context, k, 1)), [])
+
+    def alternatives(self, context: Sequence[int], k: int, width: int) -> list[list[int]]:
+        """At most `width` other paths of at most `k` tokens than `propose(context, k)`:
+        below a branching of the cached continuations, the less-visited children (the
+        branchings nearest the context first, each child followed down its most-visited
+        path), or, where the context has left the tree, what followed the same suffix in
+        other cached continuations. Each path starts where the draft does, shares a
+        prefix with it, and differs from it and from every other."""
+        return self._paths_from(context, k, width + 1)[1:]
+
+    def _paths_from(self, context: Sequence[int], k: int, width: int) -> list[list[int]]:
+        """The draft, then up to `width - 1` alternatives (see `alternatives`)."""
         if k <= 0:
             return []
         key = np.asarray(context, dtype=np.int32)
         node, rest = self._descend(key)
         if rest.shape[0] == 0:
-            return self._follow(node, rest, k)
+            return self._tree(node, rest, k, width)
         child = self._child_starting(node, rest)
         if child is not None and common_prefix_len(child.key, rest) == rest.shape[0]:
-            return self._follow(child, child.key[rest.shape[0] :], k)
-        return [] if node is self.cache.root else self._from_siblings(node, key, k)
+            return self._tree(child, child.key[rest.shape[0] :], k, width)
+        return [] if node is self.cache.root else self._from_siblings(node, key, k, width)
 
     def _descend(self, key: np.ndarray) -> tuple[TreeNode, np.ndarray]:
         """The deepest node whose whole path `key` begins with, and the rest of `key`."""
@@ -58,20 +72,44 @@ class RadixDrafter:
         """`edge_rest`, then down the most-visited children, `k` tokens at most."""
         out = edge_rest[:k].tolist()
         while len(out) < k and node.children:
-            node = max(node.children.values(), key=lambda c: (c.hit_count, c.last_access))
+            node = max(node.children.values(), key=_visits)
             out += node.key[: k - len(out)].tolist()
         return out
 
-    def _from_siblings(self, anchor: TreeNode, context: np.ndarray, k: int) -> list[int]:
+    def _tree(self, node: TreeNode, edge_rest: np.ndarray, k: int, width: int) -> list[list[int]]:
+        """`_follow`'s path, then up to `width - 1` paths that leave it at a branching
+        below: nearest branchings first, more-visited children first."""
+        path = edge_rest[:k].tolist()
+        forks: list[tuple[int, TreeNode]] = []  # (tokens of the path before it, a child not taken)
+        while len(path) < k and node.children:
+            ranked = sorted(node.children.values(), key=_visits, reverse=True)
+            if width > 1:
+                forks += [(len(path), child) for child in ranked[1:]]
+            node = ranked[0]
+            path += node.key[: k - len(path)].tolist()
+        out = [path]
+        for depth, child in sorted(forks, key=lambda f: f[0])[: width - 1]:
+            out.append(path[:depth] + self._follow(child, child.key, k - depth))
+        return [p for i, p in enumerate(out) if p and p not in out[:i]]
+
+    def _from_siblings(self, anchor: TreeNode, context: np.ndarray, k: int, width: int) -> list[list[int]]:
         """What followed the longest suffix of `context` (of `MIN_NGRAM..MAX_NGRAM` tokens)
-        last seen in a cached continuation of `anchor`, the most visited first."""
+        seen in the cached continuations of `anchor`: the first match of the most-visited
+        continuation, then, up to `width` in all, what followed it in other continuations."""
         paths = list(self._paths(anchor))
         for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
             suffix = context[-n:]
+            out: list[list[int]] = []
             for path in paths:
                 start = follows(path, suffix)
                 if start is not None:
-                    return path[start : start + k].tolist()
+                    found = path[start : start + k].tolist()
+                    if found and found not in out:
+                        out.append(found)
+                        if len(out) == width:
+                            break
+            if out:
+                return out
         return []
 
     def _paths(self, anchor: TreeNode) -> Iterator[np.ndarray]:
@@ -86,7 +124,7 @@ class RadixDrafter:
                 budget -= path.shape[0]
                 yield path
                 continue
-            for child in sorted(node.children.values(), key=lambda c: (c.hit_count, c.last_access)):
+            for child in sorted(node.children.values(), key=_visits):
                 stack.append((child, [*keys, child.key]))
 
     def _child_starting(self, node: TreeNode, key: np.ndarray) -> TreeNode | None:
@@ -101,3 +139,8 @@ class RadixDrafter:
             if np.array_equal(child.key[: key.shape[0]], key):
                 return child
         return None
+
+
+def _visits(node: TreeNode) -> tuple[int, float]:
+    """How a child ranks among its siblings: hits, then the most recent use."""
+    return node.hit_count, node.last_access

@@ -135,6 +135,8 @@ class Stats:
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
     by_spec: dict[str, int] = field(default_factory=dict)  # workloads by speculative drafter
     by_tp: dict[str, int] = field(default_factory=dict)  # workloads by tensor-parallel ranks
+    alternatives: int = 0  # alternative paths of token trees verified (the radix drafter's)
+    alternatives_kept: int = 0  # of them, those the kept tokens lay on
 
     def line(self) -> str:
         kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec}
@@ -142,7 +144,8 @@ class Stats:
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.aborted} aborted, "
-            f"{self.retractions} retractions, {self.ties} near-ties"
+            f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
+            f"alternative paths verified, {self.alternatives_kept} followed"
         )
 
 
@@ -244,14 +247,15 @@ def _options(
     if tp_share and "quantization" not in options and rng.random() < tp_share:
         options["tp_size"] = 2  # the batched run on two ranks over gloo; the alone runs on one
     if rng.random() < 0.3:  # drawn last: the draws above do not depend on it
-        drafters = ["ngram", "radix"] if "tp_size" in options else ["ngram", "radix", "draft"]  # no draft under TP
-        options["speculative_algorithm"] = rng.choice(drafters)
+        options["speculative_algorithm"] = rng.choice(["ngram", "radix", "draft"])
         options["speculative_num_draft_tokens"] = rng.choice([1, 2, 4, 8])
         # always draft, or costs under which some steps draft and some do not (never measured: replayable)
         options["speculative_pass_costs"] = rng.choice(["1,0,0,0,0,0,0", "1,0,0,0,0,0,0", "2,0.05,2,0.02,0.05,1,0.05",
                                                         "1,0.01,3,0.1,0.1,2,0.1"])
         if options["speculative_algorithm"] == "draft" and rng.random() < 0.5:
             options["disable_draft_decoder"] = True  # the rounds CUDA runs: the runner's decode steps
+        if options["speculative_algorithm"] == "radix":
+            options["speculative_alternatives"] = rng.choice([0, 1, 3, 3])  # token trees of up to 4 paths
     return options
 
 
@@ -526,6 +530,9 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
         except Exception as e:
             raise Mismatch(f"{workload.describe()}\nthe batched run failed: {e!r}") from e
         stats.retractions += engine.scheduler.stats.retractions
+        if engine.scheduler.speculative is not None:
+            stats.alternatives += engine.scheduler.speculative.stats.alternatives
+            stats.alternatives_kept += engine.scheduler.speculative.stats.alternatives_kept
     check_workload(workload, got, ref, stats)
     stats.workloads += 1
     backend = options["attention_backend"]

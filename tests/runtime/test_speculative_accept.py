@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -9,9 +12,9 @@ import torch
 from sprig.radix import RadixCache, SlotAllocator
 from sprig.runtime.speculative.accept import (
     accept_probability,
-    accepted_length,
     residual,
     speculative_step,
+    tree_walk,
 )
 from sprig.runtime.speculative.draft_length import EMPTY_PAUSE_STEPS, AcceptanceRate, DraftLength
 from sprig.runtime.speculative.ngram import NgramDrafter
@@ -82,13 +85,56 @@ def test_speculative_step_samples_its_rule() -> None:
     assert ((counts / trials - p).abs() < 5 * sd).all(), counts / trials
 
 
-def test_accepted_length_keeps_the_agreeing_prefix() -> None:
-    assert accepted_length([1, 2, 3], [1, 2]) == 2
-    assert accepted_length([1, 9, 3], [1, 2]) == 1
-    assert accepted_length([7], []) == 0
-    assert accepted_length([5, 2, 3], [1, 2]) == 0
-    with pytest.raises(ValueError):
-        accepted_length([1, 2], [1, 2])
+def _walk(paths: list[list[int]], next_token) -> list[int]:
+    """The tokens `tree_walk` emits when the target's token after context c is
+    `next_token(c)` (c: the tokens after the draft's start)."""
+    picks = tree_walk(paths, lambda b, j: next_token(tuple(paths[b][:j])))
+    return [next_token(tuple(paths[b][:j])) for b, j in picks]
+
+
+def test_tree_walk_on_one_path_keeps_the_agreeing_prefix() -> None:
+    def walk(targets: list[int], draft: list[int]) -> list[tuple[int, int]]:
+        return tree_walk([draft], lambda b, j: targets[j])
+
+    assert walk([1, 2, 3], [1, 2]) == [(0, 0), (0, 1), (0, 2)]  # both kept, then the bonus token
+    assert walk([1, 9, 3], [1, 2]) == [(0, 0), (0, 1)]
+    assert walk([7], []) == [(0, 0)]
+    assert walk([5, 2, 3], [1, 2]) == [(0, 0)]
+
+
+def test_tree_walk_moves_to_the_path_the_target_took() -> None:
+    paths = [[1, 2, 3], [1, 5, 6], [4, 8]]
+    target = {(): 1, (1,): 5, (1, 5): 6, (1, 5, 6): 7}
+    assert tree_walk(paths, lambda b, j: target[tuple(paths[b][:j])]) == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    target = {(): 4, (4,): 8, (4, 8): 9}
+    assert _walk(paths, target.__getitem__) == [4, 8, 9]
+    target = {(): 1, (1,): 7}
+    assert _walk(paths, target.__getitem__) == [1, 7]  # no path has 7 after 1
+
+
+def _random_target(rng: random.Random) -> Callable[[tuple[int, ...]], int]:
+    """A deterministic target over 3 tokens: a random next token per context, drawn once."""
+    table: dict[tuple[int, ...], int] = {}
+    return lambda c: table.setdefault(c, rng.randrange(3))
+
+
+def test_tree_walk_emits_what_the_target_would_one_token_at_a_time() -> None:
+    """Brute force over random trees and random deterministic targets: the walk emits the
+    target's own continuation for as long as some path holds it, then the target's next
+    token, reading each at a row whose context is what it emitted before."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        paths = [[rng.randrange(3) for _ in range(rng.randint(0 if i == 0 else 1, 4))] for i in range(rng.randint(1, 4))]
+        next_token = _random_target(rng)
+        picks = tree_walk(paths, lambda b, j, f=next_token, ps=paths: f(tuple(ps[b][:j])))
+        emitted = [next_token(tuple(paths[b][:j])) for b, j in picks]
+        assert all(j == i and paths[b][:j] == emitted[:j] for i, (b, j) in enumerate(picks)), (paths, picks)
+        expect: list[int] = []
+        while True:
+            expect.append(next_token(tuple(expect)))
+            if not any(p[: len(expect)] == expect for p in paths):
+                break
+        assert emitted == expect, paths
 
 
 # ---------------------------------------------------------------- drafters
@@ -137,6 +183,26 @@ def test_radix_drafter_follows_the_most_visited_branch(page: int) -> None:
     before = [(n.hit_count, n.last_access) for n in cache.root.children.values()]
     d.propose([1, 2, 3, 4, 10], 3)
     assert before == [(n.hit_count, n.last_access) for n in cache.root.children.values()]
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_radix_drafter_proposes_the_branches_it_did_not_follow(page: int) -> None:
+    a = [1, 2, 3, 4, 10, 11, 12, 13, 14, 15, 16, 17]
+    b = [1, 2, 3, 4, 20, 21, 22, 23, 24, 25, 26, 27]
+    c = [1, 2, 3, 4, 20, 21, 22, 23, 30, 31, 32, 33]
+    cache = _tree(page, [a, b, c], [1, 3, 2])
+    d = RadixDrafter(cache)
+    assert d.propose([1, 2, 3, 4], 6) == [20, 21, 22, 23, 24, 25]  # b, the most visited
+    # c leaves b after 4 tokens, a at the first: the branching nearest the context first
+    assert d.alternatives([1, 2, 3, 4], 6, 3) == [[10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 30, 31]]
+    assert d.alternatives([1, 2, 3, 4], 6, 1) == [[10, 11, 12, 13, 14, 15]]
+    assert d.alternatives([1, 2, 3, 4], 3, 3) == [[10, 11, 12]]  # c leaves b past 3 tokens
+    assert d.alternatives([1, 2, 3, 4, 10], 3, 3) == []  # nothing branches below a
+    # out of the tree: what followed the latest tokens in other continuations
+    assert d.propose([1, 2, 3, 4, 99, 22, 23], 2) == [24, 25]
+    assert d.alternatives([1, 2, 3, 4, 99, 22, 23], 2, 3) == [[30, 31]]
+    assert NgramDrafter().alternatives([1, 2, 1, 2, 1], 3, 3) == []
     cache.check_integrity()
 
 

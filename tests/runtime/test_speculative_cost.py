@@ -12,7 +12,15 @@ from engine_helpers import assert_idle_and_intact, hf_greedy
 from sprig.runtime import Engine
 from sprig.runtime.speculative import decode
 from sprig.runtime.speculative.calibrate import calibrate
-from sprig.runtime.speculative.cost import Line, PassCosts, Plane, draft_cap, timed_ms
+from sprig.runtime.speculative.cost import (
+    Line,
+    PassCosts,
+    Plane,
+    branch_gain,
+    draft_cap,
+    timed_ms,
+    widen,
+)
 from sprig.runtime.speculative.draft_length import DraftLength
 from sprig.runtime.speculative.ngram import NgramDrafter
 
@@ -52,6 +60,26 @@ def test_a_big_batch_backs_off() -> None:
     per_request = PassCosts(Line(4, 0.2), Plane(4, 0.5, 0.0), Line(0, 0))  # extend costs 0.7 ms a request
     assert draft_cap(per_request, [4] + [0] * 63, [_rate(0.9)] * 64, model_steps=False) == 0
     assert draft_cap(per_request, [4] * 64, [_rate(0.9)] * 64, model_steps=False) > 0
+
+
+def test_an_alternative_path_gains_what_its_chance_of_being_followed_allows() -> None:
+    # rate 0.5, leaving after 0 of 4 draft tokens, 2 tokens: 0.5 (draft rejected) x (0.5 + 0.25)
+    assert branch_gain(0.5, 0, 2, 4) == pytest.approx(0.375)
+    assert branch_gain(0.5, 1, 3, 4) == pytest.approx(0.5 * 0.5 * 0.75)
+    assert branch_gain(0.5, 2, 3, 2) == pytest.approx(0.25 * 0.5)  # the draft ended there: no rejection needed
+    assert branch_gain(1.0, 0, 3, 3) == 0.0  # drafts always kept: never followed
+
+
+def test_alternatives_are_verified_while_they_raise_tokens_per_millisecond() -> None:
+    def costs(per_token: float) -> PassCosts:
+        return PassCosts(Line(1, 0), Plane(10, 0, per_token), Line(0, 0))
+
+    candidates = [(0.01, 5), (0.375, 3), (0.2, 3)]
+    # 2.5 tokens expected of 1 sequence of 5 tokens: 10.5 ms; the best per token first,
+    # 0.375 more tokens for 0.3 ms is worth it, 0.2 more for 0.3 ms after it too, 0.01 for 0.5 ms not
+    assert widen(costs(0.1), 1, 5, 2.5, candidates) == [1, 2]
+    assert widen(costs(1.0), 1, 5, 2.5, candidates) == []  # a token costs 1 ms: none is worth it
+    assert widen(costs(0.0), 1, 5, 2.5, candidates) == [0, 1, 2]  # free tokens: all
 
 
 @pytest.mark.parametrize("text", ["1,2,3", "1,2,3,4,5,6", "1,2,3,4,5,6,x", "1,2,3,4,5,6,-1", ""])

@@ -91,7 +91,16 @@ def test_a_draft_model_keeps_the_distribution(tiny_llama: Path, plain: Counter) 
     assert homogeneity_p_value(plain, spec) > ALPHA
 
 
+def test_radix_token_trees_keep_the_distribution(tiny_llama: Path, plain: Counter) -> None:
+    """The radix drafter over earlier samples' continuations: paths of a token tree are
+    verified beside the drafts and followed where the target's sample took them."""
+    spec, stats = _samples(tiny_llama, None, speculative_algorithm="radix", speculative_pass_costs="1,0,0,0,0,0,0")
+    assert stats.alternatives_kept > 0 and 0 < stats.accepted < stats.drafted
+    assert homogeneity_p_value(plain, spec) > ALPHA
+
+
 def test_a_broken_acceptance_rule_is_caught(tiny_llama: Path, plain: Counter, monkeypatch) -> None:
-    monkeypatch.setattr(decode, "accepted_length", lambda targets, drafts: len(drafts))
+    # keeps every draft of the first path, whatever the target drew
+    monkeypatch.setattr(decode, "tree_walk", lambda paths, target: [(0, j) for j in range(len(paths[0]) + 1)])
     spec, _ = _samples(tiny_llama, _tokens(plain))
     assert homogeneity_p_value(plain, spec) < ALPHA

@@ -127,6 +127,24 @@ def test_n_samples_stop_strings_and_logprobs_equal_plain(tiny_llama) -> None:
         assert [lp for lp, _, _ in got_lp] == pytest.approx([lp for lp, _, _ in want_lp], abs=1e-5)
 
 
+def test_under_tensor_parallelism_the_draft_runs_whole_beside_rank_0(tiny_llama, reference) -> None:
+    """TP = 2 over gloo: each rank holds one of the target's two KV heads, the draft (the
+    target itself) both, at the same slots; greedy outputs equal transformers' with nearly
+    every draft kept, and seeded samples equal plain decoding's on one rank."""
+    sp = {"max_new_tokens": MAX_NEW, "temperature": 0.8, "sampling_seed": 7, "n": 2}
+    with Engine(tiny_llama, dtype="float32") as plain:
+        want = [o["output_ids"] for o in plain.generate(PROMPTS, sp)]
+    with _engine(tiny_llama, tiny_llama, tp_size=2, device="cpu", cpu_threads=1) as engine:
+        drafter = engine.scheduler.speculative.drafter
+        assert engine.runner.kv_cache.shape.num_kv_heads == 1
+        assert drafter.runner.kv_cache.shape.num_kv_heads == 2
+        assert drafter.runner.num_slots == engine.runner.num_slots
+        assert _run_twice(engine) == reference * 2
+        assert engine.scheduler.speculative.stats.acceptance_rate > SELF_DRAFT_ACCEPTANCE
+        assert [o["output_ids"] for o in engine.generate(PROMPTS, sp)] == want
+        assert_idle_and_intact(engine)
+
+
 def test_samples_sharing_a_prefix_the_draft_has_not_written(rounds, tiny_llama) -> None:
     """A prompt past the CPU attention's shared-prefix threshold (32 tokens) is cached by a
     request that never drafted (one token, from the prefill), then n samples of it share
@@ -154,8 +172,6 @@ def test_the_flags_go_together(tiny_llama) -> None:
         Engine(tiny_llama, speculative_algorithm="draft")
     with pytest.raises(ValueError, match="speculative_draft_model_path"):
         Engine(tiny_llama, speculative_algorithm="ngram", speculative_draft_model_path=str(tiny_llama))
-    with pytest.raises(ValueError, match="--tp-size 2"):
-        Engine(tiny_llama, speculative_algorithm="draft", speculative_draft_model_path=str(tiny_llama), tp_size=2)
 
 
 def test_a_draft_that_cannot_serve_is_refused(tiny_llama, tmp_path) -> None:

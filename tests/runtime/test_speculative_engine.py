@@ -150,6 +150,32 @@ def test_seeded_outputs_do_not_depend_on_speculation(algorithm, params, tiny_che
             assert [e[0] for e in a] == pytest.approx([e[0] for e in b], abs=1e-5)
 
 
+@pytest.mark.parametrize("options", [{}, {"max_total_tokens": 200, "chunked_prefill_size": 8}])
+def test_radix_token_trees_keep_seeded_outputs(options, tiny_checkpoints) -> None:
+    """A seeded sample, then requests that leave its path after 3 and 9 of its tokens (so
+    the tree branches there, their branches the more visited), then the sample again: its
+    drafts follow those branches, and the sample's own path, verified beside them as
+    an alternative, is what it follows. Every output equals its plain run, logprobs
+    included; the slots of paths not followed are freed (integrity checked after every
+    step; a tight pool as well)."""
+    path = tiny_checkpoints["llama"]
+    sample = {"max_new_tokens": MAX_NEW, "ignore_eos": True, "temperature": 0.7, "sampling_seed": 1}
+    with Engine(path, dtype="float32") as plain:
+        ids = plain.tokenizer.encode(PROMPTS[0])
+        a = outputs(plain, None, sample, input_ids=[ids])[0]["output_ids"]
+        leave = [ids + a[:d] + [(a[d] + 1) % 500 + 5] for d in (3, 9)]
+        requests = [([ids], sample), *[(leave, GREEDY)] * 3, ([ids], sample)]  # the leaving paths more visited
+        want = [outputs(plain, None, sp, input_ids=p, return_logprob=True) for p, sp in requests]
+    with _spec_engine(path, "radix", **options) as engine:
+        got = [outputs(engine, None, sp, input_ids=p, return_logprob=True) for p, sp in requests]
+        stats = engine.scheduler.speculative.stats
+        assert stats.alternatives_kept > 0 and stats.alternatives >= stats.alternatives_kept
+    for g, w in zip([o for outs in got for o in outs], [o for outs in want for o in outs], strict=True):
+        assert g["output_ids"] == w["output_ids"]
+        got_lp, want_lp = g["meta_info"]["output_token_logprobs"], w["meta_info"]["output_token_logprobs"]
+        assert [lp for lp, _, _ in got_lp] == pytest.approx([lp for lp, _, _ in want_lp], abs=1e-5)
+
+
 def test_constrained_requests_keep_their_grammar(tiny_checkpoints) -> None:
     path = tiny_checkpoints["llama"]
     sp = {"max_new_tokens": 16, "temperature": 0, "regex": "(ab|cd)+x"}
