@@ -30,7 +30,8 @@ ALPHA = 1e-3
 
 
 class UniformDrafter:
-    """Drafts drawn uniformly from a fixed set of tokens: q is far from p."""
+    """Drafts (and a token tree's other paths) drawn uniformly from a fixed set of tokens:
+    q is far from p."""
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = sorted(tokens)
@@ -38,6 +39,10 @@ class UniformDrafter:
 
     def propose(self, context, k: int) -> list[int]:
         return [self.rng.choice(self.tokens) for _ in range(k)]
+
+    def alternatives(self, context, k: int, width: int) -> list[list[int]]:
+        """As many other paths, as random: token trees whose every path is far from p."""
+        return [self.propose(context, k) for _ in range(width)]
 
 
 def _samples(path: Path, drafter_tokens: list[int] | None, **options) -> tuple[Counter, decode.SpeculativeStats | None]:
@@ -80,6 +85,7 @@ def _tokens(counts: Counter) -> list[int]:
 def test_speculation_keeps_the_distribution(tiny_llama: Path, plain: Counter) -> None:
     spec, stats = _samples(tiny_llama, _tokens(plain))
     assert 0 < stats.accepted < stats.drafted  # drafts were both kept and rejected
+    assert stats.alternatives_kept > 0  # and the walk over token trees left the draft for other paths
     assert homogeneity_p_value(plain, spec) > ALPHA
 
 

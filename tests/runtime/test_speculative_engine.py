@@ -119,6 +119,9 @@ class CorruptedOracle:
                 return [t if self.rng.random() > 0.3 else self.rng.randrange(512) for t in seq[len(context) :][:k]]
         return []
 
+    def alternatives(self, context, k: int, width: int) -> list[list[int]]:
+        return []
+
 
 @pytest.mark.parametrize("params", SAMPLED, ids=["n3", "filters", "penalties", "min-new", "stop-strings"])
 @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "oracle"])
