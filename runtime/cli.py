@@ -86,8 +86,9 @@ HELP = {
     "instead of the contiguous CPU draft decoder (the plain path; for checking it)",
     "speculative_num_draft_tokens": "most drafted tokens verified per request and step (each request's length "
     "adapts to its acceptance)",
-    "speculative_alternatives": "most other paths a request verifies beside its draft in a step (a token tree of "
-    "the radix drafter's less visited branches, each only where it is expected to pay; page size 1); 0: drafts only",
+    "speculative_alternatives": "most other paths a request verifies beside its draft in a step (a token tree: "
+    "radix's less visited branches, ngram's earlier matches; each only where it is expected to pay; page size 1); "
+    "0: drafts only",
     "speculative_pass_costs": "milliseconds of a target decode pass, a verification pass and a draft-model step "
     "as seven numbers (decode fixed, per request; verify fixed, per request, per token; draft fixed, per request), which decide "
     "how many drafts a step verifies, none unless drafting is expected to be faster; when not given, measured at "

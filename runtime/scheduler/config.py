@@ -50,7 +50,8 @@ class SchedulerConfig:
       runner (`speculative.runner_rounds`, the plain path CUDA takes) also where the
       CPU's contiguous `DraftDecoder` could run them; drafts and outputs stay exact.
       `speculative_alternatives`: most other paths a request verifies beside its draft in
-      a step (a token tree: the radix drafter's less-visited branches; with page size 1),
+      a step (a token tree: the radix drafter's less-visited branches, prompt lookup's
+      earlier occurrences; with page size 1),
       each only where it is expected to pay (`speculative.cost.widen`); 0: drafts only.
     """
 

@@ -135,7 +135,7 @@ class Stats:
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
     by_spec: dict[str, int] = field(default_factory=dict)  # workloads by speculative drafter
     by_tp: dict[str, int] = field(default_factory=dict)  # workloads by tensor-parallel ranks
-    alternatives: int = 0  # alternative paths of token trees verified (the radix drafter's)
+    alternatives: int = 0  # alternative paths of token trees verified (the ngram and radix drafters')
     alternatives_kept: int = 0  # of them, those the kept tokens lay on
 
     def line(self) -> str:
@@ -254,7 +254,7 @@ def _options(
                                                         "1,0.01,3,0.1,0.1,2,0.1"])
         if options["speculative_algorithm"] == "draft" and rng.random() < 0.5:
             options["disable_draft_decoder"] = True  # the rounds CUDA runs: the runner's decode steps
-        if options["speculative_algorithm"] == "radix":
+        if options["speculative_algorithm"] != "draft":
             options["speculative_alternatives"] = rng.choice([0, 1, 3, 3])  # token trees of up to 4 paths
     return options
 

@@ -155,6 +155,15 @@ def test_ngram_prefers_longer_suffixes() -> None:
     assert d.propose([1, 2, 3, 4, 0, 3, 8, 1, 2, 3], 1) == [4]
 
 
+def test_ngram_alternatives_are_what_followed_earlier_occurrences() -> None:
+    d = NgramDrafter(max_ngram=2, min_ngram=2)
+    context = [1, 2, 7, 1, 2, 8, 1, 2, 7, 1, 2]
+    assert d.propose(context, 3) == [7, 1, 2]  # the latest occurrence
+    assert d.alternatives(context, 3, 3) == [[8, 1, 2]]  # the first occurrence's [7, 1, 2] is the draft again
+    assert d.alternatives(context, 1, 3) == [[8]]
+    assert d.alternatives([1, 2, 1, 2, 1], 3, 3) == []  # one occurrence
+
+
 def _tree(page: int, seqs: list[list[int]], hits: list[int]) -> RadixCache:
     allocator = SlotAllocator(256, page)
     cache = RadixCache(allocator)
@@ -202,7 +211,6 @@ def test_radix_drafter_proposes_the_branches_it_did_not_follow(page: int) -> Non
     # out of the tree: what followed the latest tokens in other continuations
     assert d.propose([1, 2, 3, 4, 99, 22, 23], 2) == [24, 25]
     assert d.alternatives([1, 2, 3, 4, 99, 22, 23], 2, 3) == [[30, 31]]
-    assert NgramDrafter().alternatives([1, 2, 1, 2, 1], 3, 3) == []
     cache.check_integrity()
 
 
