@@ -11,7 +11,8 @@ retract, radix on or off, few or many running requests, each schedule policy, ei
 attention backend, a float or an int8 KV cache, float or int4 weights, speculative
 decoding off or with any drafter (the draft model: the target's first layer,
 `draft_checkpoints.truncated_draft`, its rounds in the CPU's draft decoder or through its
-runner as on CUDA; alone runs never speculate), in shadow mode,
+runner as on CUDA; token trees up to 4 paths, half of the prompt-lookup workloads with
+`PerturbedTrees`' trees; alone runs never speculate), in shadow mode,
 driven step by step through the scheduler.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
@@ -49,6 +50,8 @@ from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.request_contract import LogprobOptions, ModelLimits, build_requests
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
 from sprig.runtime.scheduler import Req
+from sprig.runtime.speculative.drafter import ContextDrafts
+from sprig.runtime.speculative.ngram import NgramDrafter
 
 LOGPROB_TOL = 1e-5
 TIE_MARGIN = 1e-3
@@ -88,12 +91,53 @@ class Workload:
     model: str  # key into the fuzzer's models
     requests: tuple[Request, ...]
     options: dict[str, Any]  # Engine keywords
+    perturbed_trees: bool = False  # drafts from `PerturbedTrees` instead of the ngram drafter's
 
     def describe(self) -> str:
         return (
             f"workload seed {self.seed} on {self.model}: {len(self.requests)} requests, "
-            f"engine {self.options}"
+            f"engine {self.options}{', drafts from PerturbedTrees' if self.perturbed_trees else ''}"
         )
+
+
+class PerturbedTrees:
+    """A context drafter for the fuzzer that knows what each checked request will emit
+    (its alone run, `runs`: prompt + output ids) and proposes token trees the target
+    leaves the draft of: the known continuation of the context (else prompt lookup's, over
+    unigrams and up), half of the time with one token swapped for a recent token of the
+    context and cut after it; as alternatives the other known continuations (samples of
+    one prompt), the unswapped one, prompt lookup's, and more swaps. So every walk over a
+    tree (leaving the draft, following an alternative) and every adoption of an
+    alternative's slots happens. Not pure (the swaps are random): what it proposes never
+    changes a request's tokens, only how many passes they take."""
+
+    def __init__(self, runs: list[list[int]], seed: int) -> None:
+        self.runs = runs
+        self.rng = random.Random(seed)
+        self.lookup = NgramDrafter(max_ngram=3, min_ngram=1)
+
+    def _known(self, context, k: int) -> list[list[int]]:
+        ctx, n, out = list(context), len(context), []
+        for run in self.runs:
+            path = run[n : n + k]
+            if path and run[:n] == ctx and path not in out:
+                out.append(path)
+        return out or [p for p in [self.lookup.propose(context, k)] if p]
+
+    def _swap(self, path: list[int], context) -> list[int]:
+        j = self.rng.randrange(len(path))
+        return [*path[:j], self.rng.choice(list(context[-16:])), *path[j + 1 :]][: self.rng.randint(j + 1, len(path))]
+
+    def propose(self, context, k: int) -> list[int]:
+        known = self._known(context, k)
+        if not known:
+            return []
+        return self._swap(known[0], context) if self.rng.random() < 0.5 else known[0]
+
+    def alternatives(self, context, k: int, width: int) -> list[list[int]]:
+        known = self._known(context, k)
+        out = [*known, *self.lookup.alternatives(context, k, width), *(self._swap(p, context) for p in known)]
+        return [p for i, p in enumerate(out) if p not in out[:i]][:width]
 
 
 @dataclass
@@ -185,7 +229,9 @@ def make_workload(
             arrival=rng.choice([0, 0, rng.randint(0, 12)]),
             abort_at=rng.randint(0, 16) if rng.random() < 0.1 else None,
         ))
-    return Workload(seed, model, tuple(requests), _options(rng, requests, triton, int4_share, tp_share))
+    options = _options(rng, requests, triton, int4_share, tp_share)
+    trees = options.get("speculative_algorithm") == "ngram" and options["speculative_alternatives"] > 0
+    return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5)
 
 
 def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
@@ -386,14 +432,16 @@ class Mismatch(AssertionError):
     pass
 
 
-def check_workload(workload: Workload, got: dict[str, Outcome], ref: Reference, stats: Stats) -> None:
-    """Compare every checked sequence of `workload` with its alone run and transformers."""
+def check_workload(workload: Workload, got: dict[str, Outcome], ref: Reference, stats: Stats,
+                   alone: dict[str, dict[str, Outcome]] | None = None) -> None:
+    """Compare every checked sequence of `workload` with its alone run (from `alone` by
+    request rid where it holds it) and transformers."""
     key = numerics(workload.options)
     for request in workload.requests:
         if not request.checked:
             continue
-        alone = ref.alone(request, key)
-        for rid, want in alone.items():
+        runs = (alone or {}).get(request.rid) or ref.alone(request, key)
+        for rid, want in runs.items():
             where = f"{workload.describe()}\nrequest {rid}: {request}"
             _check_sequence(request, got[rid], want, ref, stats, where, key)
 
@@ -524,7 +572,12 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     options = workload.options
     if options.get("speculative_algorithm") == "draft":
         options = {**options, "speculative_draft_model_path": str(truncated_draft(path))}
+    key = numerics(workload.options)
+    alone = {r.rid: ref.alone(r, key) for r in workload.requests if r.checked} if workload.perturbed_trees else {}
     with Engine(str(path), dtype="float32", shadow_attention=True, check_integrity=True, **options) as engine:
+        if workload.perturbed_trees:
+            runs = [[*r.prompt, *o.ids] for r in workload.requests if r.checked for o in alone[r.rid].values()]
+            engine.scheduler.speculative.drafter = ContextDrafts(PerturbedTrees(runs, workload.seed))
         try:
             got = drive(engine, workload.requests)
         except Exception as e:
@@ -533,7 +586,7 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
         if engine.scheduler.speculative is not None:
             stats.alternatives += engine.scheduler.speculative.stats.alternatives
             stats.alternatives_kept += engine.scheduler.speculative.stats.alternatives_kept
-    check_workload(workload, got, ref, stats)
+    check_workload(workload, got, ref, stats, alone)
     stats.workloads += 1
     backend = options["attention_backend"]
     stats.by_backend[backend] = stats.by_backend.get(backend, 0) + 1
@@ -542,6 +595,7 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     weights = "weights " + options.get("quantization", "float")
     stats.by_weights[weights] = stats.by_weights.get(weights, 0) + 1
     spec = "spec " + (options.get("speculative_algorithm") or "off") + (" (runner rounds)" if options.get("disable_draft_decoder") else "")
+    spec += " (perturbed trees)" if workload.perturbed_trees else ""
     stats.by_spec[spec] = stats.by_spec.get(spec, 0) + 1
     tp = f"tp {options.get('tp_size', 1)}"
     stats.by_tp[tp] = stats.by_tp.get(tp, 0) + 1
