@@ -82,10 +82,12 @@ class RadixDrafter:
         path = edge_rest[:k].tolist()
         forks: list[tuple[int, TreeNode]] = []  # (tokens of the path before it, a child not taken)
         while len(path) < k and node.children:
-            ranked = sorted(node.children.values(), key=_visits, reverse=True)
-            if width > 1:
+            if width > 1:  # the ranking's first is `max`'s pick: the sort is stable
+                ranked = sorted(node.children.values(), key=_visits, reverse=True)
                 forks += [(len(path), child) for child in ranked[1:]]
-            node = ranked[0]
+                node = ranked[0]
+            else:
+                node = max(node.children.values(), key=_visits)
             path += node.key[: k - len(path)].tolist()
         out = [path]
         for depth, child in sorted(forks, key=lambda f: f[0])[: width - 1]:
