@@ -118,21 +118,22 @@ class SpeculativeDecoder:
         if self.measured:
             self._time(step, drafts, drafted - start, time.perf_counter() - drafted)
         paths: list[list[list[int]]] = [[d] for d in drafts]
-        bases = [0, *accumulate(len(d) + 1 for d in drafts)][:-1]  # each request's first row
-        row0 = [[base] for base in bases]  # per request and path: the row of its depth 0
-        first = sum(len(d) + 1 for d in drafts)
+        ends = list(accumulate(len(d) + 1 for d in drafts))  # past each request's rows
+        row0 = [[end - len(d) - 1] for end, d in zip(ends, drafts, strict=True)]  # per request and path: its depth 0's row
+        trees = [len(d) for d in drafts]  # drafted tokens verified per request, each once
+        first = ends[-1]
         for b in branches:
             paths[b.owner].append(b.tokens)
             row0[b.owner].append(first - b.depth - 1)  # its rows start at depth + 1
             first += len(b.tokens) - b.depth
+            trees[b.owner] += len(b.tokens) - b.depth
         walks = [tree_walk(p, lambda k, j, r=r: drawn.ids[r[k] + j]) for p, r in zip(paths, row0, strict=True)]
         self._keep_slots(sched, batch, branches, walks)
         followed = [p[w[-1][0]] for p, w in zip(paths, walks, strict=True)]
         pending = [r.seq_len - r.kv_len for r in batch]
         self.drafter.verified(sched.kv, batch, followed, [n + len(w) - 1 for n, w in zip(pending, walks, strict=True)])
-        for i, (req, path, walk) in enumerate(zip(batch, followed, walks, strict=True)):
-            tree = len(drafts[i]) + sum(len(b.tokens) - b.depth for b in branches if b.owner == i)
-            self._accept(sched, req, path, [row0[i][k] + j for k, j in walk], drawn, tree)
+        for req, path, walk, rows0, tree in zip(batch, followed, walks, row0, trees, strict=True):
+            self._accept(sched, req, path, [rows0[k] + j for k, j in walk], drawn, tree)
         self.stats.verify_steps += 1
         return batch
 
