@@ -51,8 +51,8 @@ class SchedulerConfig:
       CPU's contiguous `DraftDecoder` could run them; drafts and outputs stay exact.
       `speculative_alternatives`: most other paths a request verifies beside its draft in
       a step (a token tree: the radix drafter's less-visited branches, prompt lookup's
-      earlier occurrences; with page size 1),
-      each only where it is expected to pay (`speculative.cost.widen`); 0: drafts only.
+      earlier occurrences; with page size 1), each only where it is expected to pay
+      (`speculative.cost.widen`); 0: drafts only.
     """
 
     max_running_requests: int = 64
