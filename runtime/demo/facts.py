@@ -54,6 +54,20 @@ REVERSE = {
 INSTRUCTIONS = ["Answer questions using these facts.", "Use these facts to answer.", "Facts:"]
 
 
+def people(dialogue: Dialogue) -> set[str]:
+    """The names of the people the dialogue's facts are about (the first word of every
+    fact line: the lines after the instruction, up to the blank line before a question)."""
+    facts = dialogue.messages[0]["content"].split("\n\n")[0].split("\n")[1:]
+    return {line.split(" ")[0].split("'")[0] for line in facts}
+
+
+def asks_who(dialogue: Dialogue) -> bool:
+    """Whether the dialogue's last question asks who has a fact (a `REVERSE` question,
+    answered with a name), not a fact about a named person. Every `REVERSE` question and
+    no `ATTRIBUTES` question starts with "Who "."""
+    return dialogue.messages[-2]["content"].rsplit("\n", 1)[-1].startswith("Who ")
+
+
 def _questions(rng: random.Random, facts: list[tuple[str, str, dict[str, Any]]],
                long: bool) -> list[tuple[str, str]]:
     """Every (question, answer) the facts answer without ambiguity, shuffled."""

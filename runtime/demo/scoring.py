@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sprig.runtime.demo.dialogue import Dialogue, Message
+from sprig.runtime.demo.facts import asks_who, people
 from sprig.runtime.demo.grading import json_reply, same_call, states, tool_calls
 from sprig.runtime.demo.tasks import Problem, extract_answer
 from sprig.runtime.demo.tool_tasks import ARITHMETIC, call, tool_result
@@ -134,10 +135,18 @@ def score_json(engine: Any, tok: Any, dialogues: list[Dialogue]) -> list[Measure
 
 
 def score_few_shot(engine: Any, tok: Any, dialogues: list[Dialogue]) -> list[Measure]:
-    """The last question, with the facts and the answered shots before it."""
+    """The last question, with the facts and the answered shots before it; also split by
+    the kind of question (`facts.asks_who`): a fact about a named person ("Where does Omar
+    live?"), or who has a fact ("Who lives in Oslo?", answered with a name)."""
     replies = complete(engine, [prompt_ids(tok, d.messages[:-1], None) for d in dialogues], 48)
-    right = sum(states(r, d.answer) for r, d in zip(replies, dialogues, strict=True))
-    return [Measure("few-shot", "answer right, in the shots' style", right, len(dialogues), ">= 80%")]
+    right = [states(r, d.answer) for r, d in zip(replies, dialogues, strict=True)]
+    who = [asks_who(d) for d in dialogues]
+    chance = sum(1 / len(people(d)) for d, w in zip(dialogues, who, strict=True) if w) / max(who.count(True), 1)
+    by_kind = {kind: sum(r for r, w in zip(right, who, strict=True) if w is kind) for kind in (False, True)}
+    return [Measure("few-shot", "answer right, in the shots' style", sum(right), len(dialogues), ">= 80%"),
+            Measure("few-shot", "of which about a named person", by_kind[False], who.count(False)),
+            Measure("few-shot", f"of which who has a fact (a name of the prompt at random: {chance:.1%})",
+                    by_kind[True], who.count(True))]
 
 
 def score_multi_turn(engine: Any, tok: Any, dialogues: list[Dialogue]) -> list[Measure]:

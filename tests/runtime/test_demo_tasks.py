@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from sprig.runtime.demo import mixture
+from sprig.runtime.demo import facts, mixture
 from sprig.runtime.demo.chat_format import CHAT_TEMPLATE, tools_system_prompt
 from sprig.runtime.demo.grading import json_reply, same_call, states, tool_calls
 from sprig.runtime.demo.scoring import execute
@@ -116,6 +116,22 @@ def test_few_shot_answers_are_stated_in_the_facts() -> None:
             words = re.findall(r"[A-Z][a-z]+|\d+|[a-z]{3,}", d.messages[i]["content"])
             assert words and all(w in facts for w in words if w not in ("lives", "years", "old", "works",
                                                                          "favorite", "color", "named")), d
+
+
+def test_asks_who_tells_who_has_a_fact_from_a_fact_about_someone() -> None:
+    assert all(q.startswith("Who ") for qs, _, _ in facts.REVERSE.values() for q in qs)
+    assert not any(q.startswith("Who ") for a in facts.ATTRIBUTES.values() for q in a.questions)
+    kinds = {True: 0, False: 0}
+    for d in mixture.take_task("few-shot", "heldout", 300):
+        prompt = "\n".join(m["content"] for m in d.messages[:-1])
+        names = facts.people(d)
+        assert 2 <= len(names) <= 3 and all(re.fullmatch(r"[A-Z][a-z]+", n) for n in names), names
+        who = facts.asks_who(d)
+        kinds[who] += 1
+        assert all(f"{name} " in prompt or f"{name}'s" in prompt for name in names)
+        first = d.answer.split(" ")[0].split("'")[0]  # a sentence answer begins with its person
+        assert first in names if who else d.answer not in names, d
+    assert min(kinds.values()) > 30, kinds
 
 
 def test_multi_turn_answers_follow_from_the_first_turn() -> None:
