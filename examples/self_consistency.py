@@ -10,8 +10,7 @@ from _backend import backend, sampling_parser
 import sprig
 from sprig.meta import answer_extractor, self_consistency
 
-QUESTION = ("Hana has 30 stamps. Then Hana doubles them. Then Hana doubles them. Then Hana gives away 31. "
-            "How many stamps does Hana have now?")
+QUESTION = "Mia has 59 stamps. Then Mia gives away 14. Then Mia buys 25 more. How many stamps does Mia have now?"
 
 
 def main() -> None:

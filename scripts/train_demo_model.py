@@ -62,7 +62,7 @@ class TrainConfig:
 
     out: str = "runtime/demo/model"
     seed: int = 0
-    steps: int = 1000
+    steps: int = 1100
     batch_size: int = 64
     copy_steps: int = 500  # the copying warm-up before the mixture (0: none)
     copy_batch_size: int = 64

@@ -53,7 +53,7 @@ SERVED = {
         r"^user: What is my lucky number plus 5\?\nassistant: 17 \+ 5 = 22\nAnswer: 22$",
     ],
     "best_of_n.py": [r"^best \(mean logprob -?[\d.]+\):\n(?:.+\n)*Answer: 53$"],
-    "self_consistency.py": [r"^majority answer: 89$"],
+    "self_consistency.py": [r"^majority answer: 70$"],
     "tree_search.py": [r"^best path:\n(?:  .+\n)*  Answer: 39$"],
 }
 OFFLINE = {"generate.py": [r"^\(right answer: 73\)$", r"^A: (?:.+\n)*Answer: 73\n", r"^greedy: +[1-4]/4 correct"]}

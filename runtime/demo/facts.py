@@ -5,6 +5,10 @@ color, a pet's name), stated one to a line in a system turn or at the head of th
 user turn. One to three questions answered in earlier turns (the shots) show the style
 of answer — the bare value, or a sentence — and the last question is answered in the
 same style. Every question has one answer in the facts.
+
+Training also draws dialogues in which every person has the same kinds of facts
+(`make_facts_training_dialogue`): there the kind of fact a question asks never singles
+out its line, only the person's name does.
 """
 
 from __future__ import annotations
@@ -86,11 +90,17 @@ def _questions(rng: random.Random, facts: list[tuple[str, str, dict[str, Any]]],
     return out
 
 
-def make_facts_dialogue(rng: random.Random) -> Dialogue:
-    """Facts, one to three answered questions, and the question to answer."""
+def make_facts_dialogue(rng: random.Random, shared_kinds: bool = False) -> Dialogue:
+    """Facts, one to three answered questions, and the question to answer. Each person
+    has two to four kinds of facts of their own, or with `shared_kinds` the same two to
+    four kinds as everyone else."""
     people = words.distinct(rng, words.first_name, rng.randint(2, 3))
-    facts = [(p, kind, ATTRIBUTES[kind].draw(rng)) for p in people
-             for kind in rng.sample(list(ATTRIBUTES), rng.randint(2, 4))]
+    if shared_kinds:
+        kinds = rng.sample(list(ATTRIBUTES), rng.randint(2, 4))
+        facts = [(p, kind, ATTRIBUTES[kind].draw(rng)) for p in people for kind in kinds]
+    else:
+        facts = [(p, kind, ATTRIBUTES[kind].draw(rng)) for p in people
+                 for kind in rng.sample(list(ATTRIBUTES), rng.randint(2, 4))]
     rng.shuffle(facts)
     lines = "\n".join(ATTRIBUTES[kind].fact.format(p=p, **values) for p, kind, values in facts)
     asked = _questions(rng, facts, long=rng.random() < 0.5)[: rng.randint(2, 4)]
@@ -100,3 +110,9 @@ def make_facts_dialogue(rng: random.Random) -> Dialogue:
         text = f"{head}\n\n{question}" if i == 0 and not messages else question
         messages += [user(text), assistant(answer)]
     return Dialogue("few-shot", tuple(messages), asked[-1][1])
+
+
+def make_facts_training_dialogue(rng: random.Random) -> Dialogue:
+    """A training dialogue: as `make_facts_dialogue`, half of them with `shared_kinds`
+    (where a model that matches the kind of fact asked and not the name answers wrong)."""
+    return make_facts_dialogue(rng, shared_kinds=rng.random() < 0.5)

@@ -16,7 +16,7 @@ from sprig.runtime.demo import tasks
 from sprig.runtime.demo.chat_tasks import make_chat_dialogue
 from sprig.runtime.demo.dialogue import Dialogue, assistant, stream, user
 from sprig.runtime.demo.extraction import make_extraction_dialogue
-from sprig.runtime.demo.facts import make_facts_dialogue
+from sprig.runtime.demo.facts import make_facts_dialogue, make_facts_training_dialogue
 from sprig.runtime.demo.tool_tasks import make_tool_dialogue
 
 
@@ -24,13 +24,14 @@ from sprig.runtime.demo.tool_tasks import make_tool_dialogue
 class Task:
     weight: float  # share of the training dialogues
     make: Callable[[random.Random], Dialogue] | None  # None: the arithmetic problems' own stream
+    train_make: Callable[[random.Random], Dialogue] | None = None  # the train split's, where not `make`
 
 
 TASKS = {
     "arithmetic": Task(0.20, None),
     "tools": Task(0.07, make_tool_dialogue),
     "json": Task(0.24, make_extraction_dialogue),
-    "few-shot": Task(0.36, make_facts_dialogue),
+    "few-shot": Task(0.36, make_facts_dialogue, make_facts_training_dialogue),
     "multi-turn": Task(0.13, make_chat_dialogue),
 }
 
@@ -40,8 +41,10 @@ def arithmetic_dialogue(problem: tasks.Problem) -> Dialogue:
 
 
 def task_stream(name: str, split: tasks.Split, seed: int) -> Iterator[Dialogue]:
-    """One task's endless, deterministic stream of distinct dialogues."""
-    make = TASKS[name].make
+    """One task's endless, deterministic stream of distinct dialogues (the train split's
+    from the task's `train_make` where it has one)."""
+    task = TASKS[name]
+    make = task.train_make if split == "train" and task.train_make is not None else task.make
     if make is None:
         return (arithmetic_dialogue(p) for p in tasks.problems(split, seed))
     return stream(make, split, seed, name)

@@ -134,6 +134,31 @@ def test_asks_who_tells_who_has_a_fact_from_a_fact_about_someone() -> None:
     assert min(kinds.values()) > 30, kinds
 
 
+def _kinds_by_person(d) -> dict[str, set[str]]:
+    """Each person's kinds of facts, read off the fact lines of the dialogue's first turn."""
+    kinds = {" lives in ": "city", " years old": "age", " works as ": "job", " favorite color ": "color",
+             " named ": "pet"}
+    out: dict[str, set[str]] = {}
+    for line in d.messages[0]["content"].split("\n")[1:]:
+        if line.endswith(".") and not line.endswith("?"):
+            person = re.match(r"[A-Z][a-z]+", line).group()
+            out.setdefault(person, set()).update(k for marker, k in kinds.items() if marker in line)
+    return out
+
+
+def test_few_shot_training_draws_people_with_the_same_kinds_of_facts() -> None:
+    """Training's few-shot dialogues: about half give every person the same kinds of facts
+    (a question's kind then never singles out its line); the held-out ones are the plain
+    form's, in which people mostly differ."""
+    def shared(d) -> bool:
+        kinds = list(_kinds_by_person(d).values())
+        return len(kinds) > 1 and all(k == kinds[0] for k in kinds)
+
+    train = sum(shared(d) for d in mixture.take_task("few-shot", "train", 400)) / 400
+    held = sum(shared(d) for d in mixture.take_task("few-shot", "heldout", 400)) / 400
+    assert 0.45 < train < 0.7 and held < 0.2, (train, held)
+
+
 def test_multi_turn_answers_follow_from_the_first_turn() -> None:
     for d in mixture.take_task("multi-turn", "train", 500):
         first, later = d.messages[0]["content"], d.messages[2]["content"]
