@@ -58,11 +58,20 @@ REVERSE = {
 INSTRUCTIONS = ["Answer questions using these facts.", "Use these facts to answer.", "Facts:"]
 
 
+def fact_lines(dialogue: Dialogue) -> list[str]:
+    """The dialogue's fact lines: those of its first turn after the instruction, up to the
+    blank line before a question."""
+    return dialogue.messages[0]["content"].split("\n\n")[0].split("\n")[1:]
+
+
+def person(line: str) -> str:
+    """Whom a fact line is about: its first word, without a possessive 's."""
+    return line.split(" ")[0].split("'")[0]
+
+
 def people(dialogue: Dialogue) -> set[str]:
-    """The names of the people the dialogue's facts are about (the first word of every
-    fact line: the lines after the instruction, up to the blank line before a question)."""
-    facts = dialogue.messages[0]["content"].split("\n\n")[0].split("\n")[1:]
-    return {line.split(" ")[0].split("'")[0] for line in facts}
+    """The names of the people the dialogue's facts are about."""
+    return {person(line) for line in fact_lines(dialogue)}
 
 
 def asks_who(dialogue: Dialogue) -> bool:
@@ -95,12 +104,9 @@ def make_facts_dialogue(rng: random.Random, shared_kinds: bool = False) -> Dialo
     has two to four kinds of facts of their own, or with `shared_kinds` the same two to
     four kinds as everyone else."""
     people = words.distinct(rng, words.first_name, rng.randint(2, 3))
-    if shared_kinds:
-        kinds = rng.sample(list(ATTRIBUTES), rng.randint(2, 4))
-        facts = [(p, kind, ATTRIBUTES[kind].draw(rng)) for p in people for kind in kinds]
-    else:
-        facts = [(p, kind, ATTRIBUTES[kind].draw(rng)) for p in people
-                 for kind in rng.sample(list(ATTRIBUTES), rng.randint(2, 4))]
+    shared = rng.sample(list(ATTRIBUTES), rng.randint(2, 4)) if shared_kinds else None
+    facts = [(p, kind, ATTRIBUTES[kind].draw(rng)) for p in people
+             for kind in shared or rng.sample(list(ATTRIBUTES), rng.randint(2, 4))]
     rng.shuffle(facts)
     lines = "\n".join(ATTRIBUTES[kind].fact.format(p=p, **values) for p, kind, values in facts)
     asked = _questions(rng, facts, long=rng.random() < 0.5)[: rng.randint(2, 4)]

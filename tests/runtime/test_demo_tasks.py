@@ -139,10 +139,8 @@ def _kinds_by_person(d) -> dict[str, set[str]]:
     kinds = {" lives in ": "city", " years old": "age", " works as ": "job", " favorite color ": "color",
              " named ": "pet"}
     out: dict[str, set[str]] = {}
-    for line in d.messages[0]["content"].split("\n")[1:]:
-        if line.endswith(".") and not line.endswith("?"):
-            person = re.match(r"[A-Z][a-z]+", line).group()
-            out.setdefault(person, set()).update(k for marker, k in kinds.items() if marker in line)
+    for line in facts.fact_lines(d):
+        out.setdefault(facts.person(line), set()).update(k for marker, k in kinds.items() if marker in line)
     return out
 
 
