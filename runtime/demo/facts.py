@@ -6,9 +6,9 @@ user turn. One to three questions answered in earlier turns (the shots) show the
 of answer — the bare value, or a sentence — and the last question is answered in the
 same style. Every question has one answer in the facts.
 
-Training also draws dialogues in which every person has the same kinds of facts
-(`make_facts_training_dialogue`): there the kind of fact a question asks never singles
-out its line, only the person's name does.
+Training draws half of its dialogues (`SHARED_KINDS_SHARE`) with every person given the
+same kinds of facts (`make_facts_training_dialogue`): there the kind of fact a question
+asks never singles out its line, only the person's name does.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ REVERSE = {
     "city": (("Who lives in {city}?",), "{p}", "{p} lives in {city}."),
     "job": (("Who works as {a_job}?",), "{p}", "{p} works as {a_job}."),
 }
+SHARED_KINDS_SHARE = 0.5  # of the training dialogues
 INSTRUCTIONS = ["Answer questions using these facts.", "Use these facts to answer.", "Facts:"]
 
 
@@ -119,6 +120,7 @@ def make_facts_dialogue(rng: random.Random, shared_kinds: bool = False) -> Dialo
 
 
 def make_facts_training_dialogue(rng: random.Random) -> Dialogue:
-    """A training dialogue: as `make_facts_dialogue`, half of them with `shared_kinds`
-    (where a model that matches the kind of fact asked and not the name answers wrong)."""
-    return make_facts_dialogue(rng, shared_kinds=rng.random() < 0.5)
+    """A training dialogue: as `make_facts_dialogue`, a `SHARED_KINDS_SHARE` of them with
+    `shared_kinds` (where a model that matches the kind of fact asked and not the name
+    answers wrong)."""
+    return make_facts_dialogue(rng, shared_kinds=rng.random() < SHARED_KINDS_SHARE)

@@ -145,16 +145,16 @@ def _kinds_by_person(d) -> dict[str, set[str]]:
 
 
 def test_few_shot_training_draws_people_with_the_same_kinds_of_facts() -> None:
-    """Training's few-shot dialogues: about half give every person the same kinds of facts
-    (a question's kind then never singles out its line); the held-out ones are the plain
-    form's, in which people mostly differ."""
+    """Training's few-shot dialogues: about `SHARED_KINDS_SHARE` of them give every person
+    the same kinds of facts (a question's kind then never singles out its line); the
+    held-out ones are the plain form's, in which people mostly differ."""
     def shared(d) -> bool:
         kinds = list(_kinds_by_person(d).values())
         return len(kinds) > 1 and all(k == kinds[0] for k in kinds)
 
     train = sum(shared(d) for d in mixture.take_task("few-shot", "train", 400)) / 400
     held = sum(shared(d) for d in mixture.take_task("few-shot", "heldout", 400)) / 400
-    assert 0.45 < train < 0.7 and held < 0.2, (train, held)
+    assert abs(train - facts.SHARED_KINDS_SHARE) < 0.1 and held < 0.2, (train, held)
 
 
 def test_multi_turn_answers_follow_from_the_first_turn() -> None:
