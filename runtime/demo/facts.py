@@ -6,8 +6,8 @@ user turn. One to three questions answered in earlier turns (the shots) show the
 of answer — the bare value, or a sentence — and the last question is answered in the
 same style. Every question has one answer in the facts.
 
-Training draws half of its dialogues (`SHARED_KINDS_SHARE`) with every person given the
-same kinds of facts (`make_facts_training_dialogue`): there the kind of fact a question
+Training draws a share of its dialogues (`SHARED_KINDS_SHARE`) with every person given
+the same kinds of facts (`make_facts_training_dialogue`): there the kind of fact a question
 asks never singles out its line, only the person's name does.
 """
 
