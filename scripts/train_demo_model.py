@@ -7,9 +7,9 @@ short lists repeated back), which the mixture's tasks, all answered by copying f
 prompt, then build on. Builds a BPE tokenizer (digits kept single; the tool-call markers whole tokens) with the
 chat template of `sprig.runtime.demo.chat_format`, trains `LlamaForCausalLM` with loss on
 every assistant turn (and, with `--prompt-weight`, less on the rest; dialogues packed
-several to a row, `pack`) under bfloat16 autocast, and saves a complete Hugging Face
-checkpoint. Deterministic for a given seed and step count on a given thread count
-(`--threads`, two by default); with `--state-dir` it saves its state as it goes, and
+several to a row, `pack`) under bfloat16 autocast where the CPU runs it fast (`--bf16`,
+`use_bf16`), and saves a complete Hugging Face checkpoint. Deterministic for a given seed
+and step count on a given thread count (`--threads`, two by default) and autocast setting; with `--state-dir` it saves its state as it goes, and
 `--resume` continues a run that stopped (see `TrainConfig`).
 
     python scripts/train_demo_model.py --out runtime/demo/model [--state-dir DIR]
@@ -45,6 +45,8 @@ from sprig.runtime.demo.dialogue import Dialogue
 from sprig.runtime.demo.evaluate import accuracy, generate
 
 Example = tuple[list[int], list[int]]  # token ids, labels (-100 where no loss)
+BF16_MODES = ("auto", "on", "off")
+BF16_MAX_SLOWDOWN = 2.0  # "auto" trains under bfloat16 autocast unless its matmuls are this many times slower
 _TURN = re.compile(re.escape("<|assistant|>\n") + r"(.*?)" + re.escape("<|end|>"), re.DOTALL)
 _MARKERS = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TOOL_TOKENS))
 
@@ -76,7 +78,7 @@ class TrainConfig:
     max_positions: int = 1024
     prompt_weight: float = 0.0  # loss weight of the tokens outside assistant turns (1 on the turns)
     word_tokens: bool = False  # a space before a word is a token of its own (`build_tokenizer`; ~20% more tokens)
-    bf16: bool = True  # bfloat16 autocast around forward and loss (CPU: ~1.35x faster a step)
+    bf16: str = "auto"  # bfloat16 autocast around forward and loss: "on", "off" or "auto" (`use_bf16`)
     threads: int = 2
     eval_every: int = 100
     eval_dialogues: int = 24
@@ -96,10 +98,47 @@ class TrainConfig:
             raise ValueError("hidden_size must be a multiple of heads")
         if self.resume and not self.state_dir:
             raise ValueError("--resume needs --state-dir (where the run's tokenizer is)")
+        if self.bf16 not in BF16_MODES:
+            raise ValueError(f"--bf16 must be one of {', '.join(BF16_MODES)}, not {self.bf16!r}")
 
     @property
     def total_steps(self) -> int:
         return self.copy_steps + self.steps
+
+
+def bf16_slowdown(hidden_size: int) -> float:
+    """How many times longer a bfloat16 matmul of a training step's shape ([2048, hidden] by
+    [hidden, 8/3 hidden]) takes than the float32 one on this CPU, with torch's current
+    threads (the best of three runs each, after one to warm up). Below 1 on CPUs with AVX512
+    (autocast made a step of the demo model ~1.35x faster there); tens on AVX2-only CPUs,
+    where torch has no fast bfloat16 matmul (30x measured)."""
+    x, w = torch.randn(2048, hidden_size), torch.randn(hidden_size, hidden_size * 8 // 3)
+
+    def best(dtype: torch.dtype) -> float:
+        a, b = x.to(dtype), w.to(dtype)
+        times = []
+        for _ in range(4):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    return best(torch.bfloat16) / best(torch.float32)
+
+
+def use_bf16(mode: str, hidden_size: int) -> tuple[bool, str]:
+    """Whether to train under bfloat16 autocast ("on", "off", or "auto": on unless this CPU's
+    bfloat16 matmuls are over `BF16_MAX_SLOWDOWN` times slower than float32 ones), and a line
+    for the log that says why. The shipped checkpoints were trained with autocast on; the
+    same recipe in float32 gives a different checkpoint."""
+    if mode != "auto":
+        return mode == "on", f"bfloat16 autocast {mode} (--bf16 {mode})"
+    slowdown = bf16_slowdown(hidden_size)
+    if slowdown <= BF16_MAX_SLOWDOWN:
+        return True, f"bfloat16 autocast on: a bfloat16 matmul takes {slowdown:.2f}x float32's time on this CPU"
+    return False, (f"bfloat16 autocast off: a bfloat16 matmul takes {slowdown:.0f}x float32's time on this CPU "
+                   "(no fast bfloat16 path), so training runs in float32; the checkpoint will differ from the "
+                   "shipped one, trained with autocast on (--bf16 on forces it)")
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int, word_tokens: bool = False) -> PreTrainedTokenizerFast:
@@ -160,6 +199,8 @@ def target_spans(text: str) -> list[tuple[int, int]]:
 def encode(tok: PreTrainedTokenizerFast, dialogues: list[Dialogue]) -> list[Example]:
     """(ids, labels) per dialogue: the rendered text tokenized as a server tokenizes it,
     labels on the tokens inside `target_spans` (every token lies wholly in or out)."""
+    if not dialogues:  # the tokenizer refuses an empty batch
+        return []
     texts = [render(tok, d) for d in dialogues]
     enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
     return [_labelled(text, ids, offsets) for text, ids, offsets in
@@ -266,6 +307,8 @@ def train(cfg: TrainConfig) -> None:
     problems = tasks.take("heldout", cfg.eval_problems, seed=cfg.seed + 1)
     model = LlamaForCausalLM(model_config(cfg, tok))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    bf16, why = use_bf16(cfg.bf16, cfg.hidden_size)
+    print(why, flush=True)
     first = 0
     if cfg.resume:
         state = torch.load(cfg.resume, weights_only=True)
@@ -282,7 +325,7 @@ def train(cfg: TrainConfig) -> None:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         batch = batch_at(step, cfg, copies, data)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = packed_loss(model, batch, tok.pad_token_id, cfg.prompt_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -6,7 +6,9 @@ teacher's next-token distribution (KL divergence from the teacher's softmax, tem
 on the assistant's tokens of the demo task's training dialogues (arithmetic word problems
 worked step by step, `sprig.runtime.demo.mixture.arithmetic_dialogue`), packed several to a
 row as the demo model was trained (`train_demo_model.pack`). Weights are saved in
-bfloat16 beside the teacher's tokenizer. Deterministic for a given seed and thread count.
+bfloat16 beside the teacher's tokenizer. Training runs under bfloat16 autocast where the
+CPU multiplies bfloat16 fast (`--bf16`, `train_demo_model.use_bf16`). Deterministic for a
+given seed, thread count and autocast setting.
 At the end it reports how many of its greedy drafts the demo model accepts on held-out
 problems, served by sprig with `--speculative-algorithm draft`.
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from train_demo_model import encode, llama_config, lr_at, pack, save
+from train_demo_model import BF16_MODES, encode, llama_config, lr_at, pack, save, use_bf16
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from sprig.runtime import Engine
@@ -47,6 +49,7 @@ class DraftConfig:
     layers: int = 3
     heads: int = 4
     threads: int = 1
+    bf16: str = "auto"  # bfloat16 autocast: "on", "off" or "auto" (`train_demo_model.use_bf16`)
     eval_problems: int = 32
     max_bytes: int = 2 << 20  # the saved weights' limit
 
@@ -55,6 +58,8 @@ class DraftConfig:
             raise ValueError("need steps >= warmup + decay, batch_size >= 1 and threads >= 1")
         if self.hidden_size % self.heads:
             raise ValueError("hidden_size must be a multiple of heads")
+        if self.bf16 not in BF16_MODES:
+            raise ValueError(f"--bf16 must be one of {', '.join(BF16_MODES)}, not {self.bf16!r}")
 
     @property
     def total_steps(self) -> int:  # what `lr_at` schedules over
@@ -103,11 +108,13 @@ def train(cfg: DraftConfig) -> None:
     n_params = sum(p.numel() for p in student.parameters())
     print(f"{n_params / 1e6:.2f}M parameters, {len(data)} dialogues; data ready in {time.monotonic() - start:.0f} s",
           flush=True)
+    bf16, why = use_bf16(cfg.bf16, teacher.config.hidden_size)
+    print(why, flush=True)
     for step in range(cfg.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         batch = data[step * cfg.batch_size : (step + 1) * cfg.batch_size]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = distill_loss(student, teacher, batch, tok.pad_token_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()

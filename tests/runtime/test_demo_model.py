@@ -168,6 +168,22 @@ def test_training_copies_first_then_runs_the_mixture(train):
     assert train.lr_at(cfg.total_steps - 1, cfg) < cfg.lr == train.lr_at(cfg.total_steps - cfg.decay, cfg)
 
 
+def test_bf16_autocast_follows_the_flag_and_auto_follows_this_cpus_matmul_speed(train, monkeypatch):
+    """`--bf16 on/off` decide alone; "auto" keeps autocast unless a bfloat16 matmul is more
+    than `BF16_MAX_SLOWDOWN` times slower than float32 (AVX2-only CPUs: ~30x), and says why;
+    any other value is refused before training starts."""
+    monkeypatch.setattr(train, "bf16_slowdown", lambda hidden: pytest.fail("measured without auto"))
+    assert train.use_bf16("on", 64)[0] is True and train.use_bf16("off", 64)[0] is False
+    monkeypatch.setattr(train, "bf16_slowdown", lambda hidden: 30.0)
+    on, why = train.use_bf16("auto", 64)
+    assert not on and "30x" in why and "float32" in why
+    monkeypatch.setattr(train, "bf16_slowdown", lambda hidden: 0.8)
+    assert train.use_bf16("auto", 64) == (True, "bfloat16 autocast on: a bfloat16 matmul takes 0.80x float32's "
+                                                "time on this CPU")
+    with pytest.raises(ValueError, match="--bf16"):
+        train.TrainConfig(bf16="true")
+
+
 def test_a_word_is_the_same_tokens_wherever_it_stands(train):
     """With word tokens a name reads the same at a line's start, after a space and inside
     JSON quotes (a space before it is a token of its own), so copying it from the prompt
@@ -187,6 +203,7 @@ def test_a_word_is_the_same_tokens_wherever_it_stands(train):
 def test_loss_falls_on_every_assistant_turn_and_nothing_else(train, tok):
     """The labelled tokens of a dialogue decode to its assistant turns, each closed by
     `<|end|>`; and each turn starts where the template's prompt for it ends."""
+    assert train.encode(tok, []) == []  # --copy-steps 0: no warm-up batches
     for task in mixture.TASKS:
         dialogues = mixture.take_task(task, "train", 30)
         for d, (ids, labels) in zip(dialogues, train.encode(tok, dialogues), strict=True):
