@@ -8,9 +8,10 @@ prompt, then build on. Builds a BPE tokenizer (digits kept single; the tool-call
 chat template of `sprig.runtime.demo.chat_format`, trains `LlamaForCausalLM` with loss on
 every assistant turn (and, with `--prompt-weight`, less on the rest; dialogues packed
 several to a row, `pack`) under bfloat16 autocast where the CPU runs it fast (`--bf16`,
-`use_bf16`), and saves a complete Hugging Face checkpoint. Deterministic for a given seed
-and step count on a given thread count (`--threads`, two by default) and autocast setting; with `--state-dir` it saves its state as it goes, and
-`--resume` continues a run that stopped (see `TrainConfig`).
+`use_bf16`), and saves a complete Hugging Face checkpoint. Deterministic for a given seed,
+step count, thread count (`--threads`, two by default) and autocast setting; with
+`--state-dir` it saves its state as it goes, and `--resume` continues a run that stopped
+(see `TrainConfig`).
 
     python scripts/train_demo_model.py --out runtime/demo/model [--state-dir DIR]
 """
@@ -109,9 +110,9 @@ class TrainConfig:
 def bf16_slowdown(hidden_size: int) -> float:
     """How many times longer a bfloat16 matmul of a training step's shape ([2048, hidden] by
     [hidden, 8/3 hidden]) takes than the float32 one on this CPU, with torch's current
-    threads (the best of three runs each, after one to warm up). Below 1 on CPUs with AVX512
-    (autocast made a step of the demo model ~1.35x faster there); tens on AVX2-only CPUs,
-    where torch has no fast bfloat16 matmul (30x measured)."""
+    threads (the best of three runs each, after one to warm up). About 1 or less where torch
+    has a vectorised bfloat16 matmul (on AVX512, autocast made a step of the demo model ~1.35x
+    faster); tens on AVX2-only CPUs, where it has none (11-33x measured on an AMD EPYC)."""
     x, w = torch.randn(2048, hidden_size), torch.randn(hidden_size, hidden_size * 8 // 3)
 
     def best(dtype: torch.dtype) -> float:
