@@ -4,6 +4,7 @@ calls `forward(ForwardStep)` once per step and gets float32 logits back."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 
 from sprig.radix.kv_cache import KV_CACHE_DTYPES, KVCache, KVShape, slots_for_budget
 from sprig.runtime.attention import ATTENTION_BACKENDS, default_backend, make_backend
+from sprig.runtime.cpu_matmul import matmul_slowdown
 from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.shard import ShardPlan
@@ -28,13 +30,15 @@ DTYPES: dict[str, torch.dtype] = {
 }
 CPU_DEFAULT_TOKENS = 16384  # KV pool on CPU when max_total_tokens is not given: these tokens' float bytes ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
+CPU_SLOW_HALF = 2.0  # on CPU, a half dtype this many times slower than float32 at a matmul gets a warning
+log = logging.getLogger(__name__)
 CUDA_CPU_THREADS = 1  # torch's CPU threads when the model runs on CUDA and cpu_threads is None
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
     """How to run one model. "auto" means: dtype = the checkpoint's (float32 if it names
-    none); device = cuda if available, else cpu; attention backend = the device's default
+    none; a half dtype on a CPU that multiplies it slowly is logged as a warning); device = cuda if available, else cpu; attention backend = the device's default
     (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
     pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
     weights load, on CPU the bytes of `CPU_DEFAULT_TOKENS` tokens of a float cache, capped at
@@ -144,6 +148,8 @@ class ModelRunner:
         elif self.device.type == "cuda":
             torch.set_num_threads(CUDA_CPU_THREADS)
         self.dtype = _resolve_dtype(config.dtype, self.model_config)
+        if self.device.type == "cpu" and self.dtype != torch.float32:
+            _warn_if_slow_on_cpu(self.dtype)
         self.model = load_model(
             self.model_config, Path(config.model_path), dtype=self.dtype, device=self.device,
             quantization=None if config.quantization is None
@@ -231,6 +237,19 @@ def _resolve_dtype(name: str, model_config: ModelConfig) -> torch.dtype:
             f"the checkpoint's dtype {checkpoint!r} is not supported; pass one of {list(DTYPES)}"
         )
     return DTYPES[checkpoint]
+
+
+def _warn_if_slow_on_cpu(dtype: torch.dtype) -> None:
+    """Log a warning when this CPU multiplies `dtype` over `CPU_SLOW_HALF` times slower than
+    float32 (AVX2-only CPUs and bfloat16), measured at a prefill's shape: prefills and
+    batched decode then run several times slower than with dtype float32."""
+    slowdown = matmul_slowdown(dtype, 64, 1024, 1024)
+    if slowdown > CPU_SLOW_HALF:
+        name = str(dtype).removeprefix("torch.")
+        log.warning("running in %s on a CPU without a fast %s matmul (%.0fx float32's time at a 64-token "
+                    "prefill's shape): prefills and batched decode will be several times slower than with "
+                    "dtype float32 (--dtype float32), which holds the weights at twice the bytes",
+                    name, name, slowdown)
 
 
 def _kv_storage(name: str, device: torch.device) -> torch.dtype | None:

@@ -40,6 +40,7 @@ from tokenizers import (
 )
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from sprig.runtime.cpu_matmul import matmul_slowdown
 from sprig.runtime.demo import copying, mixture, tasks
 from sprig.runtime.demo.chat_format import CHAT_TEMPLATE, SPECIAL_TOKENS, TOOL_TOKENS
 from sprig.runtime.demo.dialogue import Dialogue
@@ -58,7 +59,9 @@ class TrainConfig:
 
     The run is `copy_steps` steps of the copying warm-up (batches of `copy_batch_size`
     dialogues), then `steps` steps of the mixture (batches of `batch_size`), counted as one
-    run of `total_steps`. The learning rate warms up over `warmup` steps, holds, and decays
+    run of `total_steps`. The mixture's last `no_arithmetic_steps` steps draw no arithmetic
+    (the other tasks take its share), which holds arithmetic back while the rest trains on;
+    up to there the data is the plain mixture's. The learning rate warms up over `warmup` steps, holds, and decays
     linearly to a tenth over the last `decay` steps, so a run of N steps is a run of M < N
     steps up to step M - `decay`: a run can be resumed from a saved state (`--resume`) and
     extended, and the result is the one a run of the final length from scratch gives."""
@@ -69,6 +72,7 @@ class TrainConfig:
     batch_size: int = 64
     copy_steps: int = 500  # the copying warm-up before the mixture (0: none)
     copy_batch_size: int = 64
+    no_arithmetic_steps: int = 0  # the mixture's last this many steps leave the arithmetic task out
     lr: float = 3e-3
     warmup: int = 60
     decay: int = 250
@@ -93,6 +97,8 @@ class TrainConfig:
             raise ValueError("need steps >= warmup + decay and batch_size >= 1")
         if self.copy_steps < 0 or self.copy_batch_size < 1:
             raise ValueError("need copy_steps >= 0 and copy_batch_size >= 1")
+        if not 0 <= self.no_arithmetic_steps <= self.steps:
+            raise ValueError("need 0 <= no_arithmetic_steps <= steps")
         if not 0.0 <= self.prompt_weight <= 1.0 or self.threads < 1:
             raise ValueError("need 0 <= prompt_weight <= 1 and threads >= 1")
         if self.hidden_size % self.heads:
@@ -109,22 +115,9 @@ class TrainConfig:
 
 def bf16_slowdown(hidden_size: int) -> float:
     """How many times longer a bfloat16 matmul of a training step's shape ([2048, hidden] by
-    [hidden, 8/3 hidden]) takes than the float32 one on this CPU, with torch's current
-    threads (the best of three runs each, after one to warm up). About 1 or less where torch
-    has a vectorised bfloat16 matmul (on AVX512, autocast made a step of the demo model ~1.35x
-    faster); tens on AVX2-only CPUs, where it has none (11-33x measured on an AMD EPYC)."""
-    x, w = torch.randn(2048, hidden_size), torch.randn(hidden_size, hidden_size * 8 // 3)
-
-    def best(dtype: torch.dtype) -> float:
-        a, b = x.to(dtype), w.to(dtype)
-        times = []
-        for _ in range(4):
-            start = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - start)
-        return min(times[1:])
-
-    return best(torch.bfloat16) / best(torch.float32)
+    [hidden, 8/3 hidden]) takes than the float32 one on this CPU (`matmul_slowdown`). On
+    AVX512, autocast made a step of the demo model ~1.35x faster."""
+    return matmul_slowdown(torch.bfloat16, 2048, hidden_size, hidden_size * 8 // 3)
 
 
 def use_bf16(mode: str, hidden_size: int) -> tuple[bool, str]:
@@ -288,13 +281,20 @@ def batch_at(step: int, cfg: TrainConfig, copies: list[Example], data: list[Exam
     return data[at * cfg.batch_size : (at + 1) * cfg.batch_size]
 
 
+def training_dialogues(cfg: TrainConfig) -> list[Dialogue]:
+    """The mixture's dialogues in training order, `batch_size` a step; the last
+    `no_arithmetic_steps` steps' batches hold no arithmetic."""
+    return mixture.take("train", cfg.steps * cfg.batch_size, seed=cfg.seed, without=frozenset({"arithmetic"}),
+                        from_=(cfg.steps - cfg.no_arithmetic_steps) * cfg.batch_size)
+
+
 def train(cfg: TrainConfig) -> None:
     """Build (or, resuming, load) the tokenizer and model, train, and save the checkpoint."""
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     start = time.monotonic()
-    train_set = mixture.take("train", cfg.steps * cfg.batch_size, seed=cfg.seed)
+    train_set = training_dialogues(cfg)
     if cfg.resume:
         tok = PreTrainedTokenizerFast.from_pretrained(cfg.state_dir)
     else:

@@ -1,7 +1,7 @@
 """The demo model's training mixture: every task, its generator and its share.
 
 `take(split, n, seed)` interleaves the tasks' streams in proportion to their weights,
-deterministically; `take_task` draws from one task alone (held-out evaluation). The
+deterministically (and can leave some tasks out of its later part); `take_task` draws from one task alone (held-out evaluation). The
 arithmetic task keeps its own stream (`tasks.problems`), so its held-out problems are
 the ones the meta-generation experiment solves.
 """
@@ -56,9 +56,18 @@ def take_task(name: str, split: tasks.Split, n: int, seed: int = 0) -> list[Dial
     return [next(it) for _ in range(n)]
 
 
-def take(split: tasks.Split, n: int, seed: int = 0) -> list[Dialogue]:
-    """`n` dialogues of every task, each task's share its weight, in a seeded order."""
+def take(split: tasks.Split, n: int, seed: int = 0, *, without: frozenset[str] = frozenset(),
+         from_: int = 0) -> list[Dialogue]:
+    """`n` dialogues of every task, each task's share its weight, in a seeded order. From
+    the `from_`-th dialogue on, the tasks in `without` are left out (the others keep their
+    relative weights), so the first `from_` are the plain mixture's first `from_`; no
+    dialogue repeats (each task's stream goes on where it stood)."""
+    if not set(without) < set(TASKS):
+        raise ValueError(f"without must name some of the tasks {', '.join(TASKS)}, not all: {sorted(without)}")
     rng = random.Random(f"mixture-{split}-{seed}")
     streams = {name: task_stream(name, split, seed) for name in TASKS}
-    names = rng.choices(list(TASKS), weights=[t.weight for t in TASKS.values()], k=n)
+    first = min(max(from_, 0), n)
+    names = rng.choices(list(TASKS), weights=[t.weight for t in TASKS.values()], k=first)
+    names += rng.choices(list(TASKS), weights=[0.0 if name in without else t.weight for name, t in TASKS.items()],
+                         k=n - first)
     return [next(streams[name]) for name in names]

@@ -168,6 +168,18 @@ def test_training_copies_first_then_runs_the_mixture(train):
     assert train.lr_at(cfg.total_steps - 1, cfg) < cfg.lr == train.lr_at(cfg.total_steps - cfg.decay, cfg)
 
 
+def test_the_last_no_arithmetic_steps_train_on_the_other_tasks_alone(train):
+    """`no_arithmetic_steps` changes only the mixture's last steps: the batches before them
+    are the plain run's, and theirs hold no arithmetic."""
+    plain = train.training_dialogues(train.TrainConfig(steps=320, batch_size=4))
+    late = train.training_dialogues(train.TrainConfig(steps=320, batch_size=4, no_arithmetic_steps=20))
+    assert late[:300 * 4] == plain[:300 * 4] and len(late) == len(plain)
+    assert {d.task for d in late[300 * 4:]} == set(mixture.TASKS) - {"arithmetic"}
+    assert any(d.task == "arithmetic" for d in plain[300 * 4:])
+    with pytest.raises(ValueError, match="no_arithmetic_steps"):
+        train.TrainConfig(steps=320, no_arithmetic_steps=321)
+
+
 def test_bf16_autocast_follows_the_flag_and_auto_follows_this_cpus_matmul_speed(train, monkeypatch):
     """`--bf16 on/off` decide alone; "auto" keeps autocast unless a bfloat16 matmul is more
     than `BF16_MAX_SLOWDOWN` times slower than float32 (AVX2-only CPUs: ~30x), and says why;

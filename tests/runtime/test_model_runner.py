@@ -14,6 +14,7 @@ import torch
 from engine_helpers import contexts_step
 from safetensors.torch import load_file, save_file
 
+from sprig.runtime import model_runner
 from sprig.runtime.attention import backend_class
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
@@ -90,6 +91,23 @@ def test_runner_resolves_auto_and_sizes_kv(tiny_llama: Path) -> None:
     paged = ModelRunner(RunnerConfig(tiny_llama, device="cpu", page_size=8, max_total_tokens=100))
     assert paged.num_slots == 96 and paged.kv_cache.page_size == 8
     assert paged.kv_cache.k[0].shape == (96 + 8, 2, 16)  # usable slots + the padding page
+
+
+def test_a_half_dtype_that_this_cpu_multiplies_slowly_is_logged(tiny_llama: Path, monkeypatch, caplog) -> None:
+    """On CPU a half dtype is timed against float32 once as the model loads; over
+    `CPU_SLOW_HALF` times slower (AVX2-only CPUs: tens of times) is a warning that names
+    the dtype and the way out. float32 is never timed."""
+    timed = []
+    monkeypatch.setattr(model_runner, "matmul_slowdown", lambda dtype, *shape: timed.append(dtype) or 30.0)
+    with caplog.at_level("WARNING", logger="sprig.runtime.model_runner"):
+        ModelRunner(RunnerConfig(tiny_llama, device="cpu", max_total_tokens=64))
+        assert not timed and not caplog.records
+        ModelRunner(RunnerConfig(tiny_llama, device="cpu", dtype="bfloat16", max_total_tokens=64))
+        assert timed == [torch.bfloat16] and "bfloat16" in caplog.text and "--dtype float32" in caplog.text
+        caplog.clear()
+        monkeypatch.setattr(model_runner, "matmul_slowdown", lambda dtype, *shape: 0.9)
+        ModelRunner(RunnerConfig(tiny_llama, device="cpu", dtype="float16", max_total_tokens=64))
+        assert not caplog.records
 
 
 def test_logits_from_selects_rows(runner: ModelRunner) -> None:
