@@ -9,6 +9,7 @@ model is held to (README, `scripts/eval_demo_model.py`).
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,16 @@ class Measure:
     @property
     def rate(self) -> float:
         return self.right / max(self.total, 1)
+
+    def interval(self, z: float = 1.96) -> tuple[float, float]:
+        """The Wilson score interval of the rate (95% for z = 1.96): where the accuracy on
+        endless held-out data lies, given `right` of `total`; (0, 1) with no data."""
+        if self.total == 0:
+            return 0.0, 1.0
+        n, p = self.total, self.rate
+        mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def prompt_ids(tok: Any, messages: Sequence[Message], tools: Sequence[dict] | None) -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 from sprig.runtime.demo import facts, mixture
 from sprig.runtime.demo.chat_format import CHAT_TEMPLATE, tools_system_prompt
 from sprig.runtime.demo.grading import json_reply, same_call, states, tool_calls
-from sprig.runtime.demo.scoring import execute
+from sprig.runtime.demo.scoring import Measure, execute
 from sprig.runtime.demo.tasks import split_of
 from sprig.runtime.server.chat_render import ChatRenderer
 from sprig.runtime.server.tool_calls import detect_format
@@ -42,6 +42,25 @@ def test_the_mixture_interleaves_tasks_by_weight() -> None:
     for name, task in mixture.TASKS.items():
         share = sum(d.task == name for d in dialogues) / len(dialogues)
         assert abs(share - task.weight) < 0.03, (name, share)
+
+
+def test_the_mixture_can_leave_tasks_out_of_its_later_part() -> None:
+    """Up to `from_` the data is the plain mixture's; after it, no dialogue of a task in
+    `without`, the other tasks in their relative weights, and no dialogue seen twice."""
+    plain = mixture.take("train", 3000)
+    late = mixture.take("train", 3000, without=frozenset({"arithmetic"}), from_=1000)
+    assert late[:1000] == plain[:1000]
+    assert not any(d.task == "arithmetic" for d in late[1000:])
+    assert len({d.key() for d in late}) == len(late)
+    rest = 1 - mixture.TASKS["arithmetic"].weight
+    for name in ("few-shot", "json"):
+        share = sum(d.task == name for d in late[1000:]) / 2000
+        assert abs(share - mixture.TASKS[name].weight / rest) < 0.04, (name, share)
+    assert mixture.take("train", 50, without=frozenset({"json"}), from_=50) == plain[:50]
+    with pytest.raises(ValueError, match="without"):
+        mixture.take("train", 10, without=frozenset(mixture.TASKS))
+    with pytest.raises(ValueError, match="without"):
+        mixture.take("train", 10, without=frozenset({"poetry"}))
 
 
 def test_the_template_writes_the_tool_call_format_the_server_parses(renderer: ChatRenderer) -> None:
@@ -203,3 +222,17 @@ def test_copying_dialogues_repeat_their_words_and_split_cleanly() -> None:
     for d in train + held:
         asked, answer = d.messages[0]["content"], d.messages[1]["content"]
         assert asked == f"Repeat: {answer}" and d.answer == answer and 2 <= len(answer.split()) <= 5
+
+
+def test_an_accuracy_comes_with_its_wilson_interval() -> None:
+    """The 95% Wilson interval: with no right answers its top is z^2 / (n + z^2); it is
+    symmetric under swapping right and wrong, holds the rate, and narrows with more data."""
+    low, high = Measure("t", "m", 0, 10).interval()
+    assert low == 0.0 and high == pytest.approx(1.96**2 / (10 + 1.96**2))
+    low, high = Measure("t", "m", 158, 200).interval()
+    flipped = Measure("t", "m", 42, 200).interval()
+    assert (low, high) == pytest.approx((1 - flipped[1], 1 - flipped[0]))
+    assert low < 0.79 < high and round(low, 3) == 0.728 and round(high, 3) == 0.841
+    wide, narrow = high - low, Measure("t", "m", 790, 1000).interval()
+    assert narrow[1] - narrow[0] < wide / 2
+    assert Measure("t", "m", 0, 0).interval() == (0.0, 1.0)
