@@ -38,7 +38,8 @@ CUDA_CPU_THREADS = 1  # torch's CPU threads when the model runs on CUDA and cpu_
 @dataclass(frozen=True)
 class RunnerConfig:
     """How to run one model. "auto" means: dtype = the checkpoint's (float32 if it names
-    none; a half dtype on a CPU that multiplies it slowly is logged as a warning); device = cuda if available, else cpu; attention backend = the device's default
+    none; float weights in a half dtype that the CPU multiplies slowly get a warning);
+    device = cuda if available, else cpu; attention backend = the device's default
     (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
     pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
     weights load, on CPU the bytes of `CPU_DEFAULT_TOKENS` tokens of a float cache, capped at
@@ -148,7 +149,8 @@ class ModelRunner:
         elif self.device.type == "cuda":
             torch.set_num_threads(CUDA_CPU_THREADS)
         self.dtype = _resolve_dtype(config.dtype, self.model_config)
-        if self.device.type == "cpu" and self.dtype != torch.float32:
+        float_weights = config.quantization is None and self.model_config.quantization is None
+        if self.device.type == "cpu" and self.dtype != torch.float32 and float_weights:
             _warn_if_slow_on_cpu(self.dtype)
         self.model = load_model(
             self.model_config, Path(config.model_path), dtype=self.dtype, device=self.device,
@@ -241,8 +243,9 @@ def _resolve_dtype(name: str, model_config: ModelConfig) -> torch.dtype:
 
 def _warn_if_slow_on_cpu(dtype: torch.dtype) -> None:
     """Log a warning when this CPU multiplies `dtype` over `CPU_SLOW_HALF` times slower than
-    float32 (AVX2-only CPUs and bfloat16), measured at a prefill's shape: prefills and
-    batched decode then run several times slower than with dtype float32."""
+    float32 (AVX2-only CPUs and bfloat16), measured at a prefill's shape: float weights'
+    prefills and batched decode then run several times slower than with dtype float32.
+    (Quantized weights run other kernels, which want half activations: not timed.)"""
     slowdown = matmul_slowdown(dtype, 64, 1024, 1024)
     if slowdown > CPU_SLOW_HALF:
         name = str(dtype).removeprefix("torch.")

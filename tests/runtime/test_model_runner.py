@@ -96,7 +96,7 @@ def test_runner_resolves_auto_and_sizes_kv(tiny_llama: Path) -> None:
 def test_a_half_dtype_that_this_cpu_multiplies_slowly_is_logged(tiny_llama: Path, monkeypatch, caplog) -> None:
     """On CPU a half dtype is timed against float32 once as the model loads; over
     `CPU_SLOW_HALF` times slower (AVX2-only CPUs: tens of times) is a warning that names
-    the dtype and the way out. float32 is never timed."""
+    the dtype and the way out. float32 and quantized weights are never timed."""
     timed = []
     monkeypatch.setattr(model_runner, "matmul_slowdown", lambda dtype, *shape: timed.append(dtype) or 30.0)
     with caplog.at_level("WARNING", logger="sprig.runtime.model_runner"):
@@ -105,9 +105,10 @@ def test_a_half_dtype_that_this_cpu_multiplies_slowly_is_logged(tiny_llama: Path
         ModelRunner(RunnerConfig(tiny_llama, device="cpu", dtype="bfloat16", max_total_tokens=64))
         assert timed == [torch.bfloat16] and "bfloat16" in caplog.text and "--dtype float32" in caplog.text
         caplog.clear()
-        monkeypatch.setattr(model_runner, "matmul_slowdown", lambda dtype, *shape: 0.9)
+        monkeypatch.setattr(model_runner, "matmul_slowdown", lambda dtype, *shape: timed.append(dtype) or 0.9)
         ModelRunner(RunnerConfig(tiny_llama, device="cpu", dtype="float16", max_total_tokens=64))
-        assert not caplog.records
+        ModelRunner(RunnerConfig(tiny_llama, device="cpu", dtype="bfloat16", quantization="int8", max_total_tokens=64))
+        assert not caplog.records and timed == [torch.bfloat16, torch.float16]
 
 
 def test_logits_from_selects_rows(runner: ModelRunner) -> None:
