@@ -31,8 +31,8 @@ DTYPES: dict[str, torch.dtype] = {
 CPU_DEFAULT_TOKENS = 16384  # KV pool on CPU when max_total_tokens is not given: these tokens' float bytes ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
 CPU_SLOW_HALF = 2.0  # on CPU, a half dtype this many times slower than float32 at a matmul gets a warning
-log = logging.getLogger(__name__)
 CUDA_CPU_THREADS = 1  # torch's CPU threads when the model runs on CUDA and cpu_threads is None
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -61,10 +61,11 @@ class TrainConfig:
     dialogues), then `steps` steps of the mixture (batches of `batch_size`), counted as one
     run of `total_steps`. The mixture's last `no_arithmetic_steps` steps draw no arithmetic
     (the other tasks take its share), which holds arithmetic back while the rest trains on;
-    up to there the data is the plain mixture's. The learning rate warms up over `warmup` steps, holds, and decays
-    linearly to a tenth over the last `decay` steps, so a run of N steps is a run of M < N
-    steps up to step M - `decay`: a run can be resumed from a saved state (`--resume`) and
-    extended, and the result is the one a run of the final length from scratch gives."""
+    up to there the data is the plain mixture's. The learning rate warms up over `warmup`
+    steps, holds, and decays linearly to a tenth over the last `decay` steps, so a run of
+    N steps is a run of M < N steps up to step M - `decay`: a run can be resumed from a
+    saved state (`--resume`) and extended, and the result is the one a run of the final
+    length from scratch gives."""
 
     out: str = "runtime/demo/model"
     seed: int = 0

@@ -1,9 +1,10 @@
 """The demo model's training mixture: every task, its generator and its share.
 
 `take(split, n, seed)` interleaves the tasks' streams in proportion to their weights,
-deterministically (and can leave some tasks out of its later part); `take_task` draws from one task alone (held-out evaluation). The
-arithmetic task keeps its own stream (`tasks.problems`), so its held-out problems are
-the ones the meta-generation experiment solves.
+deterministically (and can leave some tasks out of its later part); `take_task` draws
+from one task alone (held-out evaluation). The arithmetic task keeps its own stream
+(`tasks.problems`), so its held-out problems are the ones the meta-generation experiment
+solves.
 """
 
 from __future__ import annotations
