@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sprig.runtime.detokenizer import (
     PROMPT_CONTEXT_TOKENS,
@@ -21,8 +21,10 @@ from sprig.runtime.detokenizer import (
     RequestDetokenizer,
     decode_tokens_for_logprobs,
 )
-from sprig.runtime.scheduler import Req
 from sprig.runtime.wire import DetokenizedOutput, TokenOutput
+
+if TYPE_CHECKING:
+    from sprig.runtime.scheduler import Req
 
 LOGPROB_FIELDS = frozenset({"output_logprobs", "output_top_logprobs", "input_logprobs", "input_top_logprobs"})
 _DECODED = LOGPROB_FIELDS | {"text_delta"}  # the fields `OutputDecoder.decode` rewrites

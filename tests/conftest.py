@@ -11,6 +11,8 @@ import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in the interpreter on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n N`: the workers share the cores
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 from server_helpers import Server, running_server
 
