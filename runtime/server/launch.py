@@ -43,6 +43,7 @@ def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -
     setup_logging(server.log_level)
     exit_on_stop_signals()
     sock = _listen(server.host, server.port)
+    log.info("bound %s; starting the scheduler (which loads %s) and the detokenizer", _address(sock), model_path)
     ipc = IpcPaths.create()
     children: dict[str, BaseProcess] = {}
     try:
@@ -70,6 +71,12 @@ def _listen(host: str, port: int) -> socket.socket:
         raise RuntimeError(f"cannot listen on {host}:{port}: {e}") from None
     sock.listen(2048)
     return sock
+
+
+def _address(sock: socket.socket) -> str:
+    """host:port of a bound socket (an IPv6 host in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _spawn_children(model_path: str, server: ServerConfig, engine: EngineConfig, ipc: IpcPaths,
@@ -131,7 +138,6 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         fatal.append(message)
         http.should_exit = True
 
-    host, port = sock.getsockname()[:2]
     builder = RequestBuilder(tokenizer, info["context_len"], info["vocab_size"], server.chat_template)
     tool_format = resolve_format(server.tool_call_parser, builder.chat.source if builder.chat else None)
     log.info("tool calls in chat answers: %s", tool_format.name if tool_format else "not parsed")
@@ -147,7 +153,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         builder=builder,
         tool_format=tool_format,
         started=time.monotonic(),
-        url=f"http://{f'[{host}]' if ':' in host else host}:{port}",
+        url=f"http://{_address(sock)}",
         pool=ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="sprig-requests"),
     )
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"

@@ -211,16 +211,22 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
     """Process entry: load the model, warm it up, report ready, then serve forever."""
     setup_child(log_level)
     parent = ParentWatch()
+    started = time.monotonic()
     try:
         from sprig.runtime.distributed.runner import make_runner
         from sprig.runtime.tokenizer import load_tokenizer
 
+        log.info("loading the model from %s", engine.runner.model_path)
         tokenizer = load_tokenizer(engine.runner.model_path)
         runner = make_runner(engine.runner, engine.dist, on_failure=_exit_on_rank_failure,
                              draft_model_path=engine.scheduler.speculative_draft_model_path)
         if engine.dist.tp_size > 1:  # SIGTERM unwinds, so that `runner.close()` stops the other ranks
             signal.signal(signal.SIGTERM, _raise_system_exit)
         scheduler = Scheduler(engine.scheduler, runner, tokenizer)
+        loaded = time.monotonic()
+        log.info("model loaded in %.1f s (%s on %s, a KV pool of %d tokens); warming up",
+                 loaded - started, str(runner.dtype).removeprefix("torch."), runner.device,
+                 scheduler.kv.allocator.size)
         warm_up(scheduler)
     except Exception as e:
         log.exception("the scheduler failed to start")
@@ -239,7 +245,7 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         "tp_size": engine.dist.tp_size,
     }
     report_startup(startup, StartupReport(True, info=info))
-    log.info("scheduler ready: %s", info)
+    log.info("scheduler ready (warm-up %.1f s): %s", time.monotonic() - loaded, info)
     loop = SchedulerLoop(
         scheduler,
         send_detok=lambda m: to_detok.send(encode(m)),

@@ -203,3 +203,14 @@ def test_flush_cache_and_metrics(server: Server) -> None:
                  "sprig_time_to_first_token_seconds_bucket", "sprig_inter_token_latency_seconds_bucket"):
         assert name in metrics
     assert "running 0, queued 0" in server.log.read_text() or "tok/s" in server.log.read_text()
+
+
+def test_the_log_says_what_startup_is_doing(server: Server) -> None:
+    """Before the model is ready, the log says the port is bound, the model is loading,
+    and how long loading and warm-up took."""
+    log = server.log.read_text()
+    steps = ["sprig.launch: bound 127.0.0.1:", "sprig.scheduler: loading the model from",
+             "sprig.scheduler: model loaded in", "sprig.scheduler: scheduler ready (warm-up"]
+    at = [log.find(step) for step in steps]
+    assert -1 not in at and at == sorted(at), log[:3000]
+    assert "float32 on cpu, a KV pool of" in log and "sprig server ready at" in log
