@@ -3,8 +3,10 @@
 
 Every option is a field of `ServerConfig`, `RunnerConfig` or `SchedulerConfig`, with that
 dataclass's default; the dataclasses validate the values. The configs (and torch with
-them) are imported inside the functions: the server's spawned children re-import the
-main module, and this one is it when run as the `sprig` script.
+them) are imported inside the functions: spawned children (the gateway's) re-import the
+main module, and this one is it when run as the `sprig` script. `sprig serve` starts the
+forkserver its scheduler and detokenizer fork from before it parses its flags, so that
+both import at once (`sprig.runtime.server.forkserver`).
 """
 
 from __future__ import annotations
@@ -290,7 +292,18 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
     return server, engine
 
 
+def _serves_here(argv: list[str]) -> bool:
+    """Whether `argv` starts a server in this process (not only help, not one server per
+    data-parallel worker, not another node's tensor-parallel ranks)."""
+    others = {"-h", "--help", "--dp-size", "--node-rank"}
+    return argv[:1] == ["serve"] and not any(arg.split("=")[0] in others for arg in argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _serves_here(sys.argv[1:] if argv is None else argv):
+        from sprig.runtime.server.forkserver import start_forkserver
+
+        start_forkserver()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -31,6 +31,7 @@ class Server:
     log: Path
     headers: dict[str, str]
     pids: dict[str, int] = field(default_factory=dict)  # http, scheduler, detokenizer
+    descendants: set[int] = field(default_factory=set)  # every process the server started
     ipc_dir: str = ""
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
@@ -103,6 +104,8 @@ def running_server(model: Path, *args: str, api_key: str | None = None, exit_cod
     try:
         info = server.info()
         server.pids, server.ipc_dir = info["pids"], info["ipc_dir"]
+        server.descendants = descendants(proc.pid)
+        assert {server.pids["scheduler"], server.pids["detokenizer"]} <= server.descendants
         assert Path(server.ipc_dir).is_dir() and Path(server.ipc_dir).stat().st_mode & 0o777 == 0o700
         yield server
     finally:
@@ -110,6 +113,10 @@ def running_server(model: Path, *args: str, api_key: str | None = None, exit_cod
     assert code == exit_code, log.read_text()
     assert not [name for name, pid in server.pids.items() if pid_alive(pid)], log.read_text()
     assert not Path(server.ipc_dir).exists()
+    deadline = time.monotonic() + 10  # the forkserver and its helpers exit as they see the server gone
+    while left := [pid for pid in server.descendants if pid_alive(pid)]:
+        assert time.monotonic() < deadline, f"processes outlived the server: {[_cmdline(p) for p in left]}"
+        time.sleep(0.1)
     log.unlink()
 
 
@@ -123,6 +130,29 @@ def _wait_ready(proc: subprocess.Popen, log: Path) -> str:
         time.sleep(0.1)
     proc.kill()
     raise AssertionError(f"the server did not start in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children, their children, ...), from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except FileNotFoundError:
+        return f"{pid} (gone)"
 
 
 def pid_alive(pid: int) -> bool:

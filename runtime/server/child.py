@@ -1,9 +1,9 @@
 """What the scheduler and detokenizer processes share: logging, signals, the parent link.
 
-Children are started with the "spawn" context. They ignore SIGINT (a Ctrl+C reaches the
-whole process group; the launcher alone decides how to stop) and exit when their parent
-is gone, so no child outlives the server even if the launcher is killed with SIGKILL
-(they then remove the socket directory themselves). Each sends a `Heartbeat` about once
+Children are forked by the forkserver (`sprig.runtime.server.forkserver`). They ignore
+SIGINT (a Ctrl+C reaches the whole process group; the launcher alone decides how to stop)
+and exit when the launcher is gone (`ParentWatch`), so no child outlives the server even
+if the launcher is killed with SIGKILL (they then remove the socket directory themselves). Each sends a `Heartbeat` about once
 a second from its main loop.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import signal
 import time
 from multiprocessing.connection import Connection
@@ -48,13 +47,18 @@ def setup_child(level: str) -> None:
 
 
 class ParentWatch:
-    """`alive()` is False once the process that started this one has exited."""
+    """`alive()` is False once the launcher has exited, however it exited (SIGKILL too).
 
-    def __init__(self) -> None:
-        self.parent = os.getppid()
+    `link` is the read end of a pipe whose only write end the launcher holds and never
+    writes to: it turns readable (EOF) when the launcher is gone. Not the parent pid: a
+    child forked by the forkserver has the forkserver as its parent, which outlives the
+    launcher as long as any child it forked runs."""
+
+    def __init__(self, link: Connection) -> None:
+        self.link = link
 
     def alive(self) -> bool:
-        return os.getppid() == self.parent
+        return not self.link.poll()
 
 
 class HeartbeatClock:

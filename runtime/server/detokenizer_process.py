@@ -86,10 +86,11 @@ class DetokenizerLoop:
             return None
 
 
-def run_detokenizer_process(model_path: str, log_level: str, ipc: IpcPaths, startup: Connection) -> None:
+def run_detokenizer_process(model_path: str, log_level: str, ipc: IpcPaths, launcher: Connection,
+                            startup: Connection) -> None:
     """Process entry: load the tokenizer, report ready, then translate forever."""
     setup_child(log_level)
-    parent = ParentWatch()
+    parent = ParentWatch(launcher)
     try:
         from sprig.runtime.tokenizer import load_tokenizer
 

@@ -1,7 +1,7 @@
 """Starting and stopping the three processes of one server.
 
 This process binds the HTTP port first (fail fast), creates the private ipc directory,
-spawns the scheduler and the detokenizer ("spawn": no fork with torch), loads its own
+starts the scheduler and the detokenizer (from a forkserver: `server.forkserver`), loads its own
 tokenizer while they load, waits for both to report ready, then serves HTTP in the main
 thread. However it stops (SIGINT, SIGTERM, a startup error, a child that died or is stuck:
 then `RuntimeError`, and the CLI exits 1), the children are terminated and joined and the
@@ -9,14 +9,13 @@ ipc directory is removed before `launch_server` returns; if this process is kill
 outright, the children remove the directory as they exit.
 
 Only the children's arguments (config dataclasses, the ipc paths, a pipe end) go through
-multiprocessing's own pickling, over the spawn pipe; everything else is msgpack.
+multiprocessing's own pickling, over the forkserver's pipe; everything else is msgpack.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import multiprocessing as mp
 import os
 import socket
 import time
@@ -28,6 +27,7 @@ from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.server.child import setup_logging
 from sprig.runtime.server.config import ServerConfig, default_model_name
 from sprig.runtime.server.detokenizer_process import run_detokenizer_process
+from sprig.runtime.server.forkserver import start_forkserver
 from sprig.runtime.server.ipc import IpcPaths
 from sprig.runtime.server.scheduler_process import run_scheduler_process
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
@@ -46,8 +46,9 @@ def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -
     log.info("bound %s; starting the scheduler (which loads %s) and the detokenizer", _address(sock), model_path)
     ipc = IpcPaths.create()
     children: dict[str, BaseProcess] = {}
+    link = None
     try:
-        startup = _spawn_children(model_path, server, engine, ipc, children)
+        startup, link = _spawn_children(model_path, server, engine, ipc, children)
         from sprig.runtime.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(model_path)
@@ -56,6 +57,8 @@ def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -
     finally:
         ignore_stop_signals()
         _stop_children(children)
+        if link is not None:
+            link.close()
         ipc.remove()
         sock.close()
         log.info("server stopped")
@@ -80,10 +83,12 @@ def _address(sock: socket.socket) -> str:
 
 
 def _spawn_children(model_path: str, server: ServerConfig, engine: EngineConfig, ipc: IpcPaths,
-                    children: dict[str, BaseProcess]) -> dict[str, Connection]:
+                    children: dict[str, BaseProcess]) -> tuple[dict[str, Connection], Connection]:
     """Start both children (recorded in `children` as soon as each starts); returns the
-    pipe each reports its startup on."""
-    ctx = mp.get_context("spawn")
+    pipe each reports its startup on, and the write end of the children's `ParentWatch`
+    link, which this process must hold open (and never write to) while they run."""
+    ctx = start_forkserver()
+    link_reader, link_writer = ctx.Pipe(duplex=False)
     targets = {
         "scheduler": (run_scheduler_process, (engine, server.stats_interval, server.log_interval, server.log_level, ipc)),
         "detokenizer": (run_detokenizer_process, (model_path, server.log_level, ipc)),
@@ -91,11 +96,12 @@ def _spawn_children(model_path: str, server: ServerConfig, engine: EngineConfig,
     startup = {}
     for name, (target, args) in targets.items():
         reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=target, args=(*args, writer), name=f"sprig-{name}", daemon=True)
+        proc = ctx.Process(target=target, args=(*args, link_reader, writer), name=f"sprig-{name}", daemon=True)
         proc.start()
         writer.close()  # the child holds the only writer: EOF here means it died
         children[name], startup[name] = proc, reader
-    return startup
+    link_reader.close()
+    return startup, link_writer
 
 
 def _await_startup(startup: dict[str, Connection], children: dict[str, BaseProcess]) -> dict[str, StartupReport]:

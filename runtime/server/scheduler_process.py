@@ -207,10 +207,11 @@ class SchedulerLoop:
 
 
 def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_interval: float,
-                          log_level: str, ipc: IpcPaths, startup: Connection) -> None:
-    """Process entry: load the model, warm it up, report ready, then serve forever."""
+                          log_level: str, ipc: IpcPaths, launcher: Connection, startup: Connection) -> None:
+    """Process entry: load the model, warm it up, report ready, then serve forever (until
+    SIGTERM, or the launcher is gone: `launcher` is `ParentWatch`'s link)."""
     setup_child(log_level)
-    parent = ParentWatch()
+    parent = ParentWatch(launcher)
     started = time.monotonic()
     try:
         from sprig.runtime.distributed.runner import make_runner

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import TIMEOUT, Server, pid_alive, running_server
+from server_helpers import TIMEOUT, Server, descendants, pid_alive, running_server
 
 from sprig.runtime.cli import build_parser, configs_from_args
 from sprig.runtime.server.dp import config_flags, worker_command
@@ -120,22 +120,6 @@ def cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except FileNotFoundError:
         return b""
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid`."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 # ---- without the gateway: what it reads, and how workers are started -------------------

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sprig.runtime.cli import OWN_FLAGS, build_parser, configs_from_args, main
+from sprig.runtime.cli import OWN_FLAGS, _serves_here, build_parser, configs_from_args, main
 from sprig.runtime.model_runner import RunnerConfig
 from sprig.runtime.scheduler import SchedulerConfig
 from sprig.runtime.server.config import ServerConfig
@@ -93,3 +93,18 @@ def test_module_entry_point_prints_help() -> None:
     out = subprocess.run([sys.executable, "-m", "sprig.runtime", "serve", "--help"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert "scheduler options" in out and "--api-key" in out
+
+
+@pytest.mark.parametrize(("argv", "serves"), [
+    (["serve", "--model", "/m"], True),
+    (["serve"], True),
+    (["serve", "--help"], False),
+    (["serve", "-h"], False),
+    (["serve", "--dp-size", "2"], False),
+    (["serve", "--dp-size=2"], False),
+    (["serve", "--node-rank", "1"], False),
+    (["router", "--worker-urls", "http://a:1"], False),
+    ([], False),
+])
+def test_the_forkserver_starts_early_only_for_a_server_here(argv: list[str], serves: bool) -> None:
+    assert _serves_here(argv) == serves
