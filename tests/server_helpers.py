@@ -115,7 +115,7 @@ def running_server(model: Path, *args: str, api_key: str | None = None, exit_cod
     assert not Path(server.ipc_dir).exists()
     deadline = time.monotonic() + 10  # the forkserver and its helpers exit as they see the server gone
     while left := [pid for pid in server.descendants if pid_alive(pid)]:
-        assert time.monotonic() < deadline, f"processes outlived the server: {[_cmdline(p) for p in left]}"
+        assert time.monotonic() < deadline, f"processes outlived the server: {[cmdline(p)[:200] for p in left]}"
         time.sleep(0.1)
     log.unlink()
 
@@ -148,11 +148,12 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> bytes:
+    """The command line of `pid`, its arguments NUL-separated (empty once it is gone)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
     except FileNotFoundError:
-        return f"{pid} (gone)"
+        return b""
 
 
 def pid_alive(pid: int) -> bool:

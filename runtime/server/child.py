@@ -3,8 +3,8 @@
 Children are forked by the forkserver (`sprig.runtime.server.forkserver`). They ignore
 SIGINT (a Ctrl+C reaches the whole process group; the launcher alone decides how to stop)
 and exit when the launcher is gone (`ParentWatch`), so no child outlives the server even
-if the launcher is killed with SIGKILL (they then remove the socket directory themselves). Each sends a `Heartbeat` about once
-a second from its main loop.
+if the launcher is killed with SIGKILL (they then remove the socket directory
+themselves). Each sends a `Heartbeat` about once a second from its main loop.
 """
 
 from __future__ import annotations

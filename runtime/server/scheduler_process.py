@@ -224,10 +224,18 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         if engine.dist.tp_size > 1:  # SIGTERM unwinds, so that `runner.close()` stops the other ranks
             signal.signal(signal.SIGTERM, _raise_system_exit)
         scheduler = Scheduler(engine.scheduler, runner, tokenizer)
+        info = {
+            "context_len": scheduler.context_len,
+            "vocab_size": scheduler.vocab_size,
+            "kv_size": scheduler.kv.allocator.size,
+            "device": str(runner.device),
+            "dtype": str(runner.dtype).removeprefix("torch."),
+            "attention_backend": runner.attention_backend,
+            "tp_size": engine.dist.tp_size,
+        }
         loaded = time.monotonic()
         log.info("model loaded in %.1f s (%s on %s, a KV pool of %d tokens); warming up",
-                 loaded - started, str(runner.dtype).removeprefix("torch."), runner.device,
-                 scheduler.kv.allocator.size)
+                 loaded - started, info["dtype"], info["device"], info["kv_size"])
         warm_up(scheduler)
     except Exception as e:
         log.exception("the scheduler failed to start")
@@ -236,15 +244,6 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
     ctx = zmq.Context()
     sock = pull_socket(ctx, ipc.scheduler)
     to_detok, to_http = push_socket(ctx, ipc.detokenizer), push_socket(ctx, ipc.http)
-    info = {
-        "context_len": scheduler.context_len,
-        "vocab_size": scheduler.vocab_size,
-        "kv_size": scheduler.kv.allocator.size,
-        "device": str(runner.device),
-        "dtype": str(runner.dtype).removeprefix("torch."),
-        "attention_backend": runner.attention_backend,
-        "tp_size": engine.dist.tp_size,
-    }
     report_startup(startup, StartupReport(True, info=info))
     log.info("scheduler ready (warm-up %.1f s): %s", time.monotonic() - loaded, info)
     loop = SchedulerLoop(

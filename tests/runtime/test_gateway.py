@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import TIMEOUT, Server, descendants, pid_alive, running_server
+from server_helpers import TIMEOUT, Server, cmdline, descendants, pid_alive, running_server
 
 from sprig.runtime.cli import build_parser, configs_from_args
 from sprig.runtime.server.dp import config_flags, worker_command
@@ -113,13 +113,6 @@ def assert_gone(pids: set[int], log: Path, grace: float = 10.0) -> None:
     while alive := [pid for pid in pids if pid_alive(pid)]:
         assert time.monotonic() < deadline, f"still running: {alive}\n{log.read_text() if log.exists() else ''}"
         time.sleep(0.1)
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return b""
 
 
 # ---- without the gateway: what it reads, and how workers are started -------------------
