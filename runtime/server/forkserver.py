@@ -7,6 +7,10 @@ single-threaded process that imports `CHILD_MODULES` once and forks each child f
 that state, with no thread, CUDA context or lock of this process in it (what makes
 "fork" unsafe with torch). Started before this process parses its flags
 (`start_forkserver`), it imports while they are parsed.
+
+`transformers.activations` is among them because loading any model's config imports it
+(and through it `torch.distributed.tensor` and sympy): about 2.5 s of each child's
+startup on 2 cores, which transformers would otherwise import lazily in both children.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ CHILD_MODULES = (
     "sprig.runtime.server.scheduler_process",
     "sprig.runtime.server.detokenizer_process",
     "sprig.runtime.tokenizer",
+    "transformers.activations",
 )
 
 
