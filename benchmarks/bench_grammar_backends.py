@@ -18,12 +18,17 @@ For each spec and tokenizer:
 3. EBNF (llguidance only: outlines-core has no context-free grammars): compile time and
    mask time on an arithmetic-expression grammar and a JSON-like grammar.
 
+`--free-form` instead compiles the JSON schemas with free-form JSON in them (what the
+grammar router sends to llguidance whatever `--grammar-backend` says) once by each
+backend, and prints the compile times: outlines-core's take minutes on the largest.
+
 Tokenizers: the tests' 512-token BPE, and a 32,000-token byte-level BPE trained here on
 the Python standard library's source (a minute or less), or `--tokenizer PATH` (any local
 Hugging Face tokenizer directory).
 
     python benchmarks/bench_grammar_backends.py
     python benchmarks/bench_grammar_backends.py --tokenizer PATH --repeats 7
+    python benchmarks/bench_grammar_backends.py --free-form
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from sprig.runtime.constrained import (
     OutlinesBackend,
     bitmask_width,
 )
+from sprig.runtime.constrained.spec_regex import spec_regex
 from sprig.runtime.constrained.vocabulary import END_MARK
 from sprig.runtime.tiny_checkpoint import build_tokenizer
 from sprig.runtime.tokenizer import load_tokenizer
@@ -63,6 +69,13 @@ SPECS: dict[str, GrammarSpec] = {
     "json FIXED_KEYS": GrammarSpec.json_schema(FIXED_KEYS),
     "json 10 string props": GrammarSpec.json_schema(growing_schema(10)),
     "json 30 string props": GrammarSpec.json_schema(growing_schema(30)),
+}
+FREE_FORM: dict[str, GrammarSpec] = {
+    "json_object": GrammarSpec.json_schema({"type": "object"}),
+    "an array with no items": GrammarSpec.json_schema({"type": "array"}),
+    "a property of any value": GrammarSpec.json_schema(
+        {"type": "object", "properties": {"id": {"type": "integer"}, "data": {}}, "required": ["id", "data"]}),
+    "any value ({})": GrammarSpec.json_schema({}),
 }
 EBNF = {
     "ebnf arithmetic": GrammarSpec.ebnf(
@@ -187,6 +200,9 @@ def run(tokenizer_path: Path, args: argparse.Namespace) -> None:
     usable[outlines.vocabulary.eos_token_id] = True
     print(f"\n## tokenizer {tokenizer_path.name}: {width:,} tokens\n")
     print(f"one-off per process: outlines vocabulary {vocab_s * 1e3:.0f} ms, llguidance tokenizer {lltok_s * 1e3:.0f} ms\n")
+    if args.free_form:
+        free_form_compiles({"outlines": outlines, "llguidance": guidance})
+        return
     print("| spec | path tokens | compile ms outlines | compile ms llguidance | outlines / llguidance "
           "| mask µs/token outlines | mask µs/token llguidance | outlines / llguidance "
           "| accept µs/token outlines | accept µs/token llguidance "
@@ -214,15 +230,33 @@ def run(tokenizer_path: Path, args: argparse.Namespace) -> None:
               f"{r['accept']['llguidance']:.1f} |")
 
 
+def free_form_compiles(backends: dict[str, Any]) -> None:
+    """One compile of each `FREE_FORM` spec by each backend (seconds), in a table."""
+    print("| free-form spec | regex chars | " + " | ".join(f"compile s {n}" for n in backends)
+          + " | outlines / llguidance |")
+    print("| --- | ---: | " + " | ".join("---:" for _ in backends) + " | ---: |")
+    for name, spec in FREE_FORM.items():
+        seconds = {}
+        for bname, backend in backends.items():
+            start = time.perf_counter()
+            backend.prepare(backend.compile(spec))
+            seconds[bname] = time.perf_counter() - start
+        print(f"| {name} | {len(spec_regex(spec)):,} | " + " | ".join(f"{s:.2f}" for s in seconds.values())
+              + f" | {seconds['outlines'] / seconds['llguidance']:.0f}x |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", type=Path, help="a local tokenizer directory (default: the two built here)")
     parser.add_argument("--repeats", type=int, default=5, help="alternating runs per backend; medians reported")
     parser.add_argument("--path-tokens", type=int, default=200, help="most tokens per path")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--free-form", action="store_true",
+                        help="only compile the free-form JSON specs, once per backend (minutes)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"repeats {args.repeats} (alternating, medians), seed {args.seed}")
+    print("free-form JSON specs, one compile by each backend" if args.free_form
+          else f"repeats {args.repeats} (alternating, medians), seed {args.seed}")
     if args.tokenizer is not None:
         run(args.tokenizer, args)
         return

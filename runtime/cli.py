@@ -98,7 +98,8 @@ HELP = {
     "choices replay exactly; 1,0,0,0,0,0,0 drafts whenever the drafter proposes)",
     "grammar_backend": "what compiles regex / json_schema / response_format constraints: outlines (slow to compile, "
                        "cheap per token) or llguidance (compiles in milliseconds, costlier per token); "
-                       "ebnf grammars always use llguidance",
+                       "ebnf grammars and JSON schemas with free-form JSON (json_object, an object with no "
+                       "properties, an array with no items, a {} value) always use llguidance",
     "dp_size": "data parallelism: start this many workers (each a full server on 127.0.0.1) behind SGLang's "
                "Model Gateway, which listens on --host/--port (needs: pip install 'sprig[gateway]')",
     "tp_size": "tensor parallelism: split the model over this many ranks, one process each (one GPU each on "

@@ -18,10 +18,20 @@ An enforced subschema is swapped for a placeholder `const` string; its quoted te
 outlines' regex is then replaced by the enforced regex. Keywords that only widen what a
 valid output may be (`additionalProperties` beside `properties`, annotations) are safe to
 drop: the generated outputs are a subset of the valid ones.
+
+A subschema of annotations only (`{}`, pydantic's `{"title": ...}` for `Any`) admits any
+JSON value. outlines-core refuses the annotated one and, for `{}` inside an object or
+array, splices its any-value alternation in without parentheses (`{"a":` then `true` OR
+`null` OR ...: outputs that are not JSON); here both become a placeholder for that
+alternation, grouped. Free-form JSON (such a value, an object with no properties, an
+array with no items) makes a regex of thousands of characters, whose token automaton
+outlines-core takes seconds to minutes to build: `admits_free_form` says which schemas
+have it (the grammar router sends those to llguidance).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Callable
@@ -30,7 +40,7 @@ from typing import Any
 from outlines_core import Index
 from outlines_core.json_schema import build_regex_from_schema
 
-from sprig.runtime.constrained.json_rules import ENFORCED, REFUSALS, type_matches
+from sprig.runtime.constrained.json_rules import ANNOTATIONS, ENFORCED, REFUSALS, type_matches
 from sprig.runtime.constrained.json_values import (
     FORMATS,
     VALUE_RULES,
@@ -99,17 +109,39 @@ _ENFORCERS: dict[str, Callable[[dict[str, Any], str], str | None]] = {
 }
 
 
-class _Rewriter:
-    """Walks a schema; collects placeholder → regex in `slots`."""
+@functools.lru_cache(maxsize=8)
+def _any_value_regex(whitespace: str) -> str:
+    """outlines-core's regex of any JSON value (nesting bounded), with `whitespace`."""
+    return build_regex_from_schema("{}", whitespace_pattern=whitespace)
 
-    def __init__(self, root: dict[str, Any]) -> None:
+
+def _free_container(node: dict[str, Any]) -> bool:
+    """An object node with no properties (nor a schema for its values), or an array node
+    with no items: outlines-core gives either any JSON values inside."""
+    types = node.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+    free_object = "properties" not in node and not isinstance(node.get("additionalProperties"), dict)
+    return ("object" in types and free_object) or ("array" in types and not node.keys() & {"items", "prefixItems"})
+
+
+class _Rewriter:
+    """Walks a schema; collects placeholder → regex in `slots`, and notes in `free_form`
+    whether some value may be any JSON."""
+
+    def __init__(self, root: dict[str, Any], whitespace: str) -> None:
         self.root = root
+        self.whitespace = whitespace
         self.slots: dict[str, str] = {}
+        self.free_form = False
         self._nonce = secrets.token_hex(8)
 
     def node(self, schema: Any, path: str) -> Any:
         if not isinstance(schema, dict):
             return schema  # `true`/`false` subschemas, or a malformed value outlines rejects
+        if not schema.keys() - ANNOTATIONS:  # any JSON value
+            self.free_form = True
+            return self._slot(_any_value_regex(self.whitespace))
+        self.free_form = self.free_form or _free_container(schema)
         for keyword in schema.keys() & VALUE_RULES.keys():
             ok, rule = VALUE_RULES[keyword]
             if not ok(schema[keyword]):
@@ -157,6 +189,19 @@ def _check_whitespace(whitespace: str) -> None:
         raise ValueError(f"whitespace pattern {whitespace!r} admits non-whitespace characters")
 
 
+def admits_free_form(text: str) -> bool:
+    """Whether some value of the JSON schema `text` may be any JSON: an annotation-only
+    subschema, an object with no properties, an array with no items (in `$defs` too).
+    False for a schema `schema_to_regex` refuses (its compile says why)."""
+    try:
+        schema = json.loads(text)
+        rewriter = _Rewriter(schema, "")
+        rewriter.node(schema, "#")
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
+        return False
+    return isinstance(schema, dict) and rewriter.free_form
+
+
 def schema_to_regex(text: str, whitespace: str = "") -> str:
     """The regex of `text` (a JSON schema) with `whitespace` between JSON tokens ("" =
     compact); every string it matches validates against the schema."""
@@ -175,7 +220,7 @@ def _convert(text: str, whitespace: str) -> str:
         raise ValueError(f"json_schema must be a JSON object; got {type(schema).__name__}")
     if whitespace:
         _check_whitespace(whitespace)
-    rewriter = _Rewriter(schema)
+    rewriter = _Rewriter(schema, whitespace)
     try:
         rewritten = rewriter.node(schema, "#")
     except (TypeError, AttributeError, KeyError) as e:  # a keyword with a value of the wrong type

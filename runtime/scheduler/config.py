@@ -33,7 +33,8 @@ class SchedulerConfig:
       fails its request (the compile worker is killed) instead of stalling the server.
     - `grammar_backend`: what compiles regexes, JSON schemas and choices: `outlines`
       (outlines-core: slow to compile, cheap per token) or `llguidance` (compiles in
-      milliseconds, costlier per token); `ebnf` grammars always use llguidance.
+      milliseconds, costlier per token); `ebnf` grammars and JSON schemas with free-form
+      JSON (`constrained.routing`) always use llguidance.
     - `enable_jump_forward`: where a grammar admits exactly one continuation, append it
       without sampling token by token (requests that return logprobs never jump).
     - `speculative_algorithm`: the drafter of speculative decoding (None: off): `ngram`

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sprig.runtime.constrained.json_schema import admitted_bytes, schema_to_regex
+from sprig.runtime.constrained.json_schema import admits_free_form, admitted_bytes, schema_to_regex
 from sprig.runtime.constrained.json_values import FORMATS
 
 UNSAFE = {ord('"'), ord("\\"), *range(0x20)}
@@ -114,6 +114,43 @@ def test_safe_companions_pass():
     regex_of({"type": "object", "properties": {"a": {}}, "required": ["a"], "minProperties": 1})
     regex_of({"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 1})
     regex_of({"oneOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]})
+
+
+@pytest.mark.parametrize("any_value", [{}, {"title": "Data", "description": "anything"}])
+def test_a_subschema_of_annotations_only_admits_any_json_value_and_nothing_else(any_value):
+    """`{}` inside an object or array (outlines-core spliced its any-value alternation in
+    ungrouped: `{"a":true` and a bare `null` matched, `{"a":1}` did not), and pydantic's
+    `{"title": ...}` for an `Any` field (outlines-core refused it)."""
+    obj = regex_of({"type": "object", "properties": {"a": any_value}, "required": ["a"]}, " ?")
+    for text in ['{"a":1}', '{"a": null}', '{"a":{"b":[1,"x"]}}', '{"a":"s"}']:
+        assert obj.fullmatch(text), text
+        jsonschema.validate(json.loads(text), {"type": "object", "required": ["a"]})
+    for text in ["null", '"x"', '{"a":true', '{"a":1', "1}"]:
+        assert not obj.fullmatch(text), text
+    items = regex_of({"type": "array", "items": any_value})
+    assert items.fullmatch('[1,"x",{"k":[]}]') and not items.fullmatch("null]") and not items.fullmatch("[1")
+    assert regex_of(any_value).fullmatch('{"x":[true,null]}')
+
+
+@pytest.mark.parametrize(
+    "schema, free",
+    [
+        ({}, True),
+        ({"type": "object"}, True),
+        ({"type": "array"}, True),
+        ({"type": ["object", "null"]}, True),
+        ({"type": "object", "properties": {"a": {"title": "A"}}}, True),
+        ({"type": "array", "items": {"type": "object"}}, True),
+        ({"$defs": {"X": {"type": "array"}}, "$ref": "#/$defs/X"}, True),
+        ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True}, False),
+        ({"type": "object", "additionalProperties": {"type": "integer"}}, False),
+        ({"type": "array", "items": {"type": "string"}}, False),
+        ({"type": "object", "properties": {}}, False),
+        ({"type": "integer", "multipleOf": 2}, False),  # refused: its compile says why
+    ],
+)
+def test_free_form_json_is_named(schema, free):
+    assert admits_free_form(json.dumps(schema)) is free
 
 
 def test_whitespace_must_be_json_whitespace():
