@@ -11,9 +11,10 @@ each mask costs more).
 JSON schemas with free-form JSON in them (`admits_free_form`: `response_format`'s
 `json_object`, a `{}` or annotation-only property, an object with no properties, an
 array with no items) go to llguidance whatever `regular` is, where the tokenizer can drive
-it: their regex spells out any JSON value, and outlines-core takes 6 s (an array), 10 s
-(`json_object`) and 150 s (`{}`, past the default compile timeout) to build its automaton
-over a 32k vocabulary on 2 CPU cores, llguidance 0.3 s. The choice is a function of the
+it: their regex spells out any JSON value, and outlines-core takes 6 s (an array), 9 s
+(`json_object`) and 152 s (`{}`, past the default compile timeout) to build its automaton
+over a 32k vocabulary on 2 CPU cores, llguidance 0.01-0.05 s
+(`benchmarks/bench_grammar_backends.py --free-form`). The choice is a function of the
 spec alone, so a request is enforced the same way on every run.
 """
 
