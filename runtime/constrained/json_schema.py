@@ -116,11 +116,11 @@ def _any_value_regex(whitespace: str) -> str:
 
 
 def _free_container(node: dict[str, Any]) -> bool:
-    """An object node with no properties (nor a schema for its values), or an array node
-    with no items: outlines-core gives either any JSON values inside."""
+    """An object node with no properties (nor a schema or `false` for other ones), or an
+    array node with no items: outlines-core gives either any JSON values inside."""
     types = node.get("type")
     types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-    free_object = "properties" not in node and not isinstance(node.get("additionalProperties"), dict)
+    free_object = "properties" not in node and node.get("additionalProperties", True) is True
     return ("object" in types and free_object) or ("array" in types and not node.keys() & {"items", "prefixItems"})
 
 

@@ -20,7 +20,6 @@ spec alone, so a request is enforced the same way on every run.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -72,17 +71,22 @@ class RoutedBackend:
         return cls(REGULAR_BACKENDS[regular](tokenizer, logits_width=logits_width), context_free)
 
     def _for_spec(self, spec: GrammarSpec) -> GrammarBackend:
-        if spec.kind not in CONTEXT_FREE_KINDS:
-            return self.context_free if self.context_free is not None and _free_form(spec) else self.regular
-        if self.context_free is None:
-            raise ValueError(f"{spec.kind} grammars cannot be enforced: {self.context_free_error}")
-        return self.context_free
+        """The backend that compiles `spec` (asked in the compile worker only: looking
+        for free-form JSON walks the schema)."""
+        if spec.kind in CONTEXT_FREE_KINDS:
+            if self.context_free is None:
+                raise ValueError(f"{spec.kind} grammars cannot be enforced: {self.context_free_error}")
+            return self.context_free
+        if self.context_free is not None and spec.kind == "json_schema" and admits_free_form(spec.text):
+            return self.context_free
+        return self.regular
 
     def _owner(self, compiled: CompiledGrammar) -> GrammarBackend:
-        owner = self._for_spec(compiled.spec)
-        if compiled.fingerprint != owner.fingerprint:
-            raise ValueError("grammar was compiled for a different tokenizer")
-        return owner
+        """The backend that compiled `compiled`, by the fingerprint it carries."""
+        for backend in (self.regular, self.context_free):
+            if backend is not None and compiled.fingerprint == backend.fingerprint:
+                return backend
+        raise ValueError("grammar was compiled for a different tokenizer")
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         return self._for_spec(spec).compile(spec)
@@ -93,10 +97,3 @@ class RoutedBackend:
     def matcher(self, compiled: CompiledGrammar, *, stop_token_ids: Iterable[int] | None = None,
                 max_rollback: int = 64) -> Grammar:
         return self._owner(compiled).matcher(compiled, stop_token_ids=stop_token_ids, max_rollback=max_rollback)
-
-
-@functools.lru_cache(maxsize=1024)
-def _free_form(spec: GrammarSpec) -> bool:
-    """A JSON schema with free-form JSON in it (`admits_free_form`; cached: every matcher
-    and prepare of a compiled grammar asks again)."""
-    return spec.kind == "json_schema" and admits_free_form(spec.text)

@@ -41,3 +41,11 @@ def test_a_routed_json_object_grammar_admits_json_objects_only(tokenizer, text, 
     grammar = backend.matcher(backend.prepare(backend.compile(GrammarSpec.json_schema({"type": "object"}))))
     accepted = all(grammar.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
     assert (accepted and grammar.is_terminated()) is valid
+
+
+def test_a_grammar_of_another_tokenizer_is_refused(tokenizer, tmp_path) -> None:
+    backend = RoutedBackend.from_tokenizer(tokenizer)
+    other = RoutedBackend.from_tokenizer(build_tokenizer(tmp_path, vocab_size=400))
+    for schema in ({"type": "object"}, PERSON):
+        with pytest.raises(ValueError, match="different tokenizer"):
+            backend.matcher(other.compile(GrammarSpec.json_schema(schema)))
