@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 if not torch.cuda.is_available():  # Triton kernels run in the interpreter on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -17,7 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n N`: the workers share the cores
 
 from server_helpers import Server, running_server
 
-from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
+from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint, build_tokenizer
 
 # Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE):
 # without it every server a test starts compiles sprig in each of its processes, and every
@@ -87,6 +88,15 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     """One tiny random checkpoint per supported architecture, keyed by arch name."""
     root = tmp_path_factory.mktemp("checkpoints")
     return {arch: build_tiny_checkpoint(root / arch, arch) for arch in ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
+    """The tiny checkpoints' byte-level BPE (512 tokens), saved and loaded back as a
+    server loads a checkpoint's tokenizer."""
+    path = tmp_path_factory.mktemp("tok")
+    build_tokenizer(path)
+    return AutoTokenizer.from_pretrained(str(path))
 
 
 @pytest.fixture(scope="session")

@@ -132,15 +132,21 @@ def _wait_ready(proc: subprocess.Popen, log: Path) -> str:
     raise AssertionError(f"the server did not start in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}")
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, parent pid, ...);
+    None once the process is gone (before the open, or between it and the read)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid` (children, their children, ...), from /proc."""
     parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
+        if (fields := _stat(int(stat.parent.name))) is not None:
+            parents[int(stat.parent.name)] = int(fields[1])
     found, frontier = set(), {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
@@ -152,14 +158,11 @@ def cmdline(pid: int) -> bytes:
     """The command line of `pid`, its arguments NUL-separated (empty once it is gone)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return b""
 
 
 def pid_alive(pid: int) -> bool:
     """True if `pid` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between it and the read
-        return False
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"

@@ -141,7 +141,7 @@ class _Rewriter:
         if not schema.keys() - ANNOTATIONS:  # any JSON value
             self.free_form = True
             return self._slot(_any_value_regex(self.whitespace))
-        self.free_form = self.free_form or _free_container(schema)
+        self.free_form |= _free_container(schema)
         for keyword in schema.keys() & VALUE_RULES.keys():
             ok, rule = VALUE_RULES[keyword]
             if not ok(schema[keyword]):

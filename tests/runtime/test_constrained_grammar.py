@@ -11,22 +11,13 @@ import re
 import jsonschema
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from sprig.kernels.logit_mask import unpack_bitmask
 from sprig.runtime.constrained import GrammarSpec, OutlinesBackend, bitmask_width
-from sprig.runtime.tiny_checkpoint import build_tokenizer
 
 EXTRA_LOGITS = 40  # the model's logits row is wider than the tokenizer
 END = 3  # "<|end|>", another stop token of the tiny chat model
 WALKS = 12
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok")
-    build_tokenizer(path)
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 @pytest.fixture(scope="module")

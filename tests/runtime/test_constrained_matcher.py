@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from sprig.kernels.logit_mask import unpack_bitmask
 from sprig.runtime.constrained import (
@@ -29,13 +28,6 @@ PERSON = {
     "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}},
     "required": ["name", "age"],
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok")
-    build_tokenizer(path)
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 @pytest.fixture(scope="module", params=[OutlinesBackend, GuidanceBackend])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from sprig.runtime.constrained.vocabulary import END_MARK, build_vocabulary, tokenizer_family
 from sprig.runtime.tiny_checkpoint import build_tokenizer
@@ -14,13 +14,6 @@ TEXTS = [
     "the quick brown fox jumps over the lazy dog.\n\tParis?",
     "é ü 中文 🙂 <b> (a) [1, 2, 3]",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok")
-    build_tokenizer(path)
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 def test_byte_level_tokens_concatenate_to_the_text(tokenizer):
