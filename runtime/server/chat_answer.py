@@ -15,12 +15,13 @@ from sprig.runtime.server.tool_calls import ToolCall, ToolFormat
 class AnswerFormat:
     """`reasoning`: the format split off as `reasoning_content` (None: not split), with
     the `phase` the output starts in; `tools`: the tool-call format parsed out of the
-    answer (None: plain content); `one_call`: keep only the first call
-    (`parallel_tool_calls: false`)."""
+    answer (None: plain content), whose calls must name one of `tool_names`; `one_call`:
+    keep only the first call (`parallel_tool_calls: false`)."""
 
     reasoning: ReasoningFormat | None
     phase: Phase
     tools: ToolFormat | None
+    tool_names: frozenset[str] = frozenset()
     one_call: bool = False
 
     def parts(self, text: str, finished: bool) -> tuple[str | None, str, list[ToolCall]]:
@@ -28,7 +29,7 @@ class AnswerFormat:
         reasoning, content = (None, text) if self.reasoning is None else self.reasoning.split(text, self.phase, finished)
         if self.tools is None:
             return reasoning, content, []
-        content, calls = self.tools.split(content, finished)
+        content, calls = self.tools.split(content, finished, self.tool_names)
         return reasoning, content, calls[:1] if self.one_call else calls
 
     def message(self, text: str) -> dict[str, Any]:

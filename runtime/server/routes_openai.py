@@ -170,7 +170,7 @@ async def chat_completions(request: Request) -> Response:
         ids = st.builder.encode(text, add_special_tokens=False, param="messages")
         reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
         phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
-        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format,
+        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
                            one_call=req.parallel_tool_calls is False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         extra = reasoning.sampling(phase) if reasoning is not None else {}

@@ -16,7 +16,9 @@ unforced answer on such a model stays plain content.
 
 Invariant: `parse` returns calls only when the whole tool-call part is well-formed (every
 call a JSON object with a string name and an object of arguments); otherwise the answer
-is plain content, never a half-parsed call.
+is plain content, never a half-parsed call. A chat answer's calls also name only the
+request's tools (`split` with `names`): a call of any other function leaves the answer
+plain content too, as OpenAI never returns a call of a function it was not given.
 """
 
 from __future__ import annotations
@@ -96,13 +98,16 @@ class ToolFormat:
             return None
         return text[:start].strip(), calls
 
-    def split(self, text: str, finished: bool) -> tuple[str, list[ToolCall]]:
-        """A chat answer's content so far and, once `finished`, its tool calls. Content is
-        stripped of surrounding blanks; while unfinished it stops where a call begins
-        or might begin, so every earlier result is a prefix of the final content."""
+    def split(self, text: str, finished: bool, names: frozenset[str] | None = None) -> tuple[str, list[ToolCall]]:
+        """A chat answer's content so far and, once `finished`, its tool calls, each of a
+        function in `names` (None: any) or the answer has none. Content is stripped of
+        surrounding blanks; while unfinished it stops where a call begins or might begin,
+        so every earlier result is a prefix of the final content."""
         if finished:
             parsed = self.parse(text)
-            return parsed if parsed is not None else (text.strip(), [])
+            if parsed is None or (names is not None and any(c.name not in names for c in parsed[1])):
+                return text.strip(), []
+            return parsed
         start = self.call_start(text)
         return text[: len(text) - self.held_back(text) if start is None else start].strip(), []
 
@@ -213,12 +218,13 @@ def resolve_format(choice: str, chat_template: str | None) -> ToolFormat | None:
 @dataclass(frozen=True)
 class ToolUse:
     """What one chat request's `tools` and `tool_choice` mean: the tools the template
-    renders, the format its answer is parsed with (None: plain content), and the regex
-    its answer must match (None: unconstrained)."""
+    renders, the format its answer is parsed with (None: plain content), the regex its
+    answer must match (None: unconstrained), and the functions its calls may name."""
 
     rendered: list[dict[str, Any]] | None
     parse_format: ToolFormat | None
     forced: str | None
+    names: frozenset[str] = frozenset()
 
 
 def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
@@ -248,7 +254,7 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
     if choice == "none":
         return ToolUse(None, None, None)
     if choice == "auto":
-        return ToolUse(tools, fmt, None)
+        return ToolUse(tools, fmt, None, frozenset(names))
     fmt = fmt or BARE_JSON
     if constrained:
         raise ApiError(400, "a forced tool call cannot be combined with regex, json_schema or response_format",
@@ -257,7 +263,7 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
         forced = fmt.forced(allowed)
     except ValueError as e:
         raise ApiError(400, f"cannot constrain a call to these tools: {e}", "tools") from None
-    return ToolUse(tools, fmt, forced)
+    return ToolUse(tools, fmt, forced, frozenset(_tool_name(t, i) for i, t in enumerate(allowed)))
 
 
 def _tool_name(tool: Any, i: int) -> str:

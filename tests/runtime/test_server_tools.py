@@ -84,6 +84,20 @@ def test_auto_streams_the_content_then_the_call(server: Server) -> None:
     assert json.loads(call["function"]["arguments"]) == {"city": "Rome"}
 
 
+def test_auto_leaves_a_call_of_another_function_as_content(server: Server) -> None:
+    """A model may call a function it was not given (the demo model has called get_price
+    when offered add): that is no call of the request's, so the answer stays content, whole
+    and streamed."""
+    out = chat(server, tools=[TIME], regex=re.escape(WRITTEN))
+    choice = out["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": WRITTEN} and choice["finish_reason"] == "stop"
+    events = server.stream("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 160, "temperature": 0,
+                                                     "tools": [TIME], "regex": re.escape(WRITTEN), "stream": True})
+    deltas = [c["choices"][0] for c in events[:-1]]
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == WRITTEN
+    assert not any("tool_calls" in d["delta"] for d in deltas) and deltas[-1]["finish_reason"] == "stop"
+
+
 def test_tool_choice_none_renders_no_tools_and_parses_nothing(server: Server) -> None:
     with_tools = chat(server, tools=[WEATHER], regex=re.escape(WRITTEN))
     none = chat(server, tools=[WEATHER], tool_choice="none", regex=re.escape(WRITTEN))

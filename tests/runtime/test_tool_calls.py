@@ -120,17 +120,36 @@ def test_detection_from_the_chat_template() -> None:
 def test_tool_choice_plans() -> None:
     hermes = FORMATS["hermes"]
     assert plan_tool_use(None, None, hermes, False) == ToolUse(None, None, None)
-    assert plan_tool_use([WEATHER], None, hermes, False) == ToolUse([WEATHER], hermes, None)  # auto
+    both = frozenset({"get_weather", "get_time"})
+    assert plan_tool_use([WEATHER, TIME], None, hermes, False) == ToolUse([WEATHER, TIME], hermes, None, both)  # auto
     assert plan_tool_use([WEATHER], "none", hermes, False) == ToolUse(None, None, None)
-    assert plan_tool_use([WEATHER], "auto", None, False) == ToolUse([WEATHER], None, None)  # nothing to parse with
+    assert plan_tool_use([WEATHER], "auto", None, False) == ToolUse([WEATHER], None, None,  # nothing to parse with
+                                                                    frozenset({"get_weather"}))
     named = plan_tool_use([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, hermes, False)
     assert named.forced == hermes.forced([TIME]) and named.parse_format is hermes
-    assert plan_tool_use([WEATHER, TIME], "required", hermes, False).forced == hermes.forced([WEATHER, TIME])
+    assert named.names == frozenset({"get_time"})
+    required = plan_tool_use([WEATHER, TIME], "required", hermes, False)
+    assert required.forced == hermes.forced([WEATHER, TIME]) and required.names == both
     # a template that teaches no format: auto stays plain text, a forced call is bare JSON
     assert plan_tool_use([WEATHER], "required", None, False) == ToolUse([WEATHER], BARE_JSON,
-                                                                        BARE_JSON.forced([WEATHER]))
+                                                                        BARE_JSON.forced([WEATHER]),
+                                                                        frozenset({"get_weather"}))
     assert BARE_JSON.split('{"name": "get_weather", "arguments": {"city": "Rome"}}', finished=True) == (
         "", calls(("get_weather", {"city": "Rome"})))
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_call_of_a_function_not_among_the_tools_is_plain_content(fmt: str) -> None:
+    f = FORMATS[fmt]
+    text = {"hermes": '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>\n'
+                      '<tool_call>\n{"name": "get_price", "arguments": {"item": "tea"}}\n</tool_call>',
+            "llama3": '{"name": "get_weather", "parameters": {}}; {"name": "get_price", "parameters": {}}',
+            "mistral": '[TOOL_CALLS] [{"name": "get_weather", "arguments": {}}, {"name": "get_price", "arguments": {}}]',
+            }[fmt]
+    assert [c.name for c in f.split(text, finished=True)[1]] == ["get_weather", "get_price"]  # any name
+    assert [c.name for c in f.split(text, True, frozenset({"get_weather", "get_price"}))[1]] == [
+        "get_weather", "get_price"]
+    assert f.split(text, True, frozenset({"get_weather"})) == (text.strip(), [])
 
 
 @pytest.mark.parametrize("tools,choice,fmt,constrained,needle", [
