@@ -32,6 +32,8 @@ sys.dont_write_bytecode = False
 # ends the run alone on a long one.
 SLOWEST_FILES = (
     "runtime/test_speculative_draft_model.py",  # 144
+    "lang/test_sglang_frontend.py",  # ~60 (skipped without .venv-sglang)
+    "runtime/test_server_agent_clients.py",  # ~50 (skipped without .venv-clients)
     "runtime/test_speculative_engine.py",  # 122
     "runtime/test_gateway.py",  # 101
     "runtime/test_tp_engine.py",  # 79

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds .venv-clients: the agent libraries instructor and litellm, each driving `sprig
+# serve` through its OpenAI-compatible API in tests/runtime/test_server_clients.py. They
+# live apart from sprig's environment because instructor pins jiter<0.15, which holds the
+# official openai client at an older release than the one sprig's own tests use.
+#
+#   bash scripts/clients_env.sh            # CLIENTS_ENV=DIR to build elsewhere
+#
+# Neither library needs torch: they speak HTTP only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENV_DIR=${CLIENTS_ENV:-.venv-clients}
+CLIENTS=(instructor==1.17.0 litellm==1.110.2)
+
+python3 -m venv "$ENV_DIR"
+"$ENV_DIR/bin/pip" install --quiet "${CLIENTS[@]}"
+LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c \
+    "import instructor, litellm, openai; print('instructor', instructor.__version__, 'litellm', litellm.__version__ if hasattr(litellm, '__version__') else '', 'openai', openai.__version__, 'ready')"

@@ -1,0 +1,138 @@
+"""instructor and litellm, the agent libraries, drive `sprig serve` on the demo model
+unchanged: `agent_clients.py` runs their calls in the environment `scripts/clients_env.sh`
+builds (instructor pins an older `openai` than sprig's environment has), and each result
+is checked here against the same request made directly with the official client, or
+against the right answer where the library builds the request itself (instructor's).
+
+Skipped unless that environment exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from server_helpers import Server, running_server
+
+from sprig.runtime.demo import DEMO_MODEL_PATH
+
+openai = pytest.importorskip("openai")
+
+HERE = Path(__file__).parent
+ENV = Path(os.environ.get("CLIENTS_ENV", HERE.parents[1] / ".venv-clients"))
+PYTHON = ENV / "bin" / "python"
+DRIVER = HERE / "agent_clients.py"
+TARA = {"name": "Tara Costa", "age": 29, "city": "Oslo"}  # what the demo model extracts from the driver's TEXT
+QUESTION = [{"role": "user", "content": "What is 14 plus 9?"}]
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not PYTHON.is_file(), reason=f"no clients environment at {ENV}: build it with "
+                       "`bash scripts/clients_env.sh` to drive the server with instructor and litellm"),
+]
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Server]:
+    with running_server(DEMO_MODEL_PATH) as s:
+        yield s
+        s.wait_idle()
+
+
+@pytest.fixture(scope="module")
+def results(demo: Server) -> dict[str, Any]:
+    """Each check's result, after the driver has run them all (one process: the libraries
+    take seconds to import)."""
+    model = demo.get("/v1/models").json()["data"][0]["id"]
+    done = subprocess.run([str(PYTHON), str(DRIVER), demo.url, model], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    failed = {line["check"]: line["trace"] for line in lines if "error" in line}
+    assert not failed, "\n".join(f"{name}:\n{trace}" for name, trace in failed.items())
+    return {line["check"]: line["result"] for line in lines}
+
+
+@dataclass(frozen=True)
+class Direct:
+    """The official client (sprig's environment's release) on the same server."""
+
+    client: Any
+    model: str
+
+    def chat(self, **kw: Any) -> dict[str, Any]:
+        """A chat completion of `QUESTION` (greedy, 24 tokens unless `kw` says otherwise),
+        in the shape `agent_clients.completion` reports."""
+        r = self.client.chat.completions.create(**{"model": self.model, "messages": QUESTION, "temperature": 0,
+                                                   "max_tokens": 24, **kw})
+        choice = r.choices[0]
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls or []]
+        return {"content": choice.message.content, "finish_reason": choice.finish_reason, "tool_calls": calls,
+                "usage": [r.usage.prompt_tokens, r.usage.completion_tokens]}
+
+
+@pytest.fixture(scope="module")
+def direct(demo: Server) -> Iterator[Direct]:
+    model = demo.get("/v1/models").json()["data"][0]["id"]
+    with openai.OpenAI(base_url=demo.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield Direct(client, model)
+
+
+@pytest.mark.parametrize("mode", ["tools", "tools_strict", "json_schema"])
+def test_instructor_extracts_into_a_pydantic_model(results: dict[str, Any], mode: str) -> None:
+    assert results[f"instructor_{mode}"] == TARA
+
+
+def test_instructor_streams_partial_objects(results: dict[str, Any]) -> None:
+    partials = results["instructor_partial"]
+    assert partials and partials[-1] == TARA
+
+
+def test_instructor_async_client(results: dict[str, Any]) -> None:
+    assert results["instructor_async"] == {"first": TARA, "second": TARA}
+
+
+def test_instructor_reasks_after_a_validation_error(results: dict[str, Any]) -> None:
+    """The second attempt's conversation holds the first call and a tool message with the
+    validator's error: the server renders it and answers."""
+    out = results["instructor_reask"]
+    assert out["attempts"] == 2 and set(out["person"]) == set(TARA) and isinstance(out["person"]["age"], int)
+
+
+def test_litellm_completion_equals_the_official_client(results: dict[str, Any], direct: Direct) -> None:
+    assert results["litellm_completion"] == direct.chat()
+    assert results["litellm_seeded"] == direct.chat(temperature=0.9, seed=7)  # litellm passes the seed on
+
+
+def test_litellm_stream_joins_to_the_whole_answer(results: dict[str, Any], direct: Direct) -> None:
+    whole = direct.chat()
+    streamed = results["litellm_stream"]
+    assert (streamed["content"], streamed["finish_reason"]) == (whole["content"], whole["finish_reason"])
+    assert streamed["chunks"] > 2
+
+
+def test_litellm_tool_calls(results: dict[str, Any], direct: Direct) -> None:
+    forced = results["litellm_tool_call"]
+    assert forced == direct.chat(tools=[ADD], tool_choice={"type": "function", "function": {"name": "add"}},
+                            max_tokens=64)
+    [call] = forced["tool_calls"]
+    assert call["name"] == "add" and set(json.loads(call["arguments"])) == {"a", "b"}
+    assert results["litellm_tools_auto"] == direct.chat(tools=[ADD], max_tokens=64)
+
+
+def test_litellm_text_completion(results: dict[str, Any], direct: Direct) -> None:
+    r = direct.client.completions.create(model=direct.model, prompt="Mia has 3 red pens and 4 blue pens.",
+                                         max_tokens=16, temperature=0)
+    assert results["litellm_text_completion"] == r.choices[0].text
+
+
+def test_litellm_concurrent_requests_each_equal_alone(results: dict[str, Any], direct: Direct) -> None:
+    alone = [direct.chat(messages=[{"role": "user", "content": f"What is {i} plus {i + 3}?"}])["content"]
+             for i in range(4)]
+    assert results["litellm_concurrent"] == alone
