@@ -171,7 +171,7 @@ async def chat_completions(request: Request) -> Response:
         reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
         phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
         fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
-                           one_call=req.parallel_tool_calls is False)
+                           forced=tools.forced is not None, one_call=req.parallel_tool_calls is False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         extra = reasoning.sampling(phase) if reasoning is not None else {}
         sampling = [_sampling(st, req, constraint, len(ids), max_tokens, regex=tools.forced, **extra)]
@@ -204,10 +204,10 @@ async def chat_completions(request: Request) -> Response:
     choices = []
     for i, r in enumerate(outs):
         reason, matched = finish_reason(r["meta_info"]["finish_reason"])
-        message = fmt.message(r["text"])
+        message, called = fmt.message(r["text"])
         lp = chat_logprobs(*Piece.of_response(r).entries(with_input=False)) if req.logprobs else None
         choices.append({"index": i, "message": message, "logprobs": lp,
-                        "finish_reason": "tool_calls" if "tool_calls" in message else reason, "matched_stop": matched})
+                        "finish_reason": "tool_calls" if called else reason, "matched_stop": matched})
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
 
 

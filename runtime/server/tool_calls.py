@@ -18,7 +18,9 @@ Invariant: `parse` returns calls only when the whole tool-call part is well-form
 call a JSON object with a string name and an object of arguments); otherwise the answer
 is plain content, never a half-parsed call. A chat answer's calls also name only the
 request's tools (`split` with `names`): a call of any other function leaves the answer
-plain content too, as OpenAI never returns a call of a function it was not given.
+plain content too, as OpenAI never returns a call of a function it was not given. A
+call's `arguments` is the JSON text the model wrote, so a forced call streamed as it is
+written (`partial_call`) adds up to the same string.
 """
 
 from __future__ import annotations
@@ -42,13 +44,16 @@ _WHITESPACE = " ?"  # between JSON tokens of a forced call: the spacing models w
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: str  # the arguments object as JSON text
+    arguments: str  # the arguments object as the model wrote its JSON text
 
     def openai(self, index: int | None = None) -> dict[str, Any]:
         """OpenAI's `tool_calls` entry (with `index` in a stream's delta)."""
-        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+        call = {"id": new_call_id(), "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
         return call if index is None else {"index": index, **call}
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,14 @@ class ToolFormat:
     """One family's tool-call text. `markers` open the tool-call part of an answer;
     `bare_start`, if set, is a first character that may open it without a marker (a
     template's marker token that decoding drops as special). `read_body` turns what
-    follows the marker into the call objects (None unless all of it is calls);
-    `forced_wrap` is the literal text around the one call of a forced answer."""
+    follows the marker into the call objects, each with its JSON text (None unless all
+    of it is calls); `forced_wrap` is the literal text around the one call of a forced
+    answer, whose JSON the forced regex writes as `{"name": ..., "<args_key>": ...}`."""
 
     name: str
     markers: tuple[str, ...]
     args_key: str
-    read_body: Callable[[str], list[Any] | None]
+    read_body: Callable[[str], list[Json] | None]
     forced_wrap: tuple[str, str]
     bare_start: str | None = None
 
@@ -93,7 +99,7 @@ class ToolFormat:
                 body = body[len(m):]
                 break
         objects = self.read_body(body) or []
-        calls = [c for o in objects if (c := _call(o, self.args_key)) is not None]
+        calls = [c for o in objects if (c := _call(*o, self.args_key)) is not None]
         if not calls or len(calls) != len(objects):
             return None
         return text[:start].strip(), calls
@@ -111,6 +117,26 @@ class ToolFormat:
         start = self.call_start(text)
         return text[: len(text) - self.held_back(text) if start is None else start].strip(), []
 
+    def partial_call(self, text: str) -> tuple[str, str, bool] | None:
+        """A forced answer's call as far as `text` has written it: (name, the arguments'
+        JSON text so far, whether the arguments are complete), once the name is written
+        and the arguments object has begun; None before, or if `text` is not the start of
+        a forced call. What a later `text` returns extends what an earlier one did, and a
+        complete call's arguments are those `parse` gives."""
+        before = self.forced_wrap[0]
+        if not text.startswith(before):
+            return None
+        head = _FORCED_HEAD.match(text, len(before))
+        if head is None or head["key"] != self.args_key:
+            return None
+        try:
+            name = json.loads(head["name"])
+        except ValueError:
+            return None
+        start = head.end()
+        end = _object_end(text, start)
+        return name, text[start : len(text) if end is None else end], end is not None
+
     def forced(self, tools: list[dict[str, Any]]) -> str:
         """The regex of an answer that is exactly one call of one of `tools` (OpenAI
         function tools), its arguments valid against the tool's parameter schema.
@@ -127,29 +153,89 @@ class ToolFormat:
         return re.escape(before) + "(?:" + "|".join(options) + ")" + re.escape(after)
 
 
-def _objects(body: str, separator: str) -> list[Any] | None:
-    """The JSON values of `body`, separated by `separator` (and blanks); None unless
-    the whole body is such values."""
+Json = tuple[Any, str]  # a JSON value and the text it was read from
+# the head of a forced call's JSON up to its arguments: a name, then the arguments' key
+_FORCED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*(?P<name>"(?:[^"\\]|\\.)*")\s*,\s*"(?P<key>\w+)"\s*:\s*(?=\{)')
+
+
+def _objects(body: str, separator: str) -> list[Json] | None:
+    """The JSON values of `body`, each with its text, separated by `separator` (and
+    blanks); None unless the whole body is such values."""
     values, i = [], 0
     while True:
-        i = len(body) - len(body[i:].lstrip())
+        i = _skip_blanks(body, i)
         if i == len(body):
             return values or None
         if values:
             if not body.startswith(separator, i):
                 return None
-            i += len(separator)
-            i = len(body) - len(body[i:].lstrip())
+            i = _skip_blanks(body, i + len(separator))
         try:
-            value, i = _DECODER.raw_decode(body, i)
+            value, end = _DECODER.raw_decode(body, i)
         except (ValueError, RecursionError):
             return None
         if json_depth(value) > MAX_JSON_DEPTH:
             return None
-        values.append(value)
+        values.append((value, body[i:end]))
+        i = end
 
 
-def _hermes(body: str) -> list[Any] | None:  # body: after the first <tool_call>
+def _skip_blanks(text: str, i: int) -> int:
+    return len(text) - len(text[i:].lstrip())
+
+
+def _members(text: str) -> dict[str, str]:
+    """The text of each member value of `text`, a JSON object known to parse (a key
+    written twice: its last value, as `json.loads` reads it)."""
+    out, i = {}, _skip_blanks(text, 1)
+    while text[i] != "}":
+        key, i = _DECODER.raw_decode(text, i)
+        i = _skip_blanks(text, _skip_blanks(text, i) + 1)  # past ':'
+        _, end = _DECODER.raw_decode(text, i)
+        out[key], i = text[i:end], _skip_blanks(text, end)
+        if text[i] == ",":
+            i = _skip_blanks(text, i + 1)
+    return out
+
+
+def _items(text: str) -> list[str]:
+    """The text of each item of `text`, a JSON array known to parse."""
+    out, i = [], _skip_blanks(text, 1)
+    while text[i] != "]":
+        _, end = _DECODER.raw_decode(text, i)
+        out.append(text[i:end])
+        i = _skip_blanks(text, end)
+        if text[i] == ",":
+            i = _skip_blanks(text, i + 1)
+    return out
+
+
+def _object_end(text: str, start: int) -> int | None:
+    """Where the JSON object opening at `text[start]` ends (past its closing brace), or
+    None if `text` ends first. Reads only brackets and strings: for text the forced
+    regex wrote, which is JSON."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _hermes(body: str) -> list[Json] | None:  # body: after the first <tool_call>
     values = []
     for part in body.split("<tool_call>"):
         inner, sep, rest = part.partition("</tool_call>")
@@ -160,27 +246,31 @@ def _hermes(body: str) -> list[Any] | None:  # body: after the first <tool_call>
     return values
 
 
-def _mistral(body: str) -> list[Any] | None:
+def _mistral(body: str) -> list[Json] | None:
     value = _objects(body, "")
-    return value[0] if value is not None and len(value) == 1 and isinstance(value[0], list) else None
+    if value is None or len(value) != 1 or not isinstance(value[0][0], list):
+        return None
+    items, text = value[0]
+    return list(zip(items, _items(text), strict=True))
 
 
-def _llama3(body: str) -> list[Any] | None:
+def _llama3(body: str) -> list[Json] | None:
     return _objects(body, ";")
 
 
-def _call(obj: Any, args_key: str) -> ToolCall | None:
+def _call(obj: Any, text: str, args_key: str) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = obj.get(args_key, obj.get("arguments", {}))
+    key = args_key if args_key in obj else "arguments" if "arguments" in obj else None
+    args, args_text = (obj[key], _members(text)[key]) if key is not None else ({}, "{}")
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            args = json_limits.loads(args, "tool call arguments")
+            args_text, args = args, json_limits.loads(args, "tool call arguments")
         except ValueError:
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    return ToolCall(obj["name"], args_text)
 
 
 FORMATS = {

@@ -91,7 +91,7 @@ def test_instructor_extracts_into_a_pydantic_model(results: dict[str, Any], mode
 
 def test_instructor_streams_partial_objects(results: dict[str, Any]) -> None:
     partials = results["instructor_partial"]
-    assert partials and partials[-1] == TARA
+    assert len(partials) > 2 and partials[-1] == TARA  # the forced call streams as it is written
 
 
 def test_instructor_async_client(results: dict[str, Any]) -> None:

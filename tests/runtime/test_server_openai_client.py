@@ -156,8 +156,9 @@ def test_seed_reproduces_sampling(client, model: str) -> None:
 
 
 def test_tool_calls(client, model: str) -> None:
-    """A forced call comes back as the client's typed tool call, plain and streamed (the
-    client accumulates nothing: the call arrives whole in one delta)."""
+    """A forced call comes back as the client's typed tool call, plain and streamed: the
+    stream sends its name, then its arguments in pieces, which the client's own stream
+    helper puts together into the same call."""
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
     kw = {"model": model, "messages": MESSAGES, "max_tokens": 120, "temperature": 0, "tools": [weather],
@@ -168,6 +169,12 @@ def test_tool_calls(client, model: str) -> None:
     assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
     chunks = list(client.chat.completions.create(**kw, stream=True))
     streamed = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
-    assert [(tc.index, tc.function.name, tc.function.arguments) for tc in streamed] == [
-        (0, "get_weather", call.function.arguments)]  # greedy: the same call
+    assert {tc.index for tc in streamed} == {0} and len(streamed) > 2
+    assert [tc.function.name for tc in streamed] == ["get_weather"] + [None] * (len(streamed) - 1)
+    assert "".join(tc.function.arguments for tc in streamed) == call.function.arguments  # greedy: the same call
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    with client.chat.completions.stream(**kw) as stream:
+        final = stream.get_final_completion().choices[0]
+    [joined] = final.message.tool_calls
+    assert (joined.function.name, joined.function.arguments) == ("get_weather", call.function.arguments)
+    assert final.finish_reason == "tool_calls"

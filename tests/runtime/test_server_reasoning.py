@@ -100,9 +100,11 @@ def test_forced_tool_calls_after_the_reasoning(qwen3: Server, tool_choice) -> No
     stream = deltas(qwen3, tools=[WEATHER], tool_choice=tool_choice)
     assert "".join(d["delta"].get("reasoning_content", "") for d in stream) == REASONING
     assert not any(d["delta"].get("content") for d in stream)
-    [streamed] = stream[-1]["delta"]["tool_calls"]
-    assert stream[-1]["finish_reason"] == "tool_calls"
-    assert json.loads(streamed["function"]["arguments"]) == json.loads(call["function"]["arguments"])
+    pieces = [c for d in stream for c in d["delta"].get("tool_calls", [])]  # streamed as written, after the reasoning
+    assert stream[-1]["finish_reason"] == "tool_calls" and pieces[0]["function"]["name"] == "get_weather"
+    assert "".join(p["function"]["arguments"] for p in pieces) == call["function"]["arguments"]
+    first_call = next(i for i, d in enumerate(stream) if "tool_calls" in d["delta"])
+    assert not any(d["delta"].get("reasoning_content") for d in stream[first_call:])
     qwen3.wait_idle()
 
 

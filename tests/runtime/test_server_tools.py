@@ -48,6 +48,35 @@ def test_a_named_tool_choice_forces_a_valid_call(server: Server, seed: int) -> N
     jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
 
 
+def test_a_forced_call_streams_as_it_is_written(server: Server) -> None:
+    """Name first, then the arguments in pieces that add up to the whole answer's; cut
+    short by max_tokens inside the arguments, the call holds those written so far, both
+    ways, and the finish reason is "length"."""
+    forced = {"tools": [TIME, WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    whole = chat(server, **forced)
+    written = whole["usage"]["completion_tokens"]
+    cut = next(out for n in range(written - 4, 0, -4)  # the first cut inside the arguments
+               if (out := chat(server, **forced, max_tokens=n))["choices"][0]["finish_reason"] == "length")
+    for out in (whole, cut):
+        choice, max_tokens = out["choices"][0], out["usage"]["completion_tokens"]
+        events = server.stream("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": max_tokens,
+                                                         "temperature": 0, "stream": True, **forced})
+        deltas = [c["choices"][0] for c in events[:-1]]
+        pieces = [call for d in deltas for call in d["delta"].get("tool_calls", [])]
+        assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"].startswith("call_")
+        assert len(pieces) > 2 and not any(d["delta"].get("content") for d in deltas)
+        arguments = "".join(p["function"]["arguments"] for p in pieces)
+        [call] = choice["message"]["tool_calls"]
+        assert arguments == call["function"]["arguments"] and choice["message"]["content"] is None
+        assert deltas[-1]["finish_reason"] == choice["finish_reason"]
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    jsonschema.validate(json.loads(whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]),
+                        WEATHER["function"]["parameters"])
+    assert cut["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(ValueError):
+        json.loads(cut["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+
+
 def test_required_calls_one_of_the_tools(server: Server) -> None:
     names = set()
     for seed in range(4):
