@@ -1,14 +1,16 @@
 """The real server driven by the official `openai` client: completions and chat, plain and
-streamed (with usage), n, logprobs, stop, seeds, and greedy text equal to the offline
-Engine's on the same checkpoint. After every test the scheduler is idle and intact."""
+streamed (with usage), n, logprobs, stop, seeds, tool calls, the structured-output helpers,
+and greedy text equal to the offline Engine's on the same checkpoint. After every test the scheduler is idle and intact."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
+from pydantic import BaseModel, Field
 from server_helpers import Server
 from transformers import AutoTokenizer
 
@@ -178,3 +180,26 @@ def test_tool_calls(client, model: str) -> None:
     [joined] = final.message.tool_calls
     assert (joined.function.name, joined.function.arguments) == ("get_weather", call.function.arguments)
     assert final.finish_reason == "tool_calls"
+
+
+class Place(BaseModel):
+    city: Literal["Paris", "Rome"]
+    days: int = Field(ge=1, le=7)
+
+
+def test_structured_output_helpers(client, model: str) -> None:
+    """The client's `parse` (a pydantic response_format, or a strict function tool) and
+    its stream helper: each answer validates, and streamed equals whole (greedy)."""
+    kw = {"model": model, "messages": MESSAGES, "max_tokens": 200, "temperature": 0}
+    message = client.chat.completions.parse(**kw, response_format=Place).choices[0].message
+    with client.chat.completions.stream(**kw, response_format=Place) as stream:
+        streamed = stream.get_final_completion().choices[0].message
+    assert isinstance(message.parsed, Place) and streamed.parsed == message.parsed
+    tool = openai.pydantic_function_tool(Place)
+    call = client.chat.completions.parse(**kw, tools=[tool], tool_choice="required").choices[0].message.tool_calls[0]
+    assert isinstance(call.function.parsed_arguments, Place)
+    with client.chat.completions.stream(**kw, tools=[tool], tool_choice="required") as stream:
+        pieces = [e.arguments_delta for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion().choices[0].message.tool_calls[0]
+    assert len(pieces) > 2 and "".join(pieces) == call.function.arguments
+    assert final.function.parsed_arguments == call.function.parsed_arguments
