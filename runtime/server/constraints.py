@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from sprig.runtime.constrained.base import JSON_WHITESPACE
 from sprig.runtime.constrained.json_schema import schema_to_regex
 from sprig.runtime.constrained.regex_text import escape_literal
 from sprig.runtime.server.errors import ApiError
@@ -50,6 +51,16 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
         raise ApiError(400, f"give one constraint; the request has {found[0].field} and {found[1].field}",
                        found[1].param)
     return found[0] if found else None
+
+
+def response_format_regex(constraint: Constraint) -> str:
+    """The regex of a `response_format` constraint (a JSON schema, as `_response_format`
+    makes it), with the whitespace the constraint alone is compiled with."""
+    schema = constraint.value if isinstance(constraint.value, str) else json.dumps(constraint.value)
+    try:
+        return schema_to_regex(schema, JSON_WHITESPACE)
+    except ValueError as e:
+        raise ApiError(400, f"{constraint.field}: {e}", constraint.param) from None
 
 
 def _sglang(req: CompletionRequest | ChatCompletionRequest) -> list[Constraint | None]:

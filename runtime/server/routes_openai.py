@@ -164,17 +164,19 @@ async def chat_completions(request: Request) -> Response:
         if req.top_logprobs and not req.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         constraint = request_constraint(req)
-        tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint is not None)
+        tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint,
+                              several=req.parallel_tool_calls is not False)
         text = st.builder.chat_text(req.messages, tools.rendered, _template_variables(st, req),
                                    **_continuation(req))
         ids = st.builder.encode(text, add_special_tokens=False, param="messages")
         reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
         phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
         fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
-                           forced=tools.forced is not None, one_call=req.parallel_tool_calls is False)
+                           forced=tools.forced, one_call=req.parallel_tool_calls is False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         extra = reasoning.sampling(phase) if reasoning is not None else {}
-        sampling = [_sampling(st, req, constraint, len(ids), max_tokens, regex=tools.forced, **extra)]
+        own = constraint if tools.regex is None else None  # else the tools' regex holds it
+        sampling = [_sampling(st, req, own, len(ids), max_tokens, regex=tools.regex, **extra)]
         logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
         return req, fmt, _requests(st, [ids], sampling, logprobs, req.stream, constraint), constraint
 

@@ -35,6 +35,7 @@ from typing import Any
 from sprig.runtime import json_limits
 from sprig.runtime.constrained.json_schema import schema_to_regex
 from sprig.runtime.json_limits import MAX_JSON_DEPTH, json_depth
+from sprig.runtime.server.constraints import Constraint, response_format_regex
 from sprig.runtime.server.errors import ApiError
 
 _DECODER = json.JSONDecoder()
@@ -62,14 +63,16 @@ class ToolFormat:
     `bare_start`, if set, is a first character that may open it without a marker (a
     template's marker token that decoding drops as special). `read_body` turns what
     follows the marker into the call objects, each with its JSON text (None unless all
-    of it is calls); `forced_wrap` is the literal text around the one call of a forced
-    answer, whose JSON the forced regex writes as `{"name": ..., "<args_key>": ...}`."""
+    of it is calls); `forced_wrap` is the literal text around the calls of a constrained
+    answer, each written as `{"name": ..., "<args_key>": ...}`, `separator` the text
+    between two of them."""
 
     name: str
     markers: tuple[str, ...]
     args_key: str
     read_body: Callable[[str], list[Json] | None]
     forced_wrap: tuple[str, str]
+    separator: str
     bare_start: str | None = None
 
     def call_start(self, text: str) -> int | None:
@@ -137,10 +140,11 @@ class ToolFormat:
         end = _object_end(text, start)
         return name, text[start : len(text) if end is None else end], end is not None
 
-    def forced(self, tools: list[dict[str, Any]]) -> str:
-        """The regex of an answer that is exactly one call of one of `tools` (OpenAI
-        function tools), its arguments valid against the tool's parameter schema.
-        Raises ValueError for a schema the constrained decoder cannot enforce."""
+    def forced(self, tools: list[dict[str, Any]], several: bool = False) -> str:
+        """The regex of an answer that is exactly one call (`several`: one or more calls)
+        of `tools` (OpenAI function tools), each call's arguments valid against its tool's
+        parameter schema. Raises ValueError for a schema the constrained decoder cannot
+        enforce."""
         options = []
         for tool in tools:
             fn = tool["function"]
@@ -149,8 +153,10 @@ class ToolFormat:
                 self.args_key: fn.get("parameters") or {"type": "object"},
             }, "required": ["name", self.args_key]}
             options.append(schema_to_regex(json.dumps(schema), _WHITESPACE))
+        call = "(?:" + "|".join(options) + ")"
         before, after = self.forced_wrap
-        return re.escape(before) + "(?:" + "|".join(options) + ")" + re.escape(after)
+        more = f"(?:{re.escape(self.separator)}{call})*" if several else ""
+        return re.escape(before) + call + more + re.escape(after)
 
 
 Json = tuple[Any, str]  # a JSON value and the text it was read from
@@ -274,14 +280,15 @@ def _call(obj: Any, text: str, args_key: str) -> ToolCall | None:
 
 
 FORMATS = {
-    "hermes": ToolFormat("hermes", ("<tool_call>",), "arguments", _hermes, ("<tool_call>\n", "\n</tool_call>")),
-    "llama3": ToolFormat("llama3", ("<|python_tag|>",), "parameters", _llama3, ("", ""), bare_start="{"),
+    "hermes": ToolFormat("hermes", ("<tool_call>",), "arguments", _hermes, ("<tool_call>\n", "\n</tool_call>"),
+                         "\n</tool_call>\n<tool_call>\n"),
+    "llama3": ToolFormat("llama3", ("<|python_tag|>",), "parameters", _llama3, ("", ""), "; ", bare_start="{"),
     # Mistral's marker is a special token, which decoding may drop: a forced call is the list alone
-    "mistral": ToolFormat("mistral", ("[TOOL_CALLS]",), "arguments", _mistral, ("[", "]"), bare_start="["),
+    "mistral": ToolFormat("mistral", ("[TOOL_CALLS]",), "arguments", _mistral, ("[", "]"), ", ", bare_start="["),
 }
 
 
-BARE_JSON = ToolFormat("json", (), "arguments", _llama3, ("", ""), bare_start="{")
+BARE_JSON = ToolFormat("json", (), "arguments", _llama3, ("", ""), "; ", bare_start="{")
 
 
 def detect_format(chat_template: str | None) -> ToolFormat | None:
@@ -309,20 +316,26 @@ def resolve_format(choice: str, chat_template: str | None) -> ToolFormat | None:
 class ToolUse:
     """What one chat request's `tools` and `tool_choice` mean: the tools the template
     renders, the format its answer is parsed with (None: plain content), the regex its
-    answer must match (None: unconstrained), and the functions its calls may name."""
+    answer must match (None: unconstrained; it stands for the request's own constraint
+    too), the functions its calls may name, and whether the answer is a call (`forced`)."""
 
     rendered: list[dict[str, Any]] | None
     parse_format: ToolFormat | None
-    forced: str | None
+    regex: str | None
     names: frozenset[str] = frozenset()
+    forced: bool = False
 
 
 def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-                  fmt: ToolFormat | None, constrained: bool) -> ToolUse:
+                  fmt: ToolFormat | None, constraint: Constraint | None, several: bool = True) -> ToolUse:
     """Check `tools` and `tool_choice` (OpenAI's meanings: "none" renders no tools and
     parses nothing; "auto", the default with tools, parses what the model writes;
     "required" or a named function constrains the answer to one call, in `fmt` or, without
-    one, `BARE_JSON`). `constrained`: the request has its own regex or schema. Raises ApiError."""
+    one, `BARE_JSON`). Beside OpenAI's `response_format`, "auto" means what it means on
+    OpenAI: the answer either matches the format or is calls of the tools (`several`: one
+    or more, else one), in `fmt`. The constraint fields of SGLang and vLLM (`regex`,
+    `json_schema`, `guided_*`, `structured_outputs`) constrain the whole answer, as there.
+    A forced call refuses any `constraint`. Raises ApiError."""
     names = [_tool_name(t, i) for i, t in enumerate(tools or [])]
     choice = tool_choice if tool_choice is not None else ("auto" if names else "none")
     if isinstance(choice, dict):
@@ -344,16 +357,23 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
     if choice == "none":
         return ToolUse(None, None, None)
     if choice == "auto":
-        return ToolUse(tools, fmt, None, frozenset(names))
+        if constraint is None or constraint.field != "response_format" or fmt is None:  # (no format: no calls)
+            return ToolUse(tools, fmt, None, frozenset(names))
+        answer = response_format_regex(constraint)
+        return ToolUse(tools, fmt, f"(?:{answer})|(?:{_calls_regex(fmt, allowed, several)})", frozenset(names))
     fmt = fmt or BARE_JSON
-    if constrained:
+    if constraint is not None:
         raise ApiError(400, "a forced tool call cannot be combined with regex, json_schema or response_format",
                        "tool_choice")
+    return ToolUse(tools, fmt, _calls_regex(fmt, allowed, False),
+                   frozenset(_tool_name(t, i) for i, t in enumerate(allowed)), forced=True)
+
+
+def _calls_regex(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool) -> str:
     try:
-        forced = fmt.forced(allowed)
+        return fmt.forced(tools, several)
     except ValueError as e:
         raise ApiError(400, f"cannot constrain a call to these tools: {e}", "tools") from None
-    return ToolUse(tools, fmt, forced, frozenset(_tool_name(t, i) for i, t in enumerate(allowed)))
 
 
 def _tool_name(tool: Any, i: int) -> str:

@@ -127,6 +127,37 @@ def test_auto_leaves_a_call_of_another_function_as_content(server: Server) -> No
     assert not any("tool_calls" in d["delta"] for d in deltas) and deltas[-1]["finish_reason"] == "stop"
 
 
+PLACE = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima"]}}, "required": ["city"]}
+
+
+def test_auto_beside_response_format_answers_it_or_calls_a_tool(server: Server) -> None:
+    """As on OpenAI: the answer is content in the format, or calls of the tools (the
+    format does not shut the tools out), whole and streamed alike."""
+    body = {"tools": [WEATHER, TIME], "temperature": 1.0, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "place", "schema": PLACE}}}
+    kinds = []
+    for seed in range(8):
+        choice = chat(server, **body, seed=seed)["choices"][0]
+        message = choice["message"]
+        if "tool_calls" in message:
+            assert choice["finish_reason"] == "tool_calls" and message["content"] is None
+            for call in message["tool_calls"]:
+                tool = {"get_weather": WEATHER, "get_time": TIME}[call["function"]["name"]]
+                jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+            kinds.append("calls")
+        else:
+            assert choice["finish_reason"] == "stop"
+            jsonschema.validate(json.loads(message["content"]), PLACE)
+            kinds.append("answer")
+        events = server.stream("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 160, "stream": True,
+                                                         "seed": seed, **body})
+        deltas = [c["choices"][0] for c in events[:-1]]
+        assert "".join(d["delta"].get("content") or "" for d in deltas) == (message["content"] or "")
+        streamed = [c for d in deltas for c in d["delta"].get("tool_calls", [])]
+        assert [c["function"] for c in streamed] == [c["function"] for c in message.get("tool_calls", [])]
+    assert set(kinds) == {"answer", "calls"}
+
+
 def test_tool_choice_none_renders_no_tools_and_parses_nothing(server: Server) -> None:
     with_tools = chat(server, tools=[WEATHER], regex=re.escape(WRITTEN))
     none = chat(server, tools=[WEATHER], tool_choice="none", regex=re.escape(WRITTEN))

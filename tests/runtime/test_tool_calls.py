@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from sprig.runtime.server.config import TOOL_CALL_PARSERS, ServerConfig
+from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.request_builder import _call_for_template
 from sprig.runtime.server.tool_calls import (
@@ -119,54 +120,75 @@ def test_detection_from_the_chat_template() -> None:
 
 def test_tool_choice_plans() -> None:
     hermes = FORMATS["hermes"]
-    assert plan_tool_use(None, None, hermes, False) == ToolUse(None, None, None)
+    assert plan_tool_use(None, None, hermes, None) == ToolUse(None, None, None)
     both = frozenset({"get_weather", "get_time"})
-    assert plan_tool_use([WEATHER, TIME], None, hermes, False) == ToolUse([WEATHER, TIME], hermes, None, both)  # auto
-    assert plan_tool_use([WEATHER], "none", hermes, False) == ToolUse(None, None, None)
-    assert plan_tool_use([WEATHER], "auto", None, False) == ToolUse([WEATHER], None, None,  # nothing to parse with
-                                                                    frozenset({"get_weather"}))
-    named = plan_tool_use([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, hermes, False)
-    assert named.forced == hermes.forced([TIME]) and named.parse_format is hermes
+    assert plan_tool_use([WEATHER, TIME], None, hermes, None) == ToolUse([WEATHER, TIME], hermes, None, both)  # auto
+    assert plan_tool_use([WEATHER], "none", hermes, None) == ToolUse(None, None, None)
+    assert plan_tool_use([WEATHER], "auto", None, None) == ToolUse([WEATHER], None, None,  # nothing to parse with
+                                                                   frozenset({"get_weather"}))
+    named = plan_tool_use([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, hermes, None)
+    assert named.regex == hermes.forced([TIME]) and named.parse_format is hermes and named.forced
     assert named.names == frozenset({"get_time"})
-    required = plan_tool_use([WEATHER, TIME], "required", hermes, False)
-    assert required.forced == hermes.forced([WEATHER, TIME]) and required.names == both
+    required = plan_tool_use([WEATHER, TIME], "required", hermes, None)
+    assert required.regex == hermes.forced([WEATHER, TIME]) and required.names == both and required.forced
     # a template that teaches no format: auto stays plain text, a forced call is bare JSON
-    assert plan_tool_use([WEATHER], "required", None, False) == ToolUse([WEATHER], BARE_JSON,
-                                                                        BARE_JSON.forced([WEATHER]),
-                                                                        frozenset({"get_weather"}))
+    assert plan_tool_use([WEATHER], "required", None, None) == ToolUse([WEATHER], BARE_JSON,
+                                                                       BARE_JSON.forced([WEATHER]),
+                                                                       frozenset({"get_weather"}), forced=True)
     assert BARE_JSON.split('{"name": "get_weather", "arguments": {"city": "Rome"}}', finished=True) == (
         "", calls(("get_weather", {"city": "Rome"})))
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_a_call_of_a_function_not_among_the_tools_is_plain_content(fmt: str) -> None:
-    f = FORMATS[fmt]
-    text = {"hermes": '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>\n'
-                      '<tool_call>\n{"name": "get_price", "arguments": {"item": "tea"}}\n</tool_call>',
-            "llama3": '{"name": "get_weather", "parameters": {}}; {"name": "get_price", "parameters": {}}',
-            "mistral": '[TOOL_CALLS] [{"name": "get_weather", "arguments": {}}, {"name": "get_price", "arguments": {}}]',
-            }[fmt]
-    assert [c.name for c in f.split(text, finished=True)[1]] == ["get_weather", "get_price"]  # any name
-    assert [c.name for c in f.split(text, True, frozenset({"get_weather", "get_price"}))[1]] == [
-        "get_weather", "get_price"]
-    assert f.split(text, True, frozenset({"get_weather"})) == (text.strip(), [])
+PLACE = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Lima"]}}, "required": ["city"]}
 
 
-@pytest.mark.parametrize("tools,choice,fmt,constrained,needle", [
-    (None, "required", FORMATS["hermes"], False, "needs tools"),
-    ([WEATHER], "sometimes", FORMATS["hermes"], False, "tool_choice must be"),
-    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, FORMATS["hermes"], False, "not among"),
-    ([WEATHER], {"type": "function"}, FORMATS["hermes"], False, "tool_choice must be"),
-    ([WEATHER], "required", FORMATS["hermes"], True, "cannot be combined"),
-    ([{"type": "function", "function": {"parameters": {}}}], "auto", FORMATS["hermes"], False, r"tools\[0\]"),
-    ([{"type": "function", "function": {"name": "f", "parameters": 3}}], "auto", FORMATS["hermes"], False,
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_auto_beside_response_format_answers_it_or_calls_the_tools(name: str) -> None:
+    """OpenAI's meaning of tools beside response_format: the answer matches the format, or
+    is calls of the tools (several, unless parallel_tool_calls is false); the language is
+    exactly that union. SGLang's and vLLM's constraint fields keep constraining the whole
+    answer."""
+    fmt = FORMATS[name]
+    plan = plan_tool_use([WEATHER, TIME], "auto", fmt, Constraint("response_format", "json_schema", PLACE))
+    assert not plan.forced and plan.parse_format is fmt and plan.names == frozenset({"get_weather", "get_time"})
+    one = {"hermes": '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+           "llama3": '{"name": "get_time", "parameters": {}}',
+           "mistral": '[{"name": "get_time", "arguments": {}}]'}[name]
+    two = {"hermes": one + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+           "llama3": one + '; {"name": "get_weather", "parameters": {"city": "Rome"}}',
+           "mistral": one[:-1] + ', {"name": "get_weather", "arguments": {"city": "Rome"}}]'}[name]
+    for text, matches in (('{"city": "Oslo"}', True), ('{"city":"Lima"}', True), (one, True), (two, True),
+                          ('{"city": "Rome"}', False), ('{"city": "Oslo"}' + one, False),
+                          ('{"name": "get_time", "arguments": {"x": 1}}', False)):
+        assert (re.fullmatch(plan.regex, text) is not None) == matches, text
+    single = plan_tool_use([WEATHER, TIME], "auto", fmt, Constraint("response_format", "json_schema", PLACE),
+                           several=False).regex
+    assert re.fullmatch(single, one) and not re.fullmatch(single, two)
+    assert [c.name for c in fmt.split(two, True, plan.names)[1]] == ["get_time", "get_weather"]
+    for field, key, value in (("regex", "regex", "Oslo"), ("guided_json", "json_schema", PLACE)):
+        assert plan_tool_use([WEATHER], "auto", fmt, Constraint(field, key, value)).regex is None
+
+
+SCHEMA = Constraint("response_format", "json_schema", {"type": "object"})
+
+
+@pytest.mark.parametrize("tools,choice,fmt,constraint,needle", [
+    (None, "required", FORMATS["hermes"], None, "needs tools"),
+    ([WEATHER], "sometimes", FORMATS["hermes"], None, "tool_choice must be"),
+    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, FORMATS["hermes"], None, "not among"),
+    ([WEATHER], {"type": "function"}, FORMATS["hermes"], None, "tool_choice must be"),
+    ([WEATHER], "required", FORMATS["hermes"], SCHEMA, "cannot be combined"),
+    ([{"type": "function", "function": {"parameters": {}}}], "auto", FORMATS["hermes"], None, r"tools\[0\]"),
+    ([{"type": "function", "function": {"name": "f", "parameters": 3}}], "auto", FORMATS["hermes"], None,
      "parameters"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}], "required",
-     FORMATS["hermes"], False, "cannot constrain"),
+     FORMATS["hermes"], None, "cannot constrain"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}], "auto",
+     FORMATS["hermes"], SCHEMA, "cannot constrain"),
 ])
-def test_bad_tool_requests_are_400(tools, choice, fmt, constrained: bool, needle: str) -> None:
+def test_bad_tool_requests_are_400(tools, choice, fmt, constraint: Constraint | None, needle: str) -> None:
     with pytest.raises(ApiError, match=needle) as e:
-        plan_tool_use(tools, choice, fmt, constrained)
+        plan_tool_use(tools, choice, fmt, constraint)
     assert e.value.status == 400
 
 
