@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sprig.runtime.constrained.base import JSON_WHITESPACE
-from sprig.runtime.constrained.json_schema import schema_to_regex
+from sprig.runtime.constrained.json_schema import admits_free_form, schema_to_regex
 from sprig.runtime.constrained.regex_text import escape_literal
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.protocol import (
@@ -53,10 +53,15 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
     return found[0] if found else None
 
 
-def response_format_regex(constraint: Constraint) -> str:
+def response_format_regex(constraint: Constraint) -> str | None:
     """The regex of a `response_format` constraint (a JSON schema, as `_response_format`
-    makes it), with the whitespace the constraint alone is compiled with."""
+    makes it), with the whitespace the constraint alone is compiled with; None for a
+    schema with free-form JSON (`json_object` among them), whose regex only llguidance
+    compiles fast, and which the grammar router sends there as a schema, not as a regex
+    (`constrained.routing`)."""
     schema = constraint.value if isinstance(constraint.value, str) else json.dumps(constraint.value)
+    if admits_free_form(schema):
+        return None
     try:
         return schema_to_regex(schema, JSON_WHITESPACE)
     except ValueError as e:

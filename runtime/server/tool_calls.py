@@ -333,9 +333,11 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
     "required" or a named function constrains the answer to one call, in `fmt` or, without
     one, `BARE_JSON`). Beside OpenAI's `response_format`, "auto" means what it means on
     OpenAI: the answer either matches the format or is calls of the tools (`several`: one
-    or more, else one), in `fmt`. The constraint fields of SGLang and vLLM (`regex`,
-    `json_schema`, `guided_*`, `structured_outputs`) constrain the whole answer, as there.
-    A forced call refuses any `constraint`. Raises ApiError."""
+    or more, else one), in `fmt` (a format with free-form JSON, `json_object` among them,
+    still constrains the whole answer: `constraints.response_format_regex`). The
+    constraint fields of SGLang and vLLM (`regex`, `json_schema`, `guided_*`,
+    `structured_outputs`) constrain the whole answer, as there. A forced call refuses any
+    `constraint`. Raises ApiError."""
     names = [_tool_name(t, i) for i, t in enumerate(tools or [])]
     choice = tool_choice if tool_choice is not None else ("auto" if names else "none")
     if isinstance(choice, dict):
@@ -357,9 +359,10 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
     if choice == "none":
         return ToolUse(None, None, None)
     if choice == "auto":
-        if constraint is None or constraint.field != "response_format" or fmt is None:  # (no format: no calls)
+        answer = None if constraint is None or constraint.field != "response_format" or fmt is None else (
+            response_format_regex(constraint))
+        if answer is None:  # (no format: calls are never parsed)
             return ToolUse(tools, fmt, None, frozenset(names))
-        answer = response_format_regex(constraint)
         return ToolUse(tools, fmt, f"(?:{answer})|(?:{_calls_regex(fmt, allowed, several)})", frozenset(names))
     fmt = fmt or BARE_JSON
     if constraint is not None:
