@@ -15,5 +15,6 @@ CLIENTS=(instructor==1.17.0 litellm==1.110.2)
 
 python3 -m venv "$ENV_DIR"
 "$ENV_DIR/bin/pip" install --quiet "${CLIENTS[@]}"
-LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c \
-    "import instructor, litellm, openai; print('instructor', instructor.__version__, 'litellm', litellm.__version__ if hasattr(litellm, '__version__') else '', 'openai', openai.__version__, 'ready')"
+LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c "import instructor, litellm, openai
+from importlib.metadata import version
+print(*(f'{p} {version(p)}' for p in ('instructor', 'litellm', 'openai')), 'ready')"
