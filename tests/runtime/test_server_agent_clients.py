@@ -46,17 +46,26 @@ def demo() -> Iterator[Server]:
         s.wait_idle()
 
 
+class Results:
+    """The driver's lines by check; `[name]` is a check's result, or fails the test that
+    asks with the library's traceback."""
+
+    def __init__(self, lines: list[dict[str, Any]]) -> None:
+        self.lines = {line["check"]: line for line in lines}
+
+    def __getitem__(self, name: str) -> Any:
+        line = self.lines[name]
+        assert "error" not in line, f"{name}: {line.get('trace')}"
+        return line["result"]
+
+
 @pytest.fixture(scope="module")
-def results(demo: Server) -> dict[str, Any]:
-    """Each check's result, after the driver has run them all (one process: the libraries
-    take seconds to import)."""
+def results(demo: Server) -> Results:
+    """Every check, run by the driver in one process (the libraries take seconds to import)."""
     model = demo.get("/v1/models").json()["data"][0]["id"]
     done = subprocess.run([str(PYTHON), str(DRIVER), demo.url, model], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    failed = {line["check"]: line["trace"] for line in lines if "error" in line}
-    assert not failed, "\n".join(f"{name}:\n{trace}" for name, trace in failed.items())
-    return {line["check"]: line["result"] for line in lines}
+    return Results([json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")])
 
 
 @dataclass(frozen=True)
@@ -85,39 +94,39 @@ def direct(demo: Server) -> Iterator[Direct]:
 
 
 @pytest.mark.parametrize("mode", ["tools", "tools_strict", "json_schema"])
-def test_instructor_extracts_into_a_pydantic_model(results: dict[str, Any], mode: str) -> None:
+def test_instructor_extracts_into_a_pydantic_model(results: Results, mode: str) -> None:
     assert results[f"instructor_{mode}"] == TARA
 
 
-def test_instructor_streams_partial_objects(results: dict[str, Any]) -> None:
+def test_instructor_streams_partial_objects(results: Results) -> None:
     partials = results["instructor_partial"]
     assert len(partials) > 2 and partials[-1] == TARA  # the forced call streams as it is written
 
 
-def test_instructor_async_client(results: dict[str, Any]) -> None:
+def test_instructor_async_client(results: Results) -> None:
     assert results["instructor_async"] == {"first": TARA, "second": TARA}
 
 
-def test_instructor_reasks_after_a_validation_error(results: dict[str, Any]) -> None:
+def test_instructor_reasks_after_a_validation_error(results: Results) -> None:
     """The second attempt's conversation holds the first call and a tool message with the
     validator's error: the server renders it and answers."""
     out = results["instructor_reask"]
     assert out["attempts"] == 2 and set(out["person"]) == set(TARA) and isinstance(out["person"]["age"], int)
 
 
-def test_litellm_completion_equals_the_official_client(results: dict[str, Any], direct: Direct) -> None:
+def test_litellm_completion_equals_the_official_client(results: Results, direct: Direct) -> None:
     assert results["litellm_completion"] == direct.chat()
     assert results["litellm_seeded"] == direct.chat(temperature=0.9, seed=7)  # litellm passes the seed on
 
 
-def test_litellm_stream_joins_to_the_whole_answer(results: dict[str, Any], direct: Direct) -> None:
+def test_litellm_stream_joins_to_the_whole_answer(results: Results, direct: Direct) -> None:
     whole = direct.chat()
     streamed = results["litellm_stream"]
     assert (streamed["content"], streamed["finish_reason"]) == (whole["content"], whole["finish_reason"])
     assert streamed["chunks"] > 2
 
 
-def test_litellm_tool_calls(results: dict[str, Any], direct: Direct) -> None:
+def test_litellm_tool_calls(results: Results, direct: Direct) -> None:
     forced = results["litellm_tool_call"]
     assert forced == direct.chat(tools=[ADD], tool_choice={"type": "function", "function": {"name": "add"}},
                             max_tokens=64)
@@ -126,13 +135,13 @@ def test_litellm_tool_calls(results: dict[str, Any], direct: Direct) -> None:
     assert results["litellm_tools_auto"] == direct.chat(tools=[ADD], max_tokens=64)
 
 
-def test_litellm_text_completion(results: dict[str, Any], direct: Direct) -> None:
+def test_litellm_text_completion(results: Results, direct: Direct) -> None:
     r = direct.client.completions.create(model=direct.model, prompt="Mia has 3 red pens and 4 blue pens.",
                                          max_tokens=16, temperature=0)
     assert results["litellm_text_completion"] == r.choices[0].text
 
 
-def test_litellm_concurrent_requests_each_equal_alone(results: dict[str, Any], direct: Direct) -> None:
+def test_litellm_concurrent_requests_each_equal_alone(results: Results, direct: Direct) -> None:
     alone = [direct.chat(messages=[{"role": "user", "content": f"What is {i} plus {i + 3}?"}])["content"]
              for i in range(4)]
     assert results["litellm_concurrent"] == alone
