@@ -34,33 +34,33 @@ class AnswerFormat:
     forced: bool = False
     one_call: bool = False
 
-    def _split(self, text: str, finished: bool) -> tuple[str | None, str]:
+    def split_reasoning(self, text: str, finished: bool) -> tuple[str | None, str]:
+        """(reasoning, answer) of the output so far (`ReasoningFormat.split`)."""
         return (None, text) if self.reasoning is None else self.reasoning.split(text, self.phase, finished)
 
-    def parts(self, text: str, finished: bool) -> tuple[str | None, str, list[ToolCall]]:
-        """(reasoning, content, tool calls) of the output so far (calls only once finished)."""
-        reasoning, content = self._split(text, finished)
-        if self.tools is None:
-            return reasoning, content, []
-        content, calls = self.tools.split(content, finished, self.tool_names)
-        return reasoning, content, calls[:1] if self.one_call else calls
-
-    def forced_call(self, text: str, finished: bool) -> tuple[str, str, bool] | None:
+    def forced_call(self, answer: str) -> tuple[str, str, bool] | None:
         """A forced answer's call as written so far: (name, arguments' JSON text, whether
         they are complete), once its arguments have begun (`ToolFormat.partial_call`);
         None otherwise, and for an answer that is no forced call."""
-        if not self.forced or self.tools is None:
-            return None
-        return self.tools.partial_call(self._split(text, finished)[1])
+        return self.tools.partial_call(answer) if self.forced and self.tools is not None else None
+
+    def calls(self, answer: str, finished: bool) -> tuple[str, list[ToolCall]]:
+        """(content, tool calls) of an answer the model wrote (calls only once finished)."""
+        if self.tools is None:
+            return answer, []
+        content, calls = self.tools.split(answer, finished, self.tool_names)
+        return content, calls[:1] if self.one_call else calls
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The finished output as an assistant message, and whether it ends in complete
         tool calls (finish reason "tool_calls")."""
-        reasoning, content, calls = self.parts(text, True)
-        complete = bool(calls)
-        forced = self.forced_call(text, True)
+        reasoning, answer = self.split_reasoning(text, True)
+        forced = self.forced_call(answer)
         if forced is not None:
             content, calls, complete = "", [ToolCall(forced[0], forced[1])], forced[2]
+        else:
+            content, calls = self.calls(answer, True)
+            complete = bool(calls)
         message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
         if self.reasoning is not None:
             message["reasoning_content"] = reasoning or None
@@ -89,12 +89,12 @@ class DeltaState:
         if fmt.reasoning is None and fmt.tools is None:
             return ({"content": text} if text else {}), False
         self.text += text
-        reasoning, content, calls = fmt.parts(self.text, finished)
+        reasoning, answer = fmt.split_reasoning(self.text, finished)
         body: dict[str, Any] = {}
         if reasoning and len(reasoning) > self.reasoning_chars:
             body["reasoning_content"] = reasoning[self.reasoning_chars :]
             self.reasoning_chars = len(reasoning)
-        forced = fmt.forced_call(self.text, finished)
+        forced = fmt.forced_call(answer)
         if forced is not None:
             name, arguments, complete = forced
             if self.call_id is None:
@@ -105,6 +105,7 @@ class DeltaState:
                 body["tool_calls"] = [{"index": 0, "function": {"arguments": arguments[self.args_chars :]}}]
             self.args_chars = len(arguments)
             return body, complete and finished
+        content, calls = fmt.calls(answer, finished)
         if len(content) > self.content_chars:
             body["content"] = content[self.content_chars :]
             self.content_chars = len(content)

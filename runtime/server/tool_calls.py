@@ -217,28 +217,12 @@ def _items(text: str) -> list[str]:
 
 
 def _object_end(text: str, start: int) -> int | None:
-    """Where the JSON object opening at `text[start]` ends (past its closing brace), or
-    None if `text` ends first. Reads only brackets and strings: for text the forced
-    regex wrote, which is JSON."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+    """Where the JSON object opening at `text[start]` ends, or None while `text` holds
+    only its beginning (the forced regex writes JSON, so nothing else fails to parse)."""
+    try:
+        return _DECODER.raw_decode(text, start)[1]
+    except (ValueError, RecursionError):
+        return None
 
 
 def _hermes(body: str) -> list[Json] | None:  # body: after the first <tool_call>
