@@ -55,6 +55,7 @@ SLOWEST_FILES = (
     "test_without_triton.py",  # 24
     "runtime/test_tp_quant.py",  # 23
     "runtime/test_server_errors.py",  # 22
+    "runtime/test_server_auto_tool_calls.py",  # 20
     "runtime/test_server_api_keys.py",  # 22
     "runtime/test_server_lifecycle.py",  # 19
     "runtime/test_tp_failure.py",  # 17

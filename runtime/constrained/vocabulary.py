@@ -139,6 +139,12 @@ def build_vocabulary(tokenizer: Any, *, logits_width: int | None = None) -> Toke
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no eos_token_id; constrained decoding needs one")
+    return TokenVocabulary(token_bytes(tokenizer, logits_width=logits_width), eos)
+
+
+def token_bytes(tokenizer: Any, *, logits_width: int | None = None) -> tuple[bytes | None, ...]:
+    """What each token id of an HF tokenizer appends to the output (`TokenVocabulary`'s
+    `token_bytes`): None for special and empty tokens and for ids it lacks."""
     decode = _PIECE_DECODERS[tokenizer_family(tokenizer)]
     special = set(tokenizer.all_special_ids)
     added = {i: text for text, i in tokenizer.get_added_vocab().items()}
@@ -146,13 +152,13 @@ def build_vocabulary(tokenizer: Any, *, logits_width: int | None = None) -> Toke
     size = max(pieces.values()) + 1
     if logits_width is not None:
         size = min(size, logits_width)
-    token_bytes: list[bytes | None] = [None] * size
+    out: list[bytes | None] = [None] * size
     for piece, token_id in pieces.items():
         if token_id >= size or token_id in special:
             continue
         data = added[token_id].encode() if token_id in added else decode(piece)
-        token_bytes[token_id] = data or None
-    return TokenVocabulary(tuple(token_bytes), eos)
+        out[token_id] = data or None
+    return tuple(out)
 
 
 @functools.cache

@@ -123,6 +123,7 @@ class SamplingParams:
     ebnf: str | None = None
     reasoning_start: str | None = None
     reasoning_end: str | None = None
+    constraint_trigger: str | None = None
 
     def __post_init__(self) -> None:
         for name, (kind, rule, ok) in _NUMBER_RULES.items():
@@ -153,18 +154,23 @@ class SamplingParams:
         given = [name for name in ("regex", "json_schema", "ebnf") if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} are mutually exclusive; give at most one")
-        self._check_reasoning_markers()
+        self._check_markers(given)
 
-    def _check_reasoning_markers(self) -> None:
+    def _check_markers(self, constraints: list[str]) -> None:
         """`reasoning_end`: a constraint (regex, json_schema, ...) applies only to the text
         after this marker; the output opens inside the reasoning, or, with
-        `reasoning_start`, may open it with that marker or answer at once."""
-        for name in ("reasoning_start", "reasoning_end"):
+        `reasoning_start`, may open it with that marker or answer at once.
+        `constraint_trigger`: the constraint applies only to the text after the first time
+        the output (the answer, after any reasoning) writes this text; before it the
+        output is free and may end."""
+        for name in ("reasoning_start", "reasoning_end", "constraint_trigger"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and 0 < len(value) <= MAX_MARKER_CHARS):
                 raise _fail(name, f"a non-empty string of at most {MAX_MARKER_CHARS} characters", value)
         if self.reasoning_start is not None and self.reasoning_end is None:
             raise ValueError("reasoning_start needs reasoning_end")
+        if self.constraint_trigger is not None and not constraints:
+            raise ValueError("constraint_trigger needs a constraint: regex, json_schema or ebnf")
 
     def _put(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

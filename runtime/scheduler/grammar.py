@@ -19,6 +19,7 @@ from sprig.runtime.constrained import (
 )
 from sprig.runtime.scheduler.reasoning_gate import Markers, ReasoningGate
 from sprig.runtime.scheduler.request import Req
+from sprig.runtime.scheduler.trigger_gate import Trigger, TriggerGate
 
 GRAMMAR_ERROR = "invalid grammar"  # how a grammar that fails to compile is reported
 
@@ -41,6 +42,7 @@ class Grammars:
         self._compiler: GrammarCompiler | None = None
         self._pending: dict[str, Future] = {}
         self._markers: dict[tuple[str | None, str], Markers] = {}
+        self._triggers: dict[str, Trigger] = {}
 
     def submit(self, req: Req) -> None:
         """Start compiling `req`'s grammar, if it asks for one. Raises `GrammarError`
@@ -77,7 +79,13 @@ class Grammars:
         return True
 
     def _gated(self, grammar: Grammar, req: Req, stop_ids: frozenset[int]) -> Grammar:
-        """`grammar`, deferred past the reasoning when the request's params mark one."""
+        """`grammar`, deferred past its trigger and past the reasoning when the request's
+        params name them (the trigger is looked for in the answer, after the reasoning)."""
+        trigger = req.params.constraint_trigger
+        if trigger is not None:
+            if trigger not in self._triggers:
+                self._triggers[trigger] = Trigger.build(self.tokenizer, trigger)
+            grammar = TriggerGate(grammar, self._triggers[trigger], stop_token_ids=stop_ids, tokenizer=self.tokenizer)
         start, end = req.params.reasoning_start, req.params.reasoning_end
         if end is None:
             return grammar

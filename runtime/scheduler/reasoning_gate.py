@@ -18,16 +18,15 @@ grammar (blanks dropped), and if the grammar refuses it, so is the token.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import numpy as np
 import torch
 
 from sprig.runtime.constrained import Grammar
+from sprig.runtime.scheduler.gate import Gate, set_bits
 
 
 class Phase(Enum):
@@ -61,37 +60,27 @@ class Markers:
         return len(self.end) + 1
 
 
-class ReasoningGate(Grammar):
+class ReasoningGate(Gate):
     """Wraps a request's grammar matcher (see the module docstring); every `Grammar`
     invariant holds for the wrapped grammar once the answer begins, and `rollback` undoes
     tokens of any phase."""
 
+    grammar_phase = Phase.ANSWER
+
     def __init__(self, inner: Grammar, markers: Markers, *, opens_inside: bool,
                  stop_token_ids: Iterable[int], tokenizer: Any) -> None:
-        self.inner = inner
-        self.max_rollback = inner.max_rollback
+        super().__init__(inner, Phase.THINKING if opens_inside else Phase.START, tokenizer)
         self.markers = markers
-        self.phase = Phase.THINKING if opens_inside else Phase.START
         self._stops = sorted(set(stop_token_ids))
-        self._tokenizer = tokenizer
-        self._tail: tuple[int, ...] = ()  # the last reasoning tokens, for the marker search
-        # per accepted token: (its id, phase before, tail before, tokens the inner grammar took)
-        self._history: deque[tuple[int, Phase, tuple[int, ...], int]] = deque(maxlen=inner.max_rollback)
 
     def fill_bitmask(self, bitmask_row: torch.Tensor) -> None:
         if self.phase is Phase.THINKING:
             bitmask_row.fill_(-1)
-            words = bitmask_row.numpy().view(np.uint32)
-            for t in self._stops:
-                if t // 32 < len(words):
-                    words[t // 32] &= np.uint32(~(1 << (t % 32)) & 0xFFFFFFFF)
+            set_bits(bitmask_row, self._stops, allowed=False)
             return
         self.inner.fill_bitmask(bitmask_row)
         if self.phase is Phase.START:
-            words = bitmask_row.numpy().view(np.uint32)
-            for t in self.markers.start_ids:
-                if t // 32 < len(words):
-                    words[t // 32] |= np.uint32(1 << (t % 32))
+            set_bits(bitmask_row, self.markers.start_ids, allowed=True)
 
     def accept_token(self, token_id: int) -> bool:
         before = (self.phase, self._tail)
@@ -108,7 +97,7 @@ class ReasoningGate(Grammar):
             took = self._think(token_id)
             if took < 0:
                 return False
-        self._history.append((token_id, *before, took))
+        self._record(token_id, before, took)
         return True
 
     def _think(self, token_id: int) -> int:
@@ -127,25 +116,6 @@ class ReasoningGate(Grammar):
             return -1
         self.phase, self._tail = Phase.ANSWER, ()
         return len(ids)
-
-    def accept_tokens(self, token_ids: Iterable[int]) -> bool:
-        if self.phase is not Phase.ANSWER:
-            return super().accept_tokens(token_ids)
-        ids = list(token_ids)
-        if not self.inner.accept_tokens(ids):
-            return False
-        self._history.extend((t, Phase.ANSWER, (), 1) for t in ids)
-        return True
-
-    def rollback(self, k: int) -> list[int]:
-        if not 0 <= k <= len(self._history):
-            raise ValueError(f"cannot roll back {k} tokens; {len(self._history)} can be")
-        if k == 0:
-            return []
-        removed = [self._history.pop() for _ in range(k)][::-1]
-        self.inner.rollback(sum(took for *_, took in removed))
-        _, self.phase, self._tail, _ = removed[0]
-        return [token_id for token_id, *_ in removed]
 
     def is_terminated(self) -> bool:
         return self.phase is Phase.ANSWER and self.inner.is_terminated()

@@ -176,7 +176,8 @@ async def chat_completions(request: Request) -> Response:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         extra = reasoning.sampling(phase) if reasoning is not None else {}
         own = constraint if tools.regex is None else None  # else the tools' regex holds it
-        sampling = [_sampling(st, req, own, len(ids), max_tokens, regex=tools.regex, **extra)]
+        sampling = [_sampling(st, req, own, len(ids), max_tokens, regex=tools.regex,
+                              constraint_trigger=tools.trigger, **extra)]
         logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
         return req, fmt, _requests(st, [ids], sampling, logprobs, req.stream, constraint), constraint
 

@@ -33,12 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sprig.runtime import json_limits
-from sprig.runtime.constrained.json_schema import schema_to_regex
+from sprig.runtime.constrained.json_schema import admits_free_form, schema_to_regex
 from sprig.runtime.json_limits import MAX_JSON_DEPTH, json_depth
 from sprig.runtime.server.constraints import Constraint, response_format_regex
 from sprig.runtime.server.errors import ApiError
 
 _DECODER = json.JSONDecoder()
+NO_PARAMETERS = {"type": "object", "properties": {}}  # a function without `parameters` takes none (OpenAI)
 _WHITESPACE = " ?"  # between JSON tokens of a forced call: the spacing models write
 
 
@@ -145,18 +146,34 @@ class ToolFormat:
         of `tools` (OpenAI function tools), each call's arguments valid against its tool's
         parameter schema. Raises ValueError for a schema the constrained decoder cannot
         enforce."""
+        return re.escape(self.forced_wrap[0]) + self._calls(tools, several)
+
+    @property
+    def trigger(self) -> str | None:
+        """The marker that opens the calls of an unforced answer, if the format has one."""
+        return self.markers[0] if self.markers else None
+
+    def after_trigger(self, tools: list[dict[str, Any]], several: bool) -> str:
+        """The regex of what follows `trigger` in an answer of calls: the rest of
+        `forced`'s, so the answer is content, then the marker and well-formed calls of
+        `tools`. Raises ValueError as `forced` does."""
+        before = self.forced_wrap[0]
+        lead = before[len(self.trigger):] if self.trigger and before.startswith(self.trigger) else before
+        return re.escape(lead) + self._calls(tools, several)
+
+    def _calls(self, tools: list[dict[str, Any]], several: bool) -> str:
+        """The regex of the calls and what closes them, after `forced_wrap[0]`."""
         options = []
         for tool in tools:
             fn = tool["function"]
             schema = {"type": "object", "properties": {
                 "name": {"const": fn["name"]},
-                self.args_key: fn.get("parameters") or {"type": "object"},
+                self.args_key: fn.get("parameters") or NO_PARAMETERS,
             }, "required": ["name", self.args_key]}
             options.append(schema_to_regex(json.dumps(schema), _WHITESPACE))
         call = "(?:" + "|".join(options) + ")"
-        before, after = self.forced_wrap
         more = f"(?:{re.escape(self.separator)}{call})*" if several else ""
-        return re.escape(before) + call + more + re.escape(after)
+        return call + more + re.escape(self.forced_wrap[1])
 
 
 Json = tuple[Any, str]  # a JSON value and the text it was read from
@@ -301,13 +318,16 @@ class ToolUse:
     """What one chat request's `tools` and `tool_choice` mean: the tools the template
     renders, the format its answer is parsed with (None: plain content), the regex its
     answer must match (None: unconstrained; it stands for the request's own constraint
-    too), the functions its calls may name, and whether the answer is a call (`forced`)."""
+    too), the functions its calls may name, whether the answer is a call (`forced`), and
+    the `trigger` (None: none) after which `regex` holds, the answer being free before it
+    (`SamplingParams.constraint_trigger`)."""
 
     rendered: list[dict[str, Any]] | None
     parse_format: ToolFormat | None
     regex: str | None
     names: frozenset[str] = frozenset()
     forced: bool = False
+    trigger: str | None = None
 
 
 def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
@@ -345,6 +365,9 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
     if choice == "auto":
         answer = None if constraint is None or constraint.field != "response_format" or fmt is None else (
             response_format_regex(constraint))
+        if answer is None and constraint is None and fmt is not None:
+            calls = _gated_calls(fmt, allowed, several)
+            return ToolUse(tools, fmt, calls, frozenset(names), trigger=fmt.trigger if calls else None)
         if answer is None:  # (no format: calls are never parsed)
             return ToolUse(tools, fmt, None, frozenset(names))
         return ToolUse(tools, fmt, f"(?:{answer})|(?:{_calls_regex(fmt, allowed, several)})", frozenset(names))
@@ -354,6 +377,19 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
                        "tool_choice")
     return ToolUse(tools, fmt, _calls_regex(fmt, allowed, False),
                    frozenset(_tool_name(t, i) for i, t in enumerate(allowed)), forced=True)
+
+
+def _gated_calls(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool) -> str | None:
+    """The regex of what follows `fmt`'s trigger in an unforced answer of calls, or None
+    when `fmt` has no trigger or a tool's parameters admit free-form JSON (a regex of any
+    JSON is slow to compile) or cannot be enforced: then the calls are parsed unconstrained."""
+    if fmt.trigger is None or any(admits_free_form(json.dumps(t["function"].get("parameters") or NO_PARAMETERS))
+                                  for t in tools):
+        return None
+    try:
+        return fmt.after_trigger(tools, several)
+    except ValueError:
+        return None
 
 
 def _calls_regex(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool) -> str:

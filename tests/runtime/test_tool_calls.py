@@ -122,7 +122,9 @@ def test_tool_choice_plans() -> None:
     hermes = FORMATS["hermes"]
     assert plan_tool_use(None, None, hermes, None) == ToolUse(None, None, None)
     both = frozenset({"get_weather", "get_time"})
-    assert plan_tool_use([WEATHER, TIME], None, hermes, None) == ToolUse([WEATHER, TIME], hermes, None, both)  # auto
+    auto = plan_tool_use([WEATHER, TIME], None, hermes, None)  # content, or calls once the marker is written
+    assert auto == ToolUse([WEATHER, TIME], hermes, hermes.after_trigger([WEATHER, TIME], True), both,
+                           trigger="<tool_call>")
     assert plan_tool_use([WEATHER], "none", hermes, None) == ToolUse(None, None, None)
     assert plan_tool_use([WEATHER], "auto", None, None) == ToolUse([WEATHER], None, None,  # nothing to parse with
                                                                    frozenset({"get_weather"}))
@@ -168,6 +170,36 @@ def test_auto_beside_response_format_answers_it_or_calls_the_tools(name: str) ->
     for field, key, value in (("regex", "regex", "Oslo"), ("guided_json", "json_schema", PLACE),
                               ("response_format", "json_schema", {"type": "object"})):  # free-form: not yet
         assert plan_tool_use([WEATHER], "auto", fmt, Constraint(field, key, value)).regex is None
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_auto_calls_are_constrained_after_the_marker(name: str) -> None:
+    """tool_choice auto: the answer is free until the format's marker, then well-formed
+    calls of the request's tools: the marker followed by what `after_trigger` matches is
+    exactly what `forced` matches after the marker (llama3's bare calls, with no marker,
+    stay unconstrained)."""
+    fmt = FORMATS[name]
+    plan = plan_tool_use([WEATHER, TIME], "auto", fmt, None)
+    assert plan.trigger == fmt.markers[0] and not plan.forced
+    good = {"hermes": '\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n'
+                      '{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+            "llama3": '{"name": "get_time", "parameters": {}}; {"name": "get_weather", "parameters": {"city": "Rome"}}',
+            "mistral": '[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]'
+            }[name]
+    assert re.fullmatch(plan.regex, good)
+    content, parsed = fmt.split("Let me look." + plan.trigger + good, True, plan.names)
+    assert content == "Let me look." and [c.name for c in parsed] == ["get_time", "get_weather"]
+    for bad in (good.replace("get_time", "get_price"), good.replace('"Rome"', '"Oslo"'), good[:-2], good + " ok"):
+        assert not re.fullmatch(plan.regex, bad), bad
+    single = plan_tool_use([WEATHER, TIME], "auto", fmt, None, several=False).regex
+    assert not re.fullmatch(single, good)
+    # a tool without parameters takes none (OpenAI's meaning); free-form parameters are not constrained
+    bare = {"type": "function", "function": {"name": "ping"}}
+    assert plan_tool_use([bare], "auto", fmt, None).trigger == fmt.markers[0]
+    free = {"type": "function", "function": {"name": "log", "parameters": {"type": "object"}}}
+    assert plan_tool_use([WEATHER, free], "auto", fmt, None) == ToolUse([WEATHER, free], fmt, None,
+                                                                       frozenset({"get_weather", "log"}))
+    assert plan_tool_use([WEATHER], "auto", fmt, Constraint("regex", "regex", "x")).regex is None  # the request's
 
 
 SCHEMA = Constraint("response_format", "json_schema", PLACE)
