@@ -28,7 +28,8 @@ from sprig.runtime.demo.evaluate import prompts
 from sprig.runtime.demo.tasks import extract_answer, take
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 SHAPES = {  # name -> (layers, KV heads, head dim)

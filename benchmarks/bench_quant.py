@@ -36,8 +36,9 @@ import torch
 
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.quantization.linear import QuantizedLinear
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 SIZES = {  # random Llama shapes (--size)

@@ -1,9 +1,11 @@
 """The `sprig` command line. `sprig serve [--model PATH] [options]` starts the HTTP server
 (on sprig's embedded demo model when no model is given).
 
-Every option is a field of `ServerConfig`, `RunnerConfig` or `SchedulerConfig`, with that
-dataclass's default; the dataclasses validate the values. The configs (and torch with
-them) are imported inside the functions: spawned children (the gateway's) re-import the
+Every option is a field of `ServerConfig`, `RunnerConfig`, `SchedulerConfig`, `DistConfig`
+or `DataParallelConfig`, with that dataclass's default; the dataclasses validate the
+values. The configs and the names their options take live in modules that import neither
+torch nor transformers, so building the parser (and `--help`) imports neither; what runs a
+command is imported inside the functions: spawned children (the gateway's) re-import the
 main module, and this one is it when run as the `sprig` script. `sprig serve` starts the
 forkserver its scheduler and detokenizer fork from before it parses its flags, so that
 both import at once (`sprig.runtime.server.forkserver`).
@@ -19,11 +21,27 @@ import types
 import typing
 from importlib.metadata import version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from sprig.runtime.engine_config import EngineConfig
-    from sprig.runtime.server.config import ServerConfig
+from sprig.runtime.attention import ATTENTION_BACKENDS
+from sprig.runtime.distributed.config import DistConfig
+from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.quantization.online_schemes import ONLINE_GROUP_SIZES, ONLINE_SCHEMES
+from sprig.runtime.runner_config import DTYPES, KV_CACHE_DTYPES, RunnerConfig
+from sprig.runtime.scheduler.config import (
+    EVICTION_POLICIES,
+    GRAMMAR_BACKENDS,
+    SCHEDULE_POLICIES,
+    SPECULATIVE_ALGORITHMS,
+    SchedulerConfig,
+)
+from sprig.runtime.server.config import (
+    LOG_LEVELS,
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
+    ServerConfig,
+)
+from sprig.runtime.server.dp_config import ROUTER_POLICIES, DataParallelConfig, GatewayConfig
 
 OWN_FLAGS = frozenset({"model_path", "api_keys"})  # config fields whose flags `build_parser` spells out
 HELP = {
@@ -115,45 +133,25 @@ HELP = {
 }
 
 
-def _sections() -> tuple[tuple[str, type], ...]:
-    from sprig.runtime.distributed.config import DistConfig
-    from sprig.runtime.model_runner import RunnerConfig
-    from sprig.runtime.scheduler.config import SchedulerConfig
-    from sprig.runtime.server.config import ServerConfig
-    from sprig.runtime.server.dp import DataParallelConfig
-
-    return (("server", ServerConfig), ("model runner", RunnerConfig), ("scheduler", SchedulerConfig),
-            ("tensor parallelism", DistConfig), ("data parallelism", DataParallelConfig))
-
-
-def _choices() -> dict[str, tuple[str, ...]]:
-    from sprig.radix import EVICTION_POLICIES, KV_CACHE_DTYPES
-    from sprig.runtime.attention import ATTENTION_BACKENDS
-    from sprig.runtime.model_runner import DTYPES
-    from sprig.runtime.quantization.formats import ONLINE_GROUP_SIZES, ONLINE_SCHEMES
-    from sprig.runtime.scheduler.config import (
-        GRAMMAR_BACKENDS,
-        SCHEDULE_POLICIES,
-        SPECULATIVE_ALGORITHMS,
-    )
-    from sprig.runtime.server.config import LOG_LEVELS, REASONING_PARSERS, TOOL_CALL_PARSERS
-    from sprig.runtime.server.gateway import ROUTER_POLICIES
-
-    return {
-        "dtype": ("auto", *DTYPES),
-        "attention_backend": ("auto", *ATTENTION_BACKENDS),
-        "quantization": ONLINE_SCHEMES,
-        "quantization_group_size": ONLINE_GROUP_SIZES,
-        "kv_cache_dtype": tuple(KV_CACHE_DTYPES),
-        "schedule_policy": SCHEDULE_POLICIES,
-        "grammar_backend": GRAMMAR_BACKENDS,
-        "speculative_algorithm": SPECULATIVE_ALGORITHMS,
-        "eviction_policy": tuple(sorted(EVICTION_POLICIES)),
-        "log_level": LOG_LEVELS,
-        "tool_call_parser": TOOL_CALL_PARSERS,
-        "reasoning_parser": REASONING_PARSERS,
-        "router_policy": ROUTER_POLICIES,
-    }
+SECTIONS: tuple[tuple[str, type], ...] = (
+    ("server", ServerConfig), ("model runner", RunnerConfig), ("scheduler", SchedulerConfig),
+    ("tensor parallelism", DistConfig), ("data parallelism", DataParallelConfig),
+)
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "dtype": ("auto", *DTYPES),
+    "attention_backend": ("auto", *ATTENTION_BACKENDS),
+    "quantization": ONLINE_SCHEMES,
+    "quantization_group_size": ONLINE_GROUP_SIZES,
+    "kv_cache_dtype": KV_CACHE_DTYPES,
+    "schedule_policy": SCHEDULE_POLICIES,
+    "grammar_backend": GRAMMAR_BACKENDS,
+    "speculative_algorithm": SPECULATIVE_ALGORITHMS,
+    "eviction_policy": EVICTION_POLICIES,
+    "log_level": LOG_LEVELS,
+    "tool_call_parser": TOOL_CALL_PARSERS,
+    "reasoning_parser": REASONING_PARSERS,
+    "router_policy": ROUTER_POLICIES,
+}
 
 
 def _optional(kind: type) -> Any:
@@ -164,7 +162,7 @@ def _optional(kind: type) -> Any:
     return parse
 
 
-def _add_fields(group: argparse._ArgumentGroup, cls: type, choices: dict[str, tuple[str, ...]]) -> None:
+def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in OWN_FLAGS:
@@ -179,8 +177,8 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type, choices: dict[str, tu
                                         action=argparse.BooleanOptionalAction)
         else:
             action = group.add_argument(flag, dest=f.name, default=f.default, help=help_text,
-                                        type=_optional(kind) if optional else kind, choices=choices.get(f.name),
-                                        metavar=None if f.name in choices else f.name.upper())
+                                        type=_optional(kind) if optional else kind, choices=CHOICES.get(f.name),
+                                        metavar=None if f.name in CHOICES else f.name.upper())
         if "default" not in (action.help or ""):
             action.help = f"{action.help} (default: %(default)s)"
 
@@ -204,17 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key-file", default=None, metavar="PATH",
                        help="read the API keys from this file, one per line, instead of --api-key; each key is "
                        "a client of its own (/abort_request aborts only requests sent with the same key)")
-    choices = _choices()
-    for title, cls in _sections():
-        _add_fields(serve.add_argument_group(f"{title} options"), cls, choices)
+    for title, cls in SECTIONS:
+        _add_fields(serve.add_argument_group(f"{title} options"), cls)
     _add_router(commands)
     return parser
 
 
 def _add_router(commands: argparse._SubParsersAction) -> None:
-    from sprig.runtime.server.config import LOG_LEVELS
-    from sprig.runtime.server.gateway import ROUTER_POLICIES, GatewayConfig
-
     defaults = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
     router = commands.add_parser(
         "router",
@@ -249,7 +243,7 @@ def _router(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if len(keys) > 1:
             raise ValueError("the gateway checks one API key; --api-key-file holds several")
         extra = args.gateway_args[1:] if args.gateway_args[:1] == ["--"] else args.gateway_args
-        config = gateway.GatewayConfig(tuple(args.worker_urls), args.host, args.port, args.policy,
+        config = GatewayConfig(tuple(args.worker_urls), args.host, args.port, args.policy,
                                        args.health_check_interval, keys[0] if keys else None, args.log_level,
                                        tuple(extra))
     except OSError as e:
@@ -278,12 +272,6 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig]:
     """The configs the parsed flags describe; `ValueError`/`TypeError` if they are invalid."""
-    from sprig.runtime.distributed.config import DistConfig
-    from sprig.runtime.engine_config import EngineConfig
-    from sprig.runtime.model_runner import RunnerConfig
-    from sprig.runtime.scheduler.config import SchedulerConfig
-    from sprig.runtime.server.config import ServerConfig
-
     def pick(cls: type) -> dict[str, Any]:
         return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in OWN_FLAGS}
 
@@ -318,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model_path = str(ensure_demo_model())
     if not Path(args.model_path).is_dir():
         parser.error(f"--model {args.model_path!r} is not a directory")
-    from sprig.runtime.server.dp import DataParallelConfig, launch_data_parallel
+    from sprig.runtime.server.dp import launch_data_parallel
     from sprig.runtime.server.gateway import INSTALL_HINT, gateway_installed
 
     try:

@@ -28,7 +28,8 @@ from sprig.runtime.request_contract import (
     prompt_rows,
 )
 from sprig.runtime.response import ResponseBuilder
-from sprig.runtime.scheduler import Req, Scheduler
+from sprig.runtime.scheduler.request import Req
+from sprig.runtime.scheduler.scheduler import Scheduler
 from sprig.runtime.tokenizer import load_tokenizer
 
 Prompt = str | list[str] | None

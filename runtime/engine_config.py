@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sprig.runtime.distributed.config import DistConfig
-from sprig.runtime.model_runner import RunnerConfig
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.scheduler.config import SchedulerConfig
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from sprig.radix.kv_cache import KV_CACHE_DTYPES, KVCache, KVShape, slots_for_budget
-from sprig.runtime.attention import ATTENTION_BACKENDS, default_backend, make_backend
+from sprig.runtime.attention import default_backend, make_backend
 from sprig.runtime.cpu_matmul import matmul_slowdown
 from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.distributed.group import TPGroup
@@ -21,106 +20,14 @@ from sprig.runtime.forward_step import ForwardStep, build_forward_batch
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.quantization.formats import OnlineFormat
+from sprig.runtime.runner_config import DTYPES, RunnerConfig
 from sprig.runtime.weight_loader import load_model, parameter_count
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
 CPU_DEFAULT_TOKENS = 16384  # KV pool on CPU when max_total_tokens is not given: these tokens' float bytes ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
 CPU_SLOW_HALF = 2.0  # on CPU, a half dtype this many times slower than float32 at a matmul gets a warning
 CUDA_CPU_THREADS = 1  # torch's CPU threads when the model runs on CUDA and cpu_threads is None
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    """How to run one model. "auto" means: dtype = the checkpoint's (float32 if it names
-    none; float weights in a half dtype that the CPU multiplies slowly get a warning);
-    device = cuda if available, else cpu; attention backend = the device's default
-    (`DEFAULT_BACKENDS`). The KV pool holds `max_total_tokens` tokens (rounded down to whole
-    pages); when None, on CUDA it takes `mem_fraction_static` of the memory free after the
-    weights load, on CPU the bytes of `CPU_DEFAULT_TOKENS` tokens of a float cache, capped at
-    `CPU_KV_BUDGET_BYTES`.
-    `kv_cache_dtype` (`KV_CACHE_DTYPES`): "auto" stores K/V in the model's dtype; "int8"
-    (any device) and "fp8_e4m3" (CUDA only) store them quantized with a float16 scale per
-    token and KV head, which every attention backend dequantizes on load; a byte budget
-    then holds as many more tokens as the bytes per token shrink.
-    `quantization` ("int8", "int4", "fp8" or None) quantizes a float checkpoint's linear
-    layers as they load (round-to-nearest; int8 symmetric per output channel, int4 with a
-    scale and a zero point per group of `quantization_group_size` inputs, fp8 e4m3 per
-    output channel); a quantized checkpoint loads as its config says.
-    `cpu_threads` sets torch's intra-op threads for the process. None: on CPU torch's
-    default, one per core (on a CPU shared with other processes fewer threads step more
-    evenly); on CUDA `CUDA_CPU_THREADS`, since the CPU then only does a step's index math,
-    which one thread does faster than a team that contends for cores with the server's
-    HTTP and detokenizer processes.
-    On CUDA with the Triton backend, decode steps of up to `cuda_graph_max_bs` requests
-    replay captured CUDA graphs (`sprig.runtime.cuda_graph`) unless `disable_cuda_graph`;
-    elsewhere both are ignored.
-    `shadow_attention` checks every layer's attention against the plain reference backend
-    (`sprig.runtime.attention.shadow`; raises on a mismatch): for tests and debugging, it
-    runs attention twice and decodes without CUDA graphs.
-    `context_length` overrides the checkpoint's max_position_embeddings as the longest
-    context (prompt + output) served, within what its rope config covers
-    (`model_config.longest_context`; larger is a `ValueError` when the model loads)."""
-
-    model_path: str | os.PathLike[str]
-    dtype: str = "auto"
-    device: str = "auto"
-    attention_backend: str = "auto"
-    page_size: int = 1
-    max_total_tokens: int | None = None
-    mem_fraction_static: float = 0.85
-    seed: int = 0
-    cpu_threads: int | None = None
-    disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 256
-    shadow_attention: bool = False
-    quantization: str | None = None
-    quantization_group_size: int = 128
-    kv_cache_dtype: str = "auto"
-    context_length: int | None = None
-
-    def __post_init__(self) -> None:
-        if not str(self.model_path):
-            raise ValueError("model_path must not be empty")
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be 'auto' or one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.device != "auto":
-            try:
-                device_type = torch.device(self.device).type
-            except RuntimeError as e:
-                raise ValueError(f"invalid device {self.device!r}: {e}") from None
-            if device_type not in ("cpu", "cuda"):
-                raise ValueError(f"device must be 'auto', cpu or cuda[:N], got {self.device!r}")
-        if self.attention_backend != "auto" and self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"attention_backend must be 'auto' or one of {list(ATTENTION_BACKENDS)}, "
-                f"got {self.attention_backend!r}"
-            )
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
-            raise ValueError(
-                f"max_total_tokens ({self.max_total_tokens}) must be >= page_size ({self.page_size})"
-            )
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
-        if self.cuda_graph_max_bs < 1:
-            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
-        if not 0.0 < self.mem_fraction_static <= 1.0:
-            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
-        if self.quantization is not None:
-            OnlineFormat.of(self.quantization, self.quantization_group_size)  # validates both
-        if self.context_length is not None and self.context_length < 1:
-            raise ValueError(f"context_length must be >= 1, got {self.context_length}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
-        if self.kv_cache_dtype == "fp8_e4m3" and self.device != "auto" and torch.device(self.device).type != "cuda":
-            raise ValueError(f"kv_cache_dtype 'fp8_e4m3' needs a CUDA device, got device {self.device!r} (use 'int8')")
 
 
 class ModelRunner:
@@ -232,13 +139,13 @@ def _resolve_device(name: str) -> torch.device:
 
 def _resolve_dtype(name: str, model_config: ModelConfig) -> torch.dtype:
     if name != "auto":
-        return DTYPES[name]
+        return getattr(torch, name)
     checkpoint = model_config.torch_dtype or "float32"
     if checkpoint not in DTYPES:
         raise ValueError(
             f"the checkpoint's dtype {checkpoint!r} is not supported; pass one of {list(DTYPES)}"
         )
-    return DTYPES[checkpoint]
+    return getattr(torch, checkpoint)
 
 
 def _warn_if_slow_on_cpu(dtype: torch.dtype) -> None:

@@ -24,7 +24,7 @@ from sprig.runtime.detokenizer import (
 from sprig.runtime.wire import DetokenizedOutput, TokenOutput
 
 if TYPE_CHECKING:
-    from sprig.runtime.scheduler import Req
+    from sprig.runtime.scheduler.request import Req
 
 LOGPROB_FIELDS = frozenset({"output_logprobs", "output_top_logprobs", "input_logprobs", "input_top_logprobs"})
 _DECODED = LOGPROB_FIELDS | {"text_delta"}  # the fields `OutputDecoder.decode` rewrites

@@ -1,5 +1,6 @@
 """The attention-backend registry: name -> backend class, imported only when chosen
-(so that importing this package never imports Triton).
+(so that importing this package imports neither torch nor Triton: `RunnerConfig` and the
+CLI read the names).
 
 Every backend class is constructed as `cls(model_config: ModelConfig, kv_cache: KVCache)`
 and implements `AttentionBackend` (see base.py). `reference` is the plain one the others
@@ -9,10 +10,12 @@ are checked against (`make_backend(..., shadow=True)`).
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from sprig.radix.kv_cache import KVCache
-from sprig.runtime.attention.base import AttentionBackend
-from sprig.runtime.model_config import ModelConfig
+if TYPE_CHECKING:
+    from sprig.radix.kv_cache import KVCache
+    from sprig.runtime.attention.base import AttentionBackend
+    from sprig.runtime.model_config import ModelConfig
 
 # name -> "module:Class"
 ATTENTION_BACKENDS: dict[str, str] = {
@@ -55,7 +58,6 @@ def default_backend(device_type: str) -> str:
 __all__ = [
     "ATTENTION_BACKENDS",
     "DEFAULT_BACKENDS",
-    "AttentionBackend",
     "backend_class",
     "default_backend",
     "make_backend",

@@ -8,7 +8,7 @@ import subprocess
 
 from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.rank import run_rank, spawn_rank
-from sprig.runtime.model_runner import RunnerConfig
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.server.child import setup_logging
 
 log = logging.getLogger("sprig.tp")

@@ -20,7 +20,8 @@ import torch
 from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.step_message import receive
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 
 log = logging.getLogger("sprig.tp")
 

@@ -17,8 +17,9 @@ from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.distributed.step_message import send_step, send_stop
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_config import ModelConfig
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.processes import free_port
+from sprig.runtime.runner_config import RunnerConfig
 
 log = logging.getLogger("sprig.tp")
 RANK_EXIT_WAIT_S = 2.0  # after a failed step: how long to wait for a rank's exit code, to name it

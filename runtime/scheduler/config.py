@@ -1,15 +1,18 @@
-"""Scheduler settings."""
+"""Scheduler settings, and the names its options take. Torch-free: the CLI builds its
+flags from these. `EVICTION_POLICIES`, `GRAMMAR_BACKENDS` and `SPECULATIVE_ALGORITHMS`
+are registries' keys (tests check that they agree), so that validating a name imports
+no registry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sprig.radix import EVICTION_POLICIES
 from sprig.runtime.speculative.cost import PassCosts
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+EVICTION_POLICIES = ("lfu", "lru")  # the keys of radix.eviction.EVICTION_POLICIES, sorted
 GRAMMAR_BACKENDS = ("outlines", "llguidance")  # the keys of constrained.REGULAR_BACKENDS
-SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")  # the keys of speculative.DRAFTERS
+SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")  # the keys of speculative.drafter.DRAFTERS
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class SchedulerConfig:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise ValueError(
-                f"eviction_policy must be one of {sorted(EVICTION_POLICIES)}, got {self.eviction_policy!r}"
+                f"eviction_policy must be one of {list(EVICTION_POLICIES)}, got {self.eviction_policy!r}"
             )
         if self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")

@@ -26,7 +26,7 @@ from sprig.runtime.scheduler.logprob_record import logits_from, record_input_log
 from sprig.runtime.scheduler.output import collect_output
 from sprig.runtime.scheduler.request import FinishReason, Req
 from sprig.runtime.scheduler.stops import Stops
-from sprig.runtime.speculative import SpeculativeDecoder
+from sprig.runtime.speculative.decode import SpeculativeDecoder
 from sprig.runtime.wire import TokenOutput
 
 log = logging.getLogger("sprig.scheduler")

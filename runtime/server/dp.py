@@ -27,14 +27,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.processes import die_with_parent
 from sprig.runtime.server.child import setup_logging
 from sprig.runtime.server.config import ServerConfig
-from sprig.runtime.server.gateway import ROUTER_POLICIES, Gateway, GatewayConfig
+from sprig.runtime.server.dp_config import DataParallelConfig, GatewayConfig
+from sprig.runtime.server.gateway import Gateway
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
 
 log = logging.getLogger("sprig.dp")
@@ -43,21 +43,6 @@ WORKER_HOST = "127.0.0.1"
 WORKER_STOP_TIMEOUT_S = 30.0
 GATEWAY_READY_TIMEOUT_S = 120.0
 POLL_S = 0.2
-
-
-@dataclass(frozen=True)
-class DataParallelConfig:
-    """- `dp_size`: workers behind the gateway; 1 serves alone, without a gateway.
-    - `router_policy`: the gateway's routing policy (`gateway.ROUTER_POLICIES`)."""
-
-    dp_size: int = 1
-    router_policy: str = "cache_aware"
-
-    def __post_init__(self) -> None:
-        if self.dp_size < 1:
-            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
-        if self.router_policy not in ROUTER_POLICIES:
-            raise ValueError(f"router_policy must be one of {ROUTER_POLICIES}, got {self.router_policy!r}")
 
 
 def config_flags(config: Any, skip: frozenset[str] = frozenset()) -> list[str]:

@@ -23,78 +23,21 @@ import os
 import signal
 import time
 import urllib.request
-from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
 from sprig.runtime.processes import die_with_parent, free_port
 from sprig.runtime.server.child import setup_logging
-from sprig.runtime.server.config import LOG_LEVELS
+from sprig.runtime.server.dp_config import GatewayConfig
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
 
 log = logging.getLogger("sprig.gateway")
-ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
-GATEWAY_LOG_LEVELS = {"debug": "debug", "info": "warn", "warning": "warn", "error": "error"}  # its info is chatty
 GATEWAY_STOP_TIMEOUT_S = 10.0
-HEALTH_FAILURE_THRESHOLD = 2
 ROUTER_READY_TIMEOUT_S = 1800.0  # the gateway's own wait for workers that start after it
 INSTALL_HINT = "the gateway is not installed: pip install 'sprig[gateway]' (or: pip install smg)"
 
 
 def gateway_installed() -> bool:
     return importlib.util.find_spec("smg") is not None
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    """How the gateway listens and routes.
-
-    - `worker_urls`: the sprig servers behind it (`http://host:port`).
-    - `port`: 0 picks a free port (the "ready at" log line names it).
-    - `policy`: one of `ROUTER_POLICIES`; `cache_aware` sends a request to the worker
-      whose cache most likely holds its prefix.
-    - `health_check_interval`: seconds between the gateway's `/health` probes of each
-      worker; a worker failing `HEALTH_FAILURE_THRESHOLD` in a row gets no more traffic.
-    - `api_key`: when set, clients must send `Authorization: Bearer <api_key>` and the
-      gateway sends it to the workers (which must accept it).
-    - `extra_args`: more `smg launch` flags, passed as given (they win over the above).
-    """
-
-    worker_urls: tuple[str, ...]
-    host: str = "127.0.0.1"
-    port: int = 30000
-    policy: str = "cache_aware"
-    health_check_interval: int = 2
-    api_key: str | None = None
-    log_level: str = "info"
-    extra_args: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.worker_urls:
-            raise ValueError("the gateway needs at least one worker URL")
-        if bad := [u for u in self.worker_urls if not u.startswith(("http://", "https://"))]:
-            raise ValueError(f"worker URLs must start with http:// or https://, got {bad[0]!r}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.policy not in ROUTER_POLICIES:
-            raise ValueError(f"policy must be one of {ROUTER_POLICIES}, got {self.policy!r}")
-        if self.health_check_interval < 1:
-            raise ValueError(f"health_check_interval must be >= 1 s, got {self.health_check_interval}")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key must not be empty when given")
-        if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
-
-    def argv(self, port: int, metrics_port: int) -> list[str]:
-        """The gateway's `smg launch` arguments, on `port` (resolved from 0)."""
-        argv = [
-            "--worker-urls", *(u.rstrip("/") for u in self.worker_urls), "--host", self.host, "--port", str(port),
-            "--policy", self.policy, "--log-level", GATEWAY_LOG_LEVELS[self.log_level],
-            "--health-check-interval-secs", str(self.health_check_interval),
-            "--health-failure-threshold", str(HEALTH_FAILURE_THRESHOLD), "--worker-startup-check-interval", "1",
-            "--prometheus-host", self.host, "--prometheus-port", str(metrics_port),
-            "--shutdown-grace-period-secs", "5",
-        ]
-        return argv + (["--api-key", self.api_key] if self.api_key else []) + list(self.extra_args)
 
 
 class Gateway:

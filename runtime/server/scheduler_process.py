@@ -26,7 +26,9 @@ from sprig.runtime.detokenizer import PROMPT_CONTEXT_TOKENS
 from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.request_contract import TokenizedRequest
 from sprig.runtime.sampling import SamplingParams
-from sprig.runtime.scheduler import QueueFull, Req, RequestRejected, Scheduler, SchedulerStats
+from sprig.runtime.scheduler.intake import QueueFull, RequestRejected
+from sprig.runtime.scheduler.request import Req
+from sprig.runtime.scheduler.scheduler import Scheduler, SchedulerStats
 from sprig.runtime.server.child import (
     HeartbeatClock,
     ParentWatch,

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from sprig.runtime.scheduler import Scheduler
+from sprig.runtime.scheduler.scheduler import Scheduler
 from sprig.runtime.wire import StatsReport
 
 log = logging.getLogger("sprig.scheduler")

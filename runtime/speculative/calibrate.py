@@ -15,7 +15,8 @@ import torch
 
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
-from sprig.runtime.speculative.cost import Line, PassCosts, Plane, line_through, timed_ms
+from sprig.runtime.speculative.cost import Line, PassCosts, Plane, line_through
+from sprig.runtime.speculative.timing import timed_ms
 
 if TYPE_CHECKING:
     from sprig.runtime.model_runner import ModelRunner

@@ -18,12 +18,8 @@ target passes they take.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import torch
 
 FIELDS = ("decode fixed", "decode per request", "verify fixed", "verify per request", "verify per token",
           "draft fixed", "draft per request")
@@ -159,26 +155,6 @@ def widen(costs: PassCosts, sequences: int, tokens: int, expected: float,
         chosen.append(i)
         sequences, tokens, expected, ms = sequences + 1, tokens + n, expected + gain, more
     return sorted(chosen)
-
-
-def timed_ms(run: Callable[[], object], repeats: int = 7) -> float:
-    """Median wall milliseconds of `run()` over `repeats` calls, after one untimed call.
-    A call that returns a CUDA tensor is timed until the device has computed it: a pass
-    of the scheduler ends by reading its tokens back, so kernel launches alone (a CUDA
-    graph's replay is one) would make it look far cheaper than it is."""
-    finished(run())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        finished(run())
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def finished(result: object) -> None:
-    """Wait for the device that computes `result`, where it is a CUDA tensor."""
-    if isinstance(result, torch.Tensor) and result.is_cuda:
-        torch.cuda.synchronize(result.device)
 
 
 def line_through(x0: float, y0: float, x1: float, y1: float) -> Line:

@@ -53,12 +53,13 @@ from sprig.radix import RadixCache
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_config import ModelConfig
-from sprig.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.models import supported_architectures
-from sprig.runtime.speculative.cost import timed_ms
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.speculative.draft_decoder import DraftDecoder
 from sprig.runtime.speculative.draft_decoder import supports as supports_contiguous
 from sprig.runtime.speculative.runner_rounds import RunnerRounds
+from sprig.runtime.speculative.timing import timed_ms
 from sprig.runtime.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def draft_runner_config(path: str, target: ModelRunner) -> RunnerConfig:
     """The target's runner settings for the draft checkpoint at `path`: the same device,
     dtype, attention backend, page size and KV storage, exactly the target's slot count
     and context length, no weight quantization."""
-    dtype = next(name for name, d in DTYPES.items() if d == target.dtype)
+    dtype = str(target.dtype).removeprefix("torch.")  # one of runner_config.DTYPES: the target resolved it
     return replace(
         target.config, model_path=path, dtype=dtype, max_total_tokens=target.num_slots, quantization=None,
         context_length=target.model_config.context_len,

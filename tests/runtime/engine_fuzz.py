@@ -49,7 +49,7 @@ from sprig.runtime import Engine
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.request_contract import LogprobOptions, ModelLimits, build_requests
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
-from sprig.runtime.scheduler import Req
+from sprig.runtime.scheduler.request import Req
 from sprig.runtime.speculative.drafter import ContextDrafts
 from sprig.runtime.speculative.ngram import NgramDrafter
 

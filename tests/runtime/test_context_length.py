@@ -11,7 +11,7 @@ from test_model_config import BASE, write_config
 
 from sprig.runtime import Engine
 from sprig.runtime.model_config import ModelConfig, longest_context
-from sprig.runtime.model_runner import RunnerConfig
+from sprig.runtime.runner_config import RunnerConfig
 
 
 @pytest.mark.parametrize(

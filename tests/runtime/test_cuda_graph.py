@@ -13,7 +13,8 @@ from sprig.runtime import Engine
 from sprig.runtime.cuda_graph import PAD_SLOT, graph_batch_sizes, pad_decode_step
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep, build_forward_batch
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 
 
 def decode_step(contexts: list[list[int]], tokens: list[int]) -> ForwardStep:

@@ -12,7 +12,8 @@ import torch
 
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.speculative.draft_decoder import DraftDecoder, supports
 from sprig.runtime.speculative.runner_rounds import RunnerRounds
 

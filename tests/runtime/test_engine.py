@@ -12,7 +12,8 @@ from engine_helpers import assert_idle_and_intact, make_prompts
 from sprig.runtime import Engine
 from sprig.runtime.request_contract import InvalidRequest
 from sprig.runtime.sampling.params import SamplingParams
-from sprig.runtime.scheduler import Req, RequestRejected
+from sprig.runtime.scheduler.intake import RequestRejected
+from sprig.runtime.scheduler.request import Req
 
 PROMPT = "the quick fox and the lazy dog"
 

@@ -9,7 +9,7 @@ from engine_helpers import assert_idle_and_intact
 
 from sprig.runtime import Engine
 from sprig.runtime.sampling import SamplingParams
-from sprig.runtime.scheduler import Req
+from sprig.runtime.scheduler.request import Req
 
 FREE_TOKENS = 4
 

@@ -33,7 +33,8 @@ from server_helpers import TIMEOUT, Server, cmdline, descendants, pid_alive, run
 
 from sprig.runtime.cli import build_parser, configs_from_args
 from sprig.runtime.server.dp import config_flags, worker_command
-from sprig.runtime.server.gateway import GatewayConfig, gateway_installed
+from sprig.runtime.server.dp_config import GatewayConfig
+from sprig.runtime.server.gateway import gateway_installed
 
 needs_gateway = pytest.mark.skipif(
     not gateway_installed(), reason="SGLang's Model Gateway is not installed (pip install 'sprig[gateway]')"

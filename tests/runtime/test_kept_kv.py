@@ -15,7 +15,8 @@ from sprig.runtime.attention.cpu import cascade
 from sprig.runtime.attention.cpu.kept_kv import ROOM, KeptKV, PrefixKV, TailKV
 from sprig.runtime.attention.cpu.plan import DecodePlan
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 
 
 def kept_decode(q, k_buf, v_buf, plan: DecodePlan, kept: KeptKV, scale: float, layer: int = 0) -> torch.Tensor:

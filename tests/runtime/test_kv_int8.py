@@ -25,7 +25,8 @@ from sprig.runtime.demo.tasks import take
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import build_forward_batch
 from sprig.runtime.model_config import ModelConfig
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 
 CPU = torch.device("cpu")
 

@@ -11,7 +11,8 @@ from engine_helpers import contexts_step
 from transformers import AutoModelForCausalLM
 
 from sprig.runtime.forward_batch import ForwardMode
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
 
 LLAMA3_ROPE = {

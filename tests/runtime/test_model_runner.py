@@ -19,12 +19,8 @@ from sprig.runtime.attention import backend_class
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
-from sprig.runtime.model_runner import (
-    CPU_DEFAULT_TOKENS,
-    CUDA_CPU_THREADS,
-    ModelRunner,
-    RunnerConfig,
-)
+from sprig.runtime.model_runner import CPU_DEFAULT_TOKENS, CUDA_CPU_THREADS, ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 
 
 @pytest.fixture(scope="module")

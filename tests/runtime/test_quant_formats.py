@@ -14,8 +14,9 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from sprig.runtime.model_config import ModelConfig
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.quantization.linear import QuantizedLinear
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 

@@ -27,9 +27,10 @@ from quant_checkpoints import (
 from transformers import AutoModelForCausalLM
 
 from sprig.runtime.forward_batch import ForwardMode
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.quantization.linear import QuantizedLinear
 from sprig.runtime.quantization.weight import QuantScheme
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
 
 EVERY_ARCH = [  # one of each format's families on every architecture

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from sprig.runtime.cli import OWN_FLAGS, _serves_here, build_parser, configs_from_args, main
-from sprig.runtime.model_runner import RunnerConfig
-from sprig.runtime.scheduler import SchedulerConfig
+from sprig.runtime.runner_config import RunnerConfig
+from sprig.runtime.scheduler.config import SchedulerConfig
 from sprig.runtime.server.config import ServerConfig
 
 

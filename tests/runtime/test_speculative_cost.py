@@ -18,11 +18,11 @@ from sprig.runtime.speculative.cost import (
     Plane,
     branch_gain,
     draft_cap,
-    timed_ms,
     widen,
 )
 from sprig.runtime.speculative.draft_length import DraftLength
 from sprig.runtime.speculative.ngram import NgramDrafter
+from sprig.runtime.speculative.timing import timed_ms
 
 FREE = PassCosts(Line(1, 0), Plane(0, 0, 0), Line(0, 0))  # drafting costs nothing: always the longest drafts
 

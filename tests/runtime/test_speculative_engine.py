@@ -201,7 +201,7 @@ def test_aborts_mid_verification_free_everything(algorithm, tiny_checkpoints) ->
         sched = engine.scheduler
         engine.generate(PROMPTS, GREEDY)  # cache them
         from sprig.runtime.sampling import SamplingParams
-        from sprig.runtime.scheduler import Req
+        from sprig.runtime.scheduler.request import Req
 
         reqs = [Req(rid=f"a{i}", prompt_ids=engine.tokenizer.encode(p), params=SamplingParams.from_dict(GREEDY))
                 for i, p in enumerate(PROMPTS)]

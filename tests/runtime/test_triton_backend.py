@@ -19,7 +19,8 @@ from sprig.runtime.attention.triton_backend import TritonAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import build_forward_batch
 from sprig.runtime.model_config import ModelConfig
-from sprig.runtime.model_runner import ModelRunner, RunnerConfig
+from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

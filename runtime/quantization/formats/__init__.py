@@ -1,5 +1,6 @@
 """The registry of quantized checkpoint formats, keyed by config.json's
-`quantization_config.quant_method`, and the online schemes."""
+`quantization_config.quant_method`, and the online schemes (their names, torch-free:
+`quantization.online_schemes`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,7 @@ from sprig.runtime.quantization.formats.base import WeightFormat
 from sprig.runtime.quantization.formats.compressed_tensors import CompressedTensorsFormat
 from sprig.runtime.quantization.formats.fp8 import Fp8Format
 from sprig.runtime.quantization.formats.gptq import GPTQFormat
-from sprig.runtime.quantization.formats.online import (
-    ONLINE_GROUP_SIZES,
-    ONLINE_SCHEMES,
-    OnlineFormat,
-)
+from sprig.runtime.quantization.formats.online import OnlineFormat
 
 CHECKPOINT_FORMATS: dict[str, Callable[[dict[str, Any]], WeightFormat]] = {
     "gptq": GPTQFormat.from_config,
@@ -38,8 +35,6 @@ def checkpoint_format(quantization_config: dict[str, Any]) -> WeightFormat:
 
 __all__ = [
     "CHECKPOINT_FORMATS",
-    "ONLINE_GROUP_SIZES",
-    "ONLINE_SCHEMES",
     "OnlineFormat",
     "WeightFormat",
     "checkpoint_format",

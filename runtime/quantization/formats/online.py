@@ -15,15 +15,14 @@ from dataclasses import dataclass
 import torch
 
 from sprig.runtime.quantization.formats.base import expect
+from sprig.runtime.quantization.online_schemes import check_online_scheme
 from sprig.runtime.quantization.weight import QuantScheme, quantize_rtn
 
-ONLINE_GROUP_SIZES = (32, 64, 128)
-SCHEMES = {  # name -> scheme, given the group size (which only int4 uses)
+SCHEMES = {  # name -> scheme, given the group size (which only int4 uses); keys: online_schemes.ONLINE_SCHEMES
     "int8": lambda group_size: QuantScheme(8),
     "int4": lambda group_size: QuantScheme(4, group_size, symmetric=False),
     "fp8": lambda group_size: QuantScheme(8, float8=True),
 }
-ONLINE_SCHEMES = tuple(SCHEMES)
 
 
 @dataclass(frozen=True)
@@ -34,10 +33,7 @@ class OnlineFormat:
     @classmethod
     def of(cls, name: str, group_size: int) -> OnlineFormat:
         """The online scheme `name` ("int8", "int4" or "fp8"); `group_size` applies to int4."""
-        if name not in ONLINE_SCHEMES:
-            raise ValueError(f"quantization must be one of {ONLINE_SCHEMES}, got {name!r}")
-        if group_size not in ONLINE_GROUP_SIZES:
-            raise ValueError(f"quantization_group_size must be one of {ONLINE_GROUP_SIZES}, got {group_size}")
+        check_online_scheme(name, group_size)
         scheme = SCHEMES[name](group_size)
         return cls(scheme, name)
 
