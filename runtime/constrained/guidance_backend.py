@@ -3,7 +3,11 @@ and the regexes of `spec_regex`, enforced by llguidance's Earley parser and lazy
 over the tokenizer's token trie.
 
 llguidance's tokenizer and matchers are native objects that do not pickle, so the
-backend carries the fast tokenizer's JSON and builds its `LLTokenizer` once per process.
+backend carries what each token writes (`vocabulary.token_bytes`) and the fast tokenizer's
+JSON, and builds its `LLTokenizer` once per process from them. Not from the JSON alone:
+llguidance reads every added token as special, so a grammar could never produce
+`</tool_call>` as the one token a Qwen or Hermes model writes for it; here an added token
+that is not special is its text, as in the outlines backend.
 A worker's `compile` checks a spec by building a matcher from it (a grammar too costly to
 build runs out its time there, in a process that can be killed) and returns the
 grammar's text; `prepare`, in the serving process, builds the template matcher that each
@@ -24,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
-from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
+from tokenizers import Tokenizer
 
 from sprig.runtime.constrained.base import (
     Grammar,
@@ -34,6 +39,7 @@ from sprig.runtime.constrained.base import (
     forced_text,
 )
 from sprig.runtime.constrained.spec_regex import REGEX_KINDS, regex_error, spec_regex
+from sprig.runtime.constrained.vocabulary import token_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -160,16 +166,34 @@ class GuidanceGrammar(Grammar):
         return forced_text(self._m.compute_ff_bytes())
 
 
+class _Vocabulary:
+    """What llguidance's `TokenizerWrapper` reads: each token's bytes (a special token's
+    its name; llguidance marks `special_token_ids` as such) and a text's token ids."""
+
+    def __init__(self, backend: GuidanceBackend) -> None:
+        self.eos_token_id = backend.eos_token_id
+        self.bos_token_id = None
+        self.tokens = list(backend.tokens)
+        self.special_token_ids = list(backend.special_ids)
+        self._tokenizer = Tokenizer.from_str(backend.tokenizer_json)
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+
 @dataclass(frozen=True)
 class GuidanceBackend:
     """`GrammarBackend` over llguidance for one fast tokenizer (`tokenizer_json`, its
-    serialized form): llguidance masks `num_tokens` ids (at least the tokenizer's), logits
-    rows hold `row_tokens`; ids the tokenizer lacks are never allowed."""
+    serialized form; `tokens`, each id's bytes, with `special_ids` the ids a grammar never
+    produces): llguidance masks `num_tokens` ids (at least the tokenizer's), logits rows
+    hold `row_tokens`; ids the tokenizer lacks are never allowed."""
 
     tokenizer_json: str = field(repr=False)
     eos_token_id: int
     num_tokens: int
     row_tokens: int
+    tokens: tuple[bytes, ...] = field(repr=False)
+    special_ids: tuple[int, ...] = field(repr=False)
     fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -190,7 +214,16 @@ class GuidanceBackend:
         backend.no_truncation()
         size = max(len(tokenizer), backend.get_vocab_size(with_added_tokens=True))
         rows = size if logits_width is None else logits_width
-        return cls(backend.to_str(), tokenizer.eos_token_id, max(size, rows), rows)
+        num_tokens = max(size, rows)
+        written = token_bytes(tokenizer)
+        written += (None,) * (num_tokens - len(written))
+        # a token that writes nothing (special, an id the vocabulary skips or lacks) is special to
+        # llguidance, named as its own tokenizers name theirs (0xFF, then the name)
+        special = tuple(i for i, data in enumerate(written) if data is None)
+        names = dict(zip(special, tokenizer.convert_ids_to_tokens([i for i in special if i < size]), strict=False))
+        tokens = tuple(data if data is not None else b"\xff" + (names.get(i) or f"<[{i}]>").encode()
+                       for i, data in enumerate(written))
+        return cls(backend.to_str(), tokenizer.eos_token_id, num_tokens, rows, tokens, special)
 
     def tokenizer(self) -> LLTokenizer:
         """This process's `LLTokenizer` (built on first use: a second or so for a large
@@ -198,7 +231,8 @@ class GuidanceBackend:
         with _tokenizers_lock:
             tok = _tokenizers.get(self.fingerprint)
             if tok is None:
-                tok = LLTokenizer(self.tokenizer_json, n_vocab=self.num_tokens, eos_token=self.eos_token_id)
+                tok = LLTokenizer(TokenizerWrapper(_Vocabulary(self)), n_vocab=self.num_tokens,
+                                  eos_token=self.eos_token_id)
                 _tokenizers[self.fingerprint] = tok
             return tok
 

@@ -47,11 +47,21 @@ def _unicode_to_byte() -> dict[str, int]:
     return table
 
 
-def _byte_level(piece: str) -> bytes:
+@functools.cache
+def _byte_level_tables() -> tuple[re.Pattern[str], dict[int, int]]:
+    """A pattern that finds a character outside the byte-level alphabet, and the
+    `str.translate` table that turns each alphabet character into the character of its
+    byte (so that latin-1 encodes it to that byte)."""
     table = _unicode_to_byte()
-    if all(ch in table for ch in piece):
-        return bytes(table[ch] for ch in piece)
-    return piece.encode()
+    outside = re.compile("[^" + "".join(re.escape(ch) for ch in table) + "]")
+    return outside, {ord(ch): b for ch, b in table.items()}
+
+
+def _byte_level(piece: str) -> bytes:
+    outside, to_bytes = _byte_level_tables()
+    if outside.search(piece):
+        return piece.encode()
+    return piece.translate(to_bytes).encode("latin-1")
 
 
 def _sentencepiece(piece: str) -> bytes:

@@ -199,3 +199,21 @@ def test_every_scheduler_grammar_backend_exists():
     from sprig.runtime.scheduler.config import GRAMMAR_BACKENDS
 
     assert set(GRAMMAR_BACKENDS) == set(REGULAR_BACKENDS)
+
+
+@pytest.mark.parametrize("backend_class", [OutlinesBackend, GuidanceBackend])
+def test_an_added_token_is_its_text(backend_class, tmp_path):
+    """A chat model's markers are added tokens (`</tool_call>` in Qwen's vocabulary, not
+    special): a grammar that spells the marker allows the model's own token for it, in
+    llguidance too (whose own reading of tokenizer.json makes every added token special)."""
+    from transformers import AutoTokenizer
+
+    build_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    close = tok.convert_tokens_to_ids("</tool_call>")
+    backend = backend_class.from_tokenizer(tok)
+    grammar = backend.matcher(backend.compile(GrammarSpec.regex("a\n</tool_call>")))
+    ids = encode(tok, "a\n</tool_call>")
+    assert ids[-1] == close and grammar.accept_tokens(ids[:-1])
+    assert mask(grammar, len(tok))[close] and grammar.accept_token(close) and grammar.is_terminated()
