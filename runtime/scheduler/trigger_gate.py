@@ -11,7 +11,9 @@ Phases of one request's output:
 - `STOPPED`: a stop token ended the output while it was free.
 
 The trigger is found in the decoded text of the last few tokens, so it may span tokens;
-text after it in the same token is fed to the grammar. A token whose text completes the
+text after it in the same token is fed to the grammar. Special tokens write no text there
+(as the answer's text is decoded): one whose name is the trigger is the trigger, any other
+is free output. A token whose text completes the
 trigger and runs on with text the grammar refuses is masked out while free, so every
 token the mask allows is accepted. The phase depends only on the request's own tokens
 (batch invariance).
@@ -47,13 +49,18 @@ class Trigger:
 
     text: str
     completing: tuple[tuple[int, ...], ...]
+    special: frozenset[int]  # the tokens that write no text
+    named: frozenset[int]  # of them, those whose name is the trigger
 
     @classmethod
     def build(cls, tokenizer: Any, text: str) -> Trigger:
         whole, last = text.encode(), text.encode()[-1:]
         suffixes = [text[j:].encode() for j in range(len(text))]
         found: list[list[int]] = [[] for _ in text]
-        for token_id, data in enumerate(token_bytes(tokenizer)):
+        written = token_bytes(tokenizer)
+        special = [i for i, data in enumerate(written) if data is None]
+        named = [i for i, name in zip(special, tokenizer.convert_ids_to_tokens(special), strict=True) if name == text]
+        for token_id, data in enumerate(written):
             if data is None or last not in data[:-1]:  # every such token holds the last byte, then more
                 continue
             at = data.find(whole)
@@ -62,7 +69,7 @@ class Trigger:
             for j in range(1, len(text)):
                 if len(data) > len(suffixes[j]) and data.startswith(suffixes[j]):
                     found[j].append(token_id)
-        return cls(text, tuple(tuple(ids) for ids in found))
+        return cls(text, tuple(tuple(ids) for ids in found), frozenset(special), frozenset(named))
 
     @property
     def window(self) -> int:
@@ -94,7 +101,7 @@ class TriggerGate(Gate):
 
     def _refused_completions(self) -> list[int]:
         """The tokens that would now complete the trigger with text the grammar refuses."""
-        text = self._tokenizer.decode(list(self._tail)) if self._tail else ""
+        text = self._decode(self._tail)
         out = []
         for j, ids in enumerate(self.trigger.completing):
             if ids and (j == 0 or text.endswith(self.trigger.text[:j])):
@@ -103,10 +110,15 @@ class TriggerGate(Gate):
 
     def _after_trigger(self, token_id: int) -> str | None:
         """The text after the trigger if `token_id`, taken now, completes it; else None."""
+        if token_id in self.trigger.special:
+            return "" if token_id in self.trigger.named else None
         tail = (*self._tail, token_id)[-self.trigger.window :]
-        text = self._tokenizer.decode(list(tail))
+        text = self._decode(tail)
         at = text.find(self.trigger.text)
         return None if at < 0 else text[at + len(self.trigger.text) :]
+
+    def _decode(self, ids: tuple[int, ...]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True) if ids else ""
 
     def _ids(self, rest: str) -> list[int]:
         return self._tokenizer.encode(rest, add_special_tokens=False) if rest else []

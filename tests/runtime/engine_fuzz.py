@@ -4,8 +4,8 @@ request checked against itself run alone, and against transformers.
 A workload is a set of requests — prompts with and without shared prefixes (some
 identical), random `max_new_tokens`, stops on EOS, stop strings or `stop_token_ids` at
 different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, logprobs
-(with input logprobs from random starts), arrivals spread over steps and aborts
-mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
+(with input logprobs from random starts), a regex on the whole output or from a trigger
+text on (`constraint_trigger`), arrivals spread over steps and aborts mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
 engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
 retract, radix on or off, few or many running requests, each schedule policy, either
 attention backend, a float or an int8 KV cache, float or int4 weights, speculative
@@ -21,7 +21,9 @@ engine, its finish reason too, and its logprobs (output, top and input) agree wi
 sequence's logprobs: `Reference.kv_rounding_effect`); an aborted request's output is a
 prefix of the alone run's. Each token of
 the alone run is what sprig's sampler picks from transformers' logits for the same
-context (greedy: the argmax; seeded: the same seeded draw); with an int8 KV cache the
+context (greedy: the argmax; seeded: the same seeded draw), its logits masked by the
+request's grammar (a fresh matcher fed the run's tokens; a token the grammar forces, which
+jump-forward may have placed unsampled, need only be allowed); with an int8 KV cache the
 alone run uses one too, and transformers rounds its K/V by the same rule
 (`hf_kv_quant`); with int4 weights (online RTN) both carry the same quantized weights,
 transformers as their dequantized floats (`quant_checkpoints.with_rtn_weights`). Two float
@@ -46,16 +48,20 @@ from hf_kv_quant import hf_model
 from quant_checkpoints import with_rtn_weights
 
 from sprig.runtime import Engine
+from sprig.runtime.constrained import Grammar, RoutedBackend, bitmask_width, spec_from_params
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.request_contract import LogprobOptions, ModelLimits, build_requests
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
 from sprig.runtime.scheduler.request import Req
+from sprig.runtime.scheduler.trigger_gate import Trigger, TriggerGate
 from sprig.runtime.speculative.drafter import ContextDrafts
 from sprig.runtime.speculative.ngram import NgramDrafter
 
 LOGPROB_TOL = 1e-5
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
+REGEXES = [r"[a-z ]{1,24}", r"( ?[a-z]{1,5}){1,6}\.?", r"[0-9a-f]{2,12}( [0-9a-f]{2,4})*"]
+TRIGGERS = ["e", " t", "a"]
 FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
 # engine options that change the model's numbers: alone runs and transformers take the workload's
 NUMERICS = ("kv_cache_dtype", "quantization", "quantization_group_size")
@@ -174,6 +180,7 @@ class Stats:
     retractions: int = 0
     ties: int = 0  # near-ties rounded differently (batched vs alone, or sprig vs transformers)
     hf_tokens: int = 0  # tokens checked against transformers' logits
+    constrained: int = 0  # of the sequences, those under a regex (from the start or a trigger)
     by_backend: dict[str, int] = field(default_factory=dict)
     by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
@@ -187,7 +194,8 @@ class Stats:
         backends = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
-            f"compared with their alone runs, {self.hf_tokens} with transformers; {self.aborted} aborted, "
+            f"compared with their alone runs, {self.hf_tokens} with transformers; {self.constrained} of the "
+            f"requests constrained; {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
             f"alternative paths verified, {self.alternatives_kept} followed"
         )
@@ -261,6 +269,11 @@ def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
     p["ignore_eos"] = rng.random() < 0.3
     if rng.random() < 0.15:
         p["min_new_tokens"] = rng.randint(0, p["max_new_tokens"])
+    if rng.random() < 0.2:  # drawn last: the draws above do not depend on it
+        p["regex"] = rng.choice(REGEXES)
+        if rng.random() < 0.5:
+            p["constraint_trigger"] = rng.choice(TRIGGERS)
+        p.pop("min_new_tokens", None)  # it may forbid the only token a grammar allows
     return SamplingParams.from_dict(p)
 
 
@@ -362,6 +375,8 @@ class Reference:
         engine = self.engine(())
         self.vocab = engine.runner.model_config.vocab_size
         self.eos_ids = engine.scheduler.eos_ids
+        self.tokenizer = engine.tokenizer
+        self._grammars: RoutedBackend | None = None
 
     def engine(self, key: Numerics) -> Engine:
         if key not in self.engines:
@@ -404,6 +419,43 @@ class Reference:
         with_rounding, exact = (torch.log_softmax(logits[:-1], -1).gather(1, target)
                                 for logits in (rounded, self.logits(ids, float_key)))
         return (with_rounding - exact).abs().max().item()
+
+    def grammar(self, params: SamplingParams) -> Grammar | None:
+        """A fresh matcher of the request's constraint, as the scheduler makes one."""
+        spec = spec_from_params(params)
+        if spec is None:
+            return None
+        if self._grammars is None:
+            self._grammars = RoutedBackend.from_tokenizer(self.tokenizer, logits_width=self.vocab)
+        stops = params.stop_token_set(self.eos_ids)
+        grammar = self._grammars.matcher(self._grammars.prepare(self._grammars.compile(spec)), stop_token_ids=stops)
+        if params.constraint_trigger is None:
+            return grammar
+        trigger = Trigger.build(self.tokenizer, params.constraint_trigger)
+        return TriggerGate(grammar, trigger, stop_token_ids=stops, tokenizer=self.tokenizer)
+
+    def masked(self, rows: torch.Tensor, params: SamplingParams, ids: list[int], where: str) -> list[bool]:
+        """Mask `rows` [len(ids) + 1, V] in place by the request's grammar fed `ids` one by
+        one; returns, per token, whether the grammar forced it (its text the only one)."""
+        grammar = self.grammar(params)
+        if grammar is None:
+            return [False] * len(ids)
+        forced = []
+        bits = torch.zeros(bitmask_width(rows.shape[-1]), dtype=torch.int32)
+        token = torch.arange(rows.shape[-1])
+        for i in range(len(ids) + 1):
+            if grammar.is_finished():
+                if i < len(ids):
+                    raise Mismatch(f"{where}\nthe alone run goes on past the end of its grammar at token {i}: {ids}")
+                break
+            grammar.fill_bitmask(bits)
+            rows[i].masked_fill_((bits[token // 32] >> (token % 32)) & 1 == 0, float("-inf"))
+            if i == len(ids):
+                break
+            forced.append(grammar.forced_continuation() is not None)
+            if not grammar.accept_token(ids[i]):
+                raise Mismatch(f"{where}\ntoken {i} ({ids[i]}) of the alone run breaks its grammar: {ids}")
+        return forced
 
     def decide(self, logits: torch.Tensor, params: SamplingParams, prompt: list[int], outputs: list[list[int]]) -> list[int]:
         """sprig's sampler on `logits` [L, V]: row i continues `prompt + outputs[i]`."""
@@ -454,9 +506,10 @@ def _check_sequence(
     prompt = list(request.prompt)
     seq_params = want.params
     logits = ref.logits(prompt + want.ids, key)  # transformers' after prompt + ids[:i], for each i
-    rows = logits[len(prompt) - 1 :]  # [len(want.ids) + 1, V]
+    rows = logits[len(prompt) - 1 :].clone()  # [len(want.ids) + 1, V], masked by a grammar below
     stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where)
     stats.hf_tokens += len(want.ids)
+    stats.constrained += spec_from_params(seq_params) is not None
     n = _common_len(got.ids, want.ids)
     if n < len(got.ids) and n < len(want.ids):  # they part at token n
         if not ref.near_tie(rows[n], seq_params, prompt, want.ids[:n], want.ids[n], got.ids[n]):
@@ -492,10 +545,11 @@ def _check_against_transformers(
     for its context (teacher-forced); returns the near-ties met."""
     if not ids:
         return 0
+    forced = ref.masked(rows, params, ids, where)
     picks = ref.decide(rows[: len(ids)].clone(), params, prompt, [ids[:i] for i in range(len(ids))])
     ties = 0
     for i, (pick, token) in enumerate(zip(picks, ids, strict=True)):
-        if pick == token:
+        if pick == token or (forced[i] and rows[i, token] > float("-inf")):
             continue
         if not ref.near_tie(rows[i], params, prompt, ids[:i], token, pick):
             raise Mismatch(f"{where}\ntoken {i} of the alone run is {token}; from transformers' logits sprig picks {pick}")

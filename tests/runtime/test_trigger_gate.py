@@ -90,6 +90,20 @@ def test_a_trigger_may_span_tokens_and_leave_text_for_the_grammar(tok, backend: 
     assert ids(tok, " b")[0] in allowed(digits, tok)  # completing it exactly leaves nothing to refuse
 
 
+def test_special_tokens_write_no_text(tok, backend: OutlinesBackend) -> None:
+    """As the answer's text is decoded: a special token whose name holds the trigger does
+    not write it (found by the fuzzer: "<|end|>" completed the trigger "e" and its "nd|>"
+    went to the grammar, which refused the token the mask had allowed); one whose name is
+    the trigger is the trigger."""
+    end_of_turn = tok.convert_tokens_to_ids("<|end|>")
+    assert end_of_turn in tok.all_special_ids and end_of_turn != tok.eos_token_id
+    g = gate(tok, backend, "[0-9]+", "e")
+    assert end_of_turn in allowed(g, tok) and g.accept_token(end_of_turn) and g.phase is Phase.FREE
+    assert g.accept_tokens(ids(tok, " 5")) and g.phase is Phase.FREE
+    named = gate(tok, backend, "[0-9]+", "<|end|>")
+    assert named.accept_token(end_of_turn) and named.phase is Phase.CONSTRAINED
+
+
 @pytest.mark.parametrize("trigger", ["alpha b", "a b", "</think>"])
 def test_the_mask_allows_exactly_what_is_accepted(tok, backend: OutlinesBackend, trigger: str) -> None:
     """Against brute force over the whole vocabulary, after each prefix of the script."""
