@@ -209,7 +209,7 @@ def make_workload(
 ) -> Workload:
     """A random workload and engine config, a function of `seed` alone (and of the shares
     of workloads with int4 weights and with two tensor-parallel ranks)."""
-    rng = random.Random(seed)
+    rng, constraints = random.Random(seed), random.Random(f"constraints {seed}")
 
     def ids(n: int) -> list[int]:
         return [rng.randrange(FIRST_ORDINARY_ID, vocab) for _ in range(n)]
@@ -225,7 +225,7 @@ def make_workload(
             prompts.append(head + ids(rng.randint(1, 8 if small else 30)))
     requests = []
     for i, prompt in enumerate(prompts):
-        params = _params(rng, vocab, small)
+        params = _params(rng, constraints, vocab, small)
         logprob = rng.random() < 0.3
         requests.append(Request(
             rid=f"r{i}",
@@ -242,7 +242,7 @@ def make_workload(
     return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5)
 
 
-def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
+def _params(rng: random.Random, constraints: random.Random, vocab: int, small: bool) -> SamplingParams:
     kind = rng.choices(["greedy", "seeded", "unseeded"], [0.5, 0.4, 0.1])[0]
     p: dict[str, Any] = {"max_new_tokens": rng.choice([0, *range(1, 8 if small else 24)])}
     if kind != "greedy":
@@ -269,10 +269,10 @@ def _params(rng: random.Random, vocab: int, small: bool) -> SamplingParams:
     p["ignore_eos"] = rng.random() < 0.3
     if rng.random() < 0.15:
         p["min_new_tokens"] = rng.randint(0, p["max_new_tokens"])
-    if rng.random() < 0.2:  # drawn last: the draws above do not depend on it
-        p["regex"] = rng.choice(REGEXES)
-        if rng.random() < 0.5:
-            p["constraint_trigger"] = rng.choice(TRIGGERS)
+    if constraints.random() < 0.2:  # its own generator: the workload's other draws do not depend on it
+        p["regex"] = constraints.choice(REGEXES)
+        if constraints.random() < 0.5:
+            p["constraint_trigger"] = constraints.choice(TRIGGERS)
         p.pop("min_new_tokens", None)  # it may forbid the only token a grammar allows
     return SamplingParams.from_dict(p)
 
