@@ -2,17 +2,19 @@
 off (`reasoning`), then tool calls parsed out of the answer (`tool_calls`); whole, or as
 stream deltas that only ever append.
 
-A call the model writes on its own (`tool_choice` "auto") streams whole, in the last
-delta: until it has parsed it may yet turn out to be text. A forced call (`tool_choice`
-"required" or a named function), which the grammar makes a call from its first token,
-streams as it is written: its name once written, then its arguments' JSON text in pieces,
-as OpenAI streams calls. Its arguments are complete unless the output was cut short
-(`max_tokens`); then the call holds the arguments written so far, whole and streamed
-alike, and the finish reason says why it ended."""
+Calls stream as they are written, as OpenAI streams them (each call's id and name once
+written, then its arguments' JSON text in pieces), where the grammar makes them calls: a
+forced call (`tool_choice` "required" or a named function) from its first token, and a
+call in "auto" once the format's marker is written (the answer is constrained from there,
+`constraint_trigger`). Their arguments are complete unless the output was cut short
+(`max_tokens`); then the last call holds the arguments written so far, whole and streamed
+alike, and the finish reason says why it ended. A call in "auto" without that constraint
+(a marker the text does not show, tools with free-form parameters) streams whole, in the
+last delta: until it has parsed it may yet turn out to be text."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sprig.runtime.server.reasoning import Phase, ReasoningFormat
@@ -24,8 +26,9 @@ class AnswerFormat:
     """`reasoning`: the format split off as `reasoning_content` (None: not split), with
     the `phase` the output starts in; `tools`: the tool-call format parsed out of the
     answer (None: plain content), whose calls must name one of `tool_names`; `forced`:
-    the answer is constrained to one call, streamed as it is written; `one_call`: keep
-    only the first call (`parallel_tool_calls: false`)."""
+    the answer is constrained to one call; `gated`: it is constrained to calls from the
+    format's marker on (both stream their calls as written); `one_call`: keep only the
+    first call (`parallel_tool_calls: false`)."""
 
     reasoning: ReasoningFormat | None
     phase: Phase
@@ -33,16 +36,27 @@ class AnswerFormat:
     tool_names: frozenset[str] = frozenset()
     forced: bool = False
     one_call: bool = False
+    gated: bool = False
 
     def split_reasoning(self, text: str, finished: bool) -> tuple[str | None, str]:
         """(reasoning, answer) of the output so far (`ReasoningFormat.split`)."""
         return (None, text) if self.reasoning is None else self.reasoning.split(text, self.phase, finished)
 
-    def forced_call(self, answer: str) -> tuple[str, str, bool] | None:
-        """A forced answer's call as written so far: (name, arguments' JSON text, whether
-        they are complete), once its arguments have begun (`ToolFormat.partial_call`);
-        None otherwise, and for an answer that is no forced call."""
-        return self.tools.partial_call(answer) if self.forced and self.tools is not None else None
+    def written_calls(self, answer: str) -> tuple[str, list[tuple[str, str, bool]]] | None:
+        """(content, calls as written so far: name, arguments' JSON text, whether they are
+        complete) of an answer whose calls the grammar makes calls (`forced`, `gated`),
+        once the first call's arguments have begun (`ToolFormat.partial_calls`); None
+        otherwise (then `calls` reads the answer)."""
+        if self.tools is None or not (self.forced or self.gated):
+            return None
+        content, text = "", answer
+        if self.gated:
+            marked = self.tools.marked_calls(answer)
+            if marked is None:
+                return None
+            content, text = answer[: marked[0]].strip(), marked[1]
+        calls = self.tools.partial_calls(text)
+        return (content, calls[:1] if self.one_call else calls) if calls else None
 
     def calls(self, answer: str, finished: bool) -> tuple[str, list[ToolCall]]:
         """(content, tool calls) of an answer the model wrote (calls only once finished)."""
@@ -55,9 +69,10 @@ class AnswerFormat:
         """The finished output as an assistant message, and whether it ends in complete
         tool calls (finish reason "tool_calls")."""
         reasoning, answer = self.split_reasoning(text, True)
-        forced = self.forced_call(answer)
-        if forced is not None:
-            content, calls, complete = "", [ToolCall(forced[0], forced[1])], forced[2]
+        written = self.written_calls(answer)
+        if written is not None:
+            content, calls = written[0], [ToolCall(name, arguments) for name, arguments, _ in written[1]]
+            complete = all(done for *_, done in written[1])
         else:
             content, calls = self.calls(answer, True)
             complete = bool(calls)
@@ -73,14 +88,14 @@ class AnswerFormat:
 class DeltaState:
     """What one streamed choice has sent so far. Plain content passes through as it
     arrives; the reasoning and tool-call parsers read the text so far (`text`), kept
-    only for them. `call_id` and `args_chars`: a forced call's id and how much of its
-    arguments went out."""
+    only for them. `call_ids` and `args_chars`: the id of each call streamed as written,
+    and how much of its arguments went out."""
 
     text: str = ""
     reasoning_chars: int = 0
     content_chars: int = 0
-    call_id: str | None = None
-    args_chars: int = 0
+    call_ids: list[str] = field(default_factory=list)
+    args_chars: list[int] = field(default_factory=list)
 
     def delta(self, fmt: AnswerFormat, text: str, finished: bool) -> tuple[dict[str, Any], bool]:
         """The next delta's message fields, given the `text` just generated (reasoning
@@ -94,21 +109,30 @@ class DeltaState:
         if reasoning and len(reasoning) > self.reasoning_chars:
             body["reasoning_content"] = reasoning[self.reasoning_chars :]
             self.reasoning_chars = len(reasoning)
-        forced = fmt.forced_call(answer)
-        if forced is not None:
-            name, arguments, complete = forced
-            if self.call_id is None:
-                self.call_id = new_call_id()
-                body["tool_calls"] = [{"index": 0, "id": self.call_id, "type": "function",
-                                       "function": {"name": name, "arguments": arguments}}]
-            elif len(arguments) > self.args_chars:
-                body["tool_calls"] = [{"index": 0, "function": {"arguments": arguments[self.args_chars :]}}]
-            self.args_chars = len(arguments)
-            return body, complete and finished
-        content, calls = fmt.calls(answer, finished)
+        written = fmt.written_calls(answer)
+        content, calls = (written[0], []) if written is not None else fmt.calls(answer, finished)
         if len(content) > self.content_chars:
             body["content"] = content[self.content_chars :]
             self.content_chars = len(content)
+        if written is not None:
+            pieces = [self._piece(i, *call) for i, call in enumerate(written[1])]
+            if any(pieces):
+                body["tool_calls"] = [p for p in pieces if p]
+            return body, finished and all(done for *_, done in written[1])
         if calls:
             body["tool_calls"] = [c.openai(i) for i, c in enumerate(calls)]
         return body, bool(calls)
+
+    def _piece(self, index: int, name: str, arguments: str, _complete: bool) -> dict[str, Any] | None:
+        """The delta of call `index` written as far as `arguments`: id, name and arguments
+        the first time, then what the arguments added (None if nothing)."""
+        if index == len(self.call_ids):
+            self.call_ids.append(new_call_id())
+            self.args_chars.append(len(arguments))
+            return {"index": index, "id": self.call_ids[index], "type": "function",
+                    "function": {"name": name, "arguments": arguments}}
+        if len(arguments) == self.args_chars[index]:
+            return None
+        piece = {"index": index, "function": {"arguments": arguments[self.args_chars[index] :]}}
+        self.args_chars[index] = len(arguments)
+        return piece

@@ -172,7 +172,8 @@ async def chat_completions(request: Request) -> Response:
         reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
         phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
         fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
-                           forced=tools.forced, one_call=req.parallel_tool_calls is False)
+                           forced=tools.forced, one_call=req.parallel_tool_calls is False,
+                           gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         extra = reasoning.sampling(phase) if reasoning is not None else {}
         own = constraint if tools.regex is None else None  # else the tools' regex holds it

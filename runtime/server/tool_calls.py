@@ -19,8 +19,8 @@ call a JSON object with a string name and an object of arguments); otherwise the
 is plain content, never a half-parsed call. A chat answer's calls also name only the
 request's tools (`split` with `names`): a call of any other function leaves the answer
 plain content too, as OpenAI never returns a call of a function it was not given. A
-call's `arguments` is the JSON text the model wrote, so a forced call streamed as it is
-written (`partial_call`) adds up to the same string.
+call's `arguments` is the JSON text the model wrote, so a call streamed as it is
+written (`partial_calls`) adds up to the same string.
 """
 
 from __future__ import annotations
@@ -121,25 +121,38 @@ class ToolFormat:
         start = self.call_start(text)
         return text[: len(text) - self.held_back(text) if start is None else start].strip(), []
 
-    def partial_call(self, text: str) -> tuple[str, str, bool] | None:
-        """A forced answer's call as far as `text` has written it: (name, the arguments'
-        JSON text so far, whether the arguments are complete), once the name is written
-        and the arguments object has begun; None before, or if `text` is not the start of
-        a forced call. What a later `text` returns extends what an earlier one did, and a
+    def partial_calls(self, text: str) -> list[tuple[str, str, bool]]:
+        """The calls of `text`, an answer of calls as `forced` writes them (`forced_wrap[0]`,
+        calls joined by `separator`), as far as it has written them: (name, the arguments'
+        JSON text so far, whether the arguments are complete) for each call whose name is
+        written and whose arguments object has begun; [] before that, or if `text` is not
+        such an answer. What a later `text` returns extends what an earlier one did, and a
         complete call's arguments are those `parse` gives."""
-        before = self.forced_wrap[0]
-        if not text.startswith(before):
+        calls: list[tuple[str, str, bool]] = []
+        if not text.startswith(self.forced_wrap[0]):
+            return calls
+        at = len(self.forced_wrap[0])
+        while (head := _FORCED_HEAD.match(text, at)) is not None and head["key"] == self.args_key:
+            try:
+                name = json.loads(head["name"])
+            except ValueError:
+                return calls
+            start = head.end()
+            end = _object_end(text, start)
+            calls.append((name, text[start : len(text) if end is None else end], end is not None))
+            close = None if end is None else _CALL_CLOSE.match(text, end)
+            if close is None or not text.startswith(self.separator, close.end()):
+                return calls
+            at = close.end() + len(self.separator)
+        return calls
+
+    def marked_calls(self, answer: str) -> tuple[int, str] | None:
+        """Where the calls of an unforced answer begin (its first `trigger`), and the text
+        from there as `partial_calls` reads it; None before the trigger is written."""
+        at = answer.find(self.trigger) if self.trigger else -1
+        if at < 0:
             return None
-        head = _FORCED_HEAD.match(text, len(before))
-        if head is None or head["key"] != self.args_key:
-            return None
-        try:
-            name = json.loads(head["name"])
-        except ValueError:
-            return None
-        start = head.end()
-        end = _object_end(text, start)
-        return name, text[start : len(text) if end is None else end], end is not None
+        return at, answer[at:] if self.forced_wrap[0].startswith(self.trigger) else answer[at + len(self.trigger):]
 
     def forced(self, tools: list[dict[str, Any]], several: bool = False) -> str:
         """The regex of an answer that is exactly one call (`several`: one or more calls)
@@ -179,6 +192,7 @@ class ToolFormat:
 Json = tuple[Any, str]  # a JSON value and the text it was read from
 # the head of a forced call's JSON up to its arguments: a name, then the arguments' key
 _FORCED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*(?P<name>"(?:[^"\\]|\\.)*")\s*,\s*"(?P<key>\w+)"\s*:\s*(?=\{)')
+_CALL_CLOSE = re.compile(r"\s*\}")  # after a call's arguments, the end of the call object
 
 
 def _objects(body: str, separator: str) -> list[Json] | None:

@@ -88,3 +88,52 @@ def test_a_call_the_model_writes_itself_arrives_whole_at_the_end() -> None:
     assert call["function"] == {"name": "get_weather", "arguments": ARGS}
     assert "".join(d.get("content", "") for d in deltas) == "Let me look."
     assert json.loads(call["function"]["arguments"])["days"] == [1, {"n": 2}]
+
+
+def gated_text(fmt: ToolFormat) -> str:
+    """An "auto" answer as the grammar after the marker lets a model write it: content,
+    the marker, then two calls."""
+    one = f'{{"name": "get_weather", "{fmt.args_key}": {ARGS}}}'
+    two = f'{{"name": "get_time", "{fmt.args_key}": {{}}}}'
+    calls = fmt.forced_wrap[0] + one + fmt.separator + two + fmt.forced_wrap[1]
+    return "Let me look.\n" + (calls if fmt.forced_wrap[0].startswith(fmt.trigger) else fmt.trigger + calls)
+
+
+def joined_calls(deltas: list[dict]) -> list[dict]:
+    pieces = [call for d in deltas for call in d.get("tool_calls", [])]
+    out: dict[int, dict] = {}
+    for p in pieces:
+        if p["index"] not in out:
+            assert {"id", "type"} <= set(p) and p["index"] == len(out)
+            out[p["index"]] = {"name": p["function"]["name"], "arguments": ""}
+        else:
+            assert set(p) == {"index", "function"}
+        out[p["index"]]["arguments"] += p["function"]["arguments"]
+    return [out[i] for i in range(len(out))]
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_calls_after_the_marker_stream_as_written(name: str) -> None:
+    """tool_choice "auto" with the calls constrained after the marker: content, then each
+    call as it is written, adding up to the whole answer's calls; cut short, the last call
+    holds the arguments written so far."""
+    tools = FORMATS[name]
+    fmt = AnswerFormat(None, Phase.ANSWER, tools, frozenset({"get_weather", "get_time"}), gated=True)
+    text = gated_text(tools)
+    message, called = fmt.message(text)
+    assert called and message["content"] == "Let me look."
+    functions = [c["function"] for c in message["tool_calls"]]
+    assert functions == [{"name": "get_weather", "arguments": ARGS}, {"name": "get_time", "arguments": "{}"}]
+    for seed in range(5):
+        deltas, called = stream(fmt, text, seed)
+        assert called and "".join(d.get("content", "") for d in deltas) == "Let me look."
+        assert joined_calls(deltas) == functions
+        assert sum("tool_calls" in d for d in deltas) > 3  # in pieces, not whole at the end
+    cut = text[: text.index('"note"') + 4]
+    message, called = fmt.message(cut)
+    assert not called and message["content"] == "Let me look."
+    assert [c["function"] for c in message["tool_calls"]] == [{"name": "get_weather", "arguments": '{"city": "Rome", "not'}]
+    deltas, called = stream(fmt, cut, 1)
+    assert not called and joined_calls(deltas) == [c["function"] for c in message["tool_calls"]]
+    one = AnswerFormat(None, Phase.ANSWER, tools, fmt.tool_names, gated=True, one_call=True)
+    assert [c["function"]["name"] for c in one.message(text)[0]["tool_calls"]] == ["get_weather"]
