@@ -6,9 +6,11 @@
    unconstrained (what it sent before). Each answer is parsed as the server parses it:
    calls of `add` with valid arguments, plain content, or a broken call (the marker, then
    no well-formed call of an offered tool: the client gets that text as content).
-2. Compile: the grammar of 1 to 6 tools compiled cold by outlines-core (what the first
-   request of a tool set waits for; later ones hit the cache), with the demo model's
-   tokenizer and a `--vocab`-token byte-level BPE trained on the standard library.
+2. Compile: the grammar of 1 to 6 tools compiled cold (what the first request of a tool
+   set waits for; later ones hit the cache) by outlines-core as a regex, and by llguidance
+   as that regex in a Lark grammar (what the server sends where llguidance drives the
+   tokenizer), with the demo model's tokenizer and a `--vocab`-token byte-level BPE
+   trained on the standard library.
 
     python benchmarks/bench_auto_tool_calls.py [--seeds 12] [--vocab 100000]
 """
@@ -26,7 +28,8 @@ from bench_grammar_backends import stdlib_tokenizer
 from transformers import AutoTokenizer
 
 from sprig.runtime import Engine
-from sprig.runtime.constrained import GrammarSpec, OutlinesBackend
+from sprig.runtime.constrained import GrammarSpec, GuidanceBackend, OutlinesBackend
+from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.demo import ensure_demo_model
 from sprig.runtime.server.tool_calls import FORMATS, plan_tool_use
 
@@ -75,15 +78,18 @@ def calls(model: Path, seeds: int) -> None:
 
 
 def compiles(tokenizer: Path, label: str) -> None:
-    backend = OutlinesBackend.from_tokenizer(AutoTokenizer.from_pretrained(tokenizer))
-    backend.compile(GrammarSpec.regex("warm"))
-    times = []
-    for n in (1, 2, 4, 6):
-        regex = FORMATS["hermes"].after_trigger(TOOLS[:n], True)
-        start = time.perf_counter()
-        backend.compile(GrammarSpec.regex(regex))
-        times.append(f"{n} tools {time.perf_counter() - start:.2f} s")
-    print(f"compile, {label}: " + ", ".join(times))
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    outlines, guidance = OutlinesBackend.from_tokenizer(tok), GuidanceBackend.from_tokenizer(tok)
+    for backend, spec in ((outlines, GrammarSpec.regex), (guidance, lambda r: GrammarSpec("ebnf", lark_grammar(r)))):
+        backend.prepare(backend.compile(spec("warm")))
+        times = []
+        for n in (1, 2, 4, 6):
+            regex = FORMATS["hermes"].after_trigger(TOOLS[:n], True)
+            start = time.perf_counter()
+            backend.prepare(backend.compile(spec(regex)))
+            times.append(f"{n} tools {time.perf_counter() - start:.3f} s")
+        name = "outlines-core, a regex" if backend is outlines else "llguidance, the regex as Lark (the server's)"
+        print(f"compile, {label}, {name}: " + ", ".join(times))
 
 
 def main() -> None:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import torch
 
 MAX_ERROR_CHARS = 500  # llguidance's messages quote the grammar; a client gets this much
+MAX_TOKEN_BYTES = 1000  # llguidance's token trie panics on a token of 1,497 bytes (a BPE trained on code has one)
 
 _tokenizers: dict[str, LLTokenizer] = {}  # fingerprint -> this process's LLTokenizer
 _tokenizers_lock = threading.Lock()
@@ -218,11 +219,14 @@ class GuidanceBackend:
         written = token_bytes(tokenizer)
         written += (None,) * (num_tokens - len(written))
         # a token that writes nothing (special, an id the vocabulary skips or lacks) is special to
-        # llguidance, named as its own tokenizers name theirs (0xFF, then the name)
-        special = tuple(i for i, data in enumerate(written) if data is None)
-        names = dict(zip(special, tokenizer.convert_ids_to_tokens([i for i in special if i < size]), strict=False))
-        tokens = tuple(data if data is not None else b"\xff" + (names.get(i) or f"<[{i}]>").encode()
+        # llguidance, named as its own tokenizers name theirs (0xFF, then the name); so is one too
+        # long for its token trie (named by its id), which a grammar then never produces
+        silent = [i for i, data in enumerate(written) if data is None and i < size]
+        names = dict(zip(silent, tokenizer.convert_ids_to_tokens(silent), strict=True))
+        tokens = tuple(data if data is not None and len(data) <= MAX_TOKEN_BYTES
+                       else b"\xff" + (names.get(i) if data is None and names.get(i) else f"<[{i}]>").encode()
                        for i, data in enumerate(written))
+        special = tuple(i for i, data in enumerate(written) if data is None or len(data) > MAX_TOKEN_BYTES)
         return cls(backend.to_str(), tokenizer.eos_token_id, num_tokens, rows, tokens, special)
 
     def tokenizer(self) -> LLTokenizer:

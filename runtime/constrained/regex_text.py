@@ -130,3 +130,20 @@ def json_string_pattern(pattern: str) -> str:
         else:
             out.append(_JSON_SHORTHANDS.get(atom, atom))
     return "".join(out)
+
+
+def lark_grammar(regex: str) -> str:
+    """A Lark grammar (llguidance's dialect) whose sentences are exactly `regex`'s matches:
+    the regex as one terminal, `/.../`, with each unescaped `/` escaped and each newline
+    written `\\n`. So an `ebnf` spec hands a regex to llguidance, whose lazy lexer
+    compiles one of any JSON in milliseconds where a token automaton takes seconds."""
+    out, i = [], 0
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\" and i + 1 < len(regex):
+            out.append("\\n" if regex[i + 1] == "\n" else regex[i : i + 2])
+            i += 2
+            continue
+        out.append("\\n" if ch == "\n" else "\\/" if ch == "/" else ch)
+        i += 1
+    return "start: /" + "".join(out) + "/\n"

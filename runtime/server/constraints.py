@@ -53,14 +53,14 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
     return found[0] if found else None
 
 
-def response_format_regex(constraint: Constraint) -> str | None:
+def response_format_regex(constraint: Constraint, free_form: bool = False) -> str | None:
     """The regex of a `response_format` constraint (a JSON schema, as `_response_format`
     makes it), with the whitespace the constraint alone is compiled with; None for a
-    schema with free-form JSON (`json_object` among them), whose regex only llguidance
-    compiles fast, and which the grammar router sends there as a schema, not as a regex
-    (`constrained.routing`)."""
+    schema with free-form JSON (`json_object` among them), unless `free_form`: its regex
+    only llguidance compiles fast, and the grammar router sends such a schema there as a
+    schema, not as a regex (`constrained.routing`)."""
     schema = constraint.value if isinstance(constraint.value, str) else json.dumps(constraint.value)
-    if admits_free_form(schema):
+    if admits_free_form(schema) and not free_form:
         return None
     try:
         return schema_to_regex(schema, JSON_WHITESPACE)

@@ -41,6 +41,7 @@ class ServerState:
     manager: RequestManager
     builder: RequestBuilder
     tool_format: ToolFormat | None  # how chat answers hold tool calls; None: not parsed
+    context_free: bool  # the scheduler compiles Lark grammars (llguidance drives the tokenizer)
     started: float  # time.monotonic() at launch
     url: str
     pool: ThreadPoolExecutor  # where requests are parsed, rendered and tokenized (`prepare`)

@@ -158,6 +158,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         ),
         builder=builder,
         tool_format=tool_format,
+        context_free=getattr(tokenizer, "backend_tokenizer", None) is not None and tokenizer.eos_token_id is not None,
         started=time.monotonic(),
         url=f"http://{_address(sock)}",
         pool=ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="sprig-requests"),

@@ -165,7 +165,7 @@ async def chat_completions(request: Request) -> Response:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         constraint = request_constraint(req)
         tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint,
-                              several=req.parallel_tool_calls is not False)
+                              several=req.parallel_tool_calls is not False, context_free=st.context_free)
         text = st.builder.chat_text(req.messages, tools.rendered, _template_variables(st, req),
                                    **_continuation(req))
         ids = st.builder.encode(text, add_special_tokens=False, param="messages")
@@ -176,9 +176,8 @@ async def chat_completions(request: Request) -> Response:
                            gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         extra = reasoning.sampling(phase) if reasoning is not None else {}
-        own = constraint if tools.regex is None else None  # else the tools' regex holds it
-        sampling = [_sampling(st, req, own, len(ids), max_tokens, regex=tools.regex,
-                              constraint_trigger=tools.trigger, **extra)]
+        own = constraint if tools.regex is None else None  # else the tools' grammar holds it
+        sampling = [_sampling(st, req, own, len(ids), max_tokens, **tools.grammar_params(st.context_free), **extra)]
         logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
         return req, fmt, _requests(st, [ids], sampling, logprobs, req.stream, constraint), constraint
 

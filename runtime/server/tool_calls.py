@@ -34,7 +34,9 @@ from typing import Any
 
 from sprig.runtime import json_limits
 from sprig.runtime.constrained.json_schema import admits_free_form, schema_to_regex
+from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.json_limits import MAX_JSON_DEPTH, json_depth
+from sprig.runtime.sampling.params import MAX_EBNF_CHARS
 from sprig.runtime.server.constraints import Constraint, response_format_regex
 from sprig.runtime.server.errors import ApiError
 
@@ -176,17 +178,17 @@ class ToolFormat:
 
     def _calls(self, tools: list[dict[str, Any]], several: bool) -> str:
         """The regex of the calls and what closes them, after `forced_wrap[0]`."""
-        options = []
-        for tool in tools:
-            fn = tool["function"]
-            schema = {"type": "object", "properties": {
-                "name": {"const": fn["name"]},
-                self.args_key: fn.get("parameters") or NO_PARAMETERS,
-            }, "required": ["name", self.args_key]}
-            options.append(schema_to_regex(json.dumps(schema), _WHITESPACE))
+        options = [schema_to_regex(json.dumps(self._call_schema(tool)), _WHITESPACE) for tool in tools]
         call = "(?:" + "|".join(options) + ")"
         more = f"(?:{re.escape(self.separator)}{call})*" if several else ""
         return call + more + re.escape(self.forced_wrap[1])
+
+    def _call_schema(self, tool: dict[str, Any]) -> dict[str, Any]:
+        fn = tool["function"]
+        return {"type": "object", "properties": {
+            "name": {"const": fn["name"]},
+            self.args_key: fn.get("parameters") or NO_PARAMETERS,
+        }, "required": ["name", self.args_key]}
 
 
 Json = tuple[Any, str]  # a JSON value and the text it was read from
@@ -343,16 +345,29 @@ class ToolUse:
     forced: bool = False
     trigger: str | None = None
 
+    def grammar_params(self, context_free: bool) -> dict[str, str | None]:
+        """The sampling parameters that hold `regex`: as a Lark grammar when the server
+        compiles those (`context_free`), so llguidance's lazy lexer compiles it in
+        milliseconds (a token automaton of a tool set takes seconds on a large vocabulary,
+        one of any JSON far longer); else the regex itself."""
+        if self.regex is None:
+            return {}
+        if context_free and len(lark := lark_grammar(self.regex)) <= MAX_EBNF_CHARS:
+            return {"ebnf": lark, "constraint_trigger": self.trigger}
+        return {"regex": self.regex, "constraint_trigger": self.trigger}
+
 
 def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-                  fmt: ToolFormat | None, constraint: Constraint | None, several: bool = True) -> ToolUse:
+                  fmt: ToolFormat | None, constraint: Constraint | None, several: bool = True,
+                  context_free: bool = False) -> ToolUse:
     """Check `tools` and `tool_choice` (OpenAI's meanings: "none" renders no tools and
     parses nothing; "auto", the default with tools, parses what the model writes;
     "required" or a named function constrains the answer to one call, in `fmt` or, without
     one, `BARE_JSON`). Beside OpenAI's `response_format`, "auto" means what it means on
     OpenAI: the answer either matches the format or is calls of the tools (`several`: one
-    or more, else one), in `fmt` (a format with free-form JSON, `json_object` among them,
-    still constrains the whole answer: `constraints.response_format_regex`). The
+    or more, else one), in `fmt`: one regex (for a format with free-form JSON,
+    `json_object` among them, only where the server compiles it in llguidance,
+    `context_free`; else the format constrains the whole answer). The
     constraint fields of SGLang and vLLM (`regex`, `json_schema`, `guided_*`,
     `structured_outputs`) constrain the whole answer, as there. A forced call refuses any
     `constraint`. Raises ApiError."""
@@ -377,14 +392,18 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
     if choice == "none":
         return ToolUse(None, None, None)
     if choice == "auto":
-        answer = None if constraint is None or constraint.field != "response_format" or fmt is None else (
-            response_format_regex(constraint))
-        if answer is None and constraint is None and fmt is not None:
-            calls = _gated_calls(fmt, allowed, several)
+        if constraint is None and fmt is not None:
+            calls = _gated_calls(fmt, allowed, several, context_free)
             return ToolUse(tools, fmt, calls, frozenset(names), trigger=fmt.trigger if calls else None)
-        if answer is None:  # (no format: calls are never parsed)
-            return ToolUse(tools, fmt, None, frozenset(names))
-        return ToolUse(tools, fmt, f"(?:{answer})|(?:{_calls_regex(fmt, allowed, several)})", frozenset(names))
+        if constraint is None or constraint.field != "response_format" or fmt is None:
+            return ToolUse(tools, fmt, None, frozenset(names))  # the request's own constraint holds the answer
+        answer = response_format_regex(constraint)
+        if answer is not None:
+            return ToolUse(tools, fmt, f"(?:{answer})|(?:{_calls_regex(fmt, allowed, several)})", frozenset(names))
+        if context_free:  # free-form JSON: a regex llguidance compiles fast (`grammar_params`)
+            union = f"(?:{response_format_regex(constraint, free_form=True)})|(?:{_calls_regex(fmt, allowed, several)})"
+            return ToolUse(tools, fmt, union, frozenset(names))
+        return ToolUse(tools, fmt, None, frozenset(names))  # the format holds the whole answer
     fmt = fmt or BARE_JSON
     if constraint is not None:
         raise ApiError(400, "a forced tool call cannot be combined with regex, json_schema or response_format",
@@ -393,12 +412,13 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
                    frozenset(_tool_name(t, i) for i, t in enumerate(allowed)), forced=True)
 
 
-def _gated_calls(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool) -> str | None:
+def _gated_calls(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool, context_free: bool) -> str | None:
     """The regex of what follows `fmt`'s trigger in an unforced answer of calls, or None
-    when `fmt` has no trigger or a tool's parameters admit free-form JSON (a regex of any
-    JSON is slow to compile) or cannot be enforced: then the calls are parsed unconstrained."""
-    if fmt.trigger is None or any(admits_free_form(json.dumps(t["function"].get("parameters") or NO_PARAMETERS))
-                                  for t in tools):
+    when `fmt` has no trigger, or a tool's parameters cannot be enforced or admit free-form
+    JSON without `context_free` (a regex of any JSON compiles slowly but in llguidance):
+    then the calls are parsed unconstrained."""
+    if fmt.trigger is None or (not context_free and any(
+            admits_free_form(json.dumps(t["function"].get("parameters") or NO_PARAMETERS)) for t in tools)):
         return None
     try:
         return fmt.after_trigger(tools, several)

@@ -5,6 +5,7 @@ named ValueError."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -217,3 +218,32 @@ def test_an_added_token_is_its_text(backend_class, tmp_path):
     ids = encode(tok, "a\n</tool_call>")
     assert ids[-1] == close and grammar.accept_tokens(ids[:-1])
     assert mask(grammar, len(tok))[close] and grammar.accept_token(close) and grammar.is_terminated()
+
+
+def test_a_regex_as_a_lark_grammar_matches_what_the_regex_matches(tokenizer):
+    """`lark_grammar` hands a regex to llguidance as an `ebnf` spec: slashes, escaped
+    slashes and newlines (raw or escaped) keep their meaning."""
+    from sprig.runtime.constrained.regex_text import lark_grammar
+
+    regex = "a/b\\/c(\n|\\\n)[/x]+"
+    backend = GuidanceBackend.from_tokenizer(tokenizer)
+    compiled = backend.prepare(backend.compile(GrammarSpec("ebnf", lark_grammar(regex))))
+    for text in ("a/b/c\n/", "a/b/c\nx/x", "a/b/c\n", "a/bc\n/", "a/b/c/x", "a/b/c\n\n/"):
+        grammar = backend.matcher(compiled, stop_token_ids={EOS})
+        took = grammar.accept_tokens(encode(tokenizer, text)) and grammar.is_terminated()
+        assert took == (re.fullmatch(regex, text) is not None), text
+
+
+def test_a_token_too_long_for_llguidance_is_never_produced(tmp_path):
+    """llguidance's token trie panics on a token of 1,497 bytes (a BPE trained on code had
+    one): such a token is special to it, and the backend works."""
+    from transformers import AutoTokenizer
+
+    build_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    tok.add_tokens(["#" * 1500])
+    long = tok.convert_tokens_to_ids("#" * 1500)
+    backend = GuidanceBackend.from_tokenizer(tok)
+    grammar = backend.matcher(backend.compile(GrammarSpec.regex("#+")))
+    allowed = mask(grammar, len(tok))
+    assert allowed[encode(tok, "#")[0]] and not allowed[long] and not grammar.accept_token(long)

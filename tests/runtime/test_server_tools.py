@@ -195,3 +195,27 @@ def test_bad_tool_requests_get_400(server: Server, body: dict, param: str, needl
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and needle in error["message"]
+
+
+def test_auto_beside_json_object_answers_json_or_calls_a_tool(server: Server) -> None:
+    """A free-form format (json_object) beside tools: the union through a Lark grammar, so
+    the tools can be called (the format used to hold the whole answer), whole and
+    streamed alike."""
+    body = {"tools": [WEATHER, TIME], "temperature": 1.0, "response_format": {"type": "json_object"}}
+    kinds = []
+    for seed in range(8):
+        choice = chat(server, **body, seed=seed)["choices"][0]
+        message = choice["message"]
+        if "tool_calls" in message:
+            for call in message["tool_calls"]:
+                tool = {"get_weather": WEATHER, "get_time": TIME}[call["function"]["name"]]
+                jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+            kinds.append("calls")
+        else:
+            assert isinstance(json.loads(message["content"]), dict), message
+            kinds.append("answer")
+        events = server.stream("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 160, "stream": True,
+                                                         "seed": seed, **body})
+        deltas = [c["choices"][0] for c in events[:-1]]
+        assert "".join(d["delta"].get("content") or "" for d in deltas) == (message["content"] or "")
+    assert "calls" in kinds, kinds

@@ -168,8 +168,45 @@ def test_auto_beside_response_format_answers_it_or_calls_the_tools(name: str) ->
     assert re.fullmatch(single, one) and not re.fullmatch(single, two)
     assert [c.name for c in fmt.split(two, True, plan.names)[1]] == ["get_time", "get_weather"]
     for field, key, value in (("regex", "regex", "Oslo"), ("guided_json", "json_schema", PLACE),
-                              ("response_format", "json_schema", {"type": "object"})):  # free-form: not yet
+                              ("response_format", "json_schema", {"type": "object"})):  # free-form: see below
         assert plan_tool_use([WEATHER], "auto", fmt, Constraint(field, key, value)).regex is None
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_auto_beside_a_free_form_response_format_is_a_lark_union(name: str, tmp_path) -> None:
+    """json_object (or a schema with free-form JSON) beside tools: the union's regex as a
+    Lark grammar, which llguidance compiles at once; where the server cannot compile one,
+    the format constrains the whole answer."""
+    from transformers import AutoTokenizer
+
+    from sprig.runtime.constrained import GrammarSpec, GuidanceBackend
+    from sprig.runtime.constrained.regex_text import lark_grammar
+    from sprig.runtime.tiny_checkpoint import build_tokenizer
+
+    fmt = FORMATS[name]
+    json_object = Constraint("response_format", "json_schema", {"type": "object"})
+    plan = plan_tool_use([WEATHER, TIME], "auto", fmt, json_object, context_free=True)
+    params = plan.grammar_params(context_free=True)
+    assert params == {"ebnf": lark_grammar(plan.regex), "constraint_trigger": None} and not plan.forced
+    assert plan_tool_use([WEATHER, TIME], "auto", fmt, json_object).regex is None
+    build_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    backend = GuidanceBackend.from_tokenizer(tok)
+    compiled = backend.prepare(backend.compile(GrammarSpec("ebnf", params["ebnf"])))
+
+    def matches(text: str) -> bool:
+        grammar = backend.matcher(compiled, stop_token_ids={tok.eos_token_id})
+        return grammar.accept_tokens(tok.encode(text, add_special_tokens=False)) and grammar.is_terminated()
+
+    one = fmt.forced_wrap[0] + f'{{"name": "get_weather", "{fmt.args_key}": {{"city": "Rome"}}}}'
+    two = one + fmt.separator + f'{{"name": "get_time", "{fmt.args_key}": {{}}}}'
+    assert matches('{"any": ["json", 1, {"x": null}]}') and matches(one + fmt.forced_wrap[1])
+    assert matches(two + fmt.forced_wrap[1])
+    wrong_calls = [one.replace("get_weather", "get_price"), one.replace("Rome", "Oslo")] if fmt.forced_wrap[0] else []
+    for bad in ('["a list"]', '{"a":  1}', *(c + fmt.forced_wrap[1] for c in wrong_calls)):  # (llama3's: objects)
+        assert not matches(bad), bad
+    single = plan_tool_use([WEATHER, TIME], "auto", fmt, json_object, several=False, context_free=True)
+    assert plan_tool_use([WEATHER, TIME], "auto", fmt, json_object, context_free=True) != single
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
@@ -199,6 +236,9 @@ def test_auto_calls_are_constrained_after_the_marker(name: str) -> None:
     free = {"type": "function", "function": {"name": "log", "parameters": {"type": "object"}}}
     assert plan_tool_use([WEATHER, free], "auto", fmt, None) == ToolUse([WEATHER, free], fmt, None,
                                                                        frozenset({"get_weather", "log"}))
+    assert plan_tool_use([WEATHER, free], "auto", fmt, None, context_free=True).trigger == fmt.markers[0]
+    assert plan.grammar_params(context_free=False) == {"regex": plan.regex, "constraint_trigger": plan.trigger}
+    assert plan.grammar_params(context_free=True)["ebnf"].startswith("start: /")
     assert plan_tool_use([WEATHER], "auto", fmt, Constraint("regex", "regex", "x")).regex is None  # the request's
 
 
