@@ -23,6 +23,7 @@ import functools
 import hashlib
 import json
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,20 +155,27 @@ def build_vocabulary(tokenizer: Any, *, logits_width: int | None = None) -> Toke
 
 def token_bytes(tokenizer: Any, *, logits_width: int | None = None) -> tuple[bytes | None, ...]:
     """What each token id of an HF tokenizer appends to the output (`TokenVocabulary`'s
-    `token_bytes`): None for special and empty tokens and for ids it lacks."""
+    `token_bytes`): None for special and empty tokens and for ids it lacks; ids from
+    `logits_width` on dropped. Read once per tokenizer object (both grammar backends and
+    each constraint trigger ask; half a second for 100k tokens)."""
+    written = _TOKEN_BYTES.get(tokenizer)
+    if written is None:
+        written = _TOKEN_BYTES[tokenizer] = _read_token_bytes(tokenizer)
+    return written if logits_width is None else written[:logits_width]
+
+
+_TOKEN_BYTES: weakref.WeakKeyDictionary[Any, tuple[bytes | None, ...]] = weakref.WeakKeyDictionary()
+
+
+def _read_token_bytes(tokenizer: Any) -> tuple[bytes | None, ...]:
     decode = _PIECE_DECODERS[tokenizer_family(tokenizer)]
     special = set(tokenizer.all_special_ids)
     added = {i: text for text, i in tokenizer.get_added_vocab().items()}
     pieces = tokenizer.get_vocab()
-    size = max(pieces.values()) + 1
-    if logits_width is not None:
-        size = min(size, logits_width)
-    out: list[bytes | None] = [None] * size
+    out: list[bytes | None] = [None] * (max(pieces.values()) + 1)
     for piece, token_id in pieces.items():
-        if token_id >= size or token_id in special:
-            continue
-        data = added[token_id].encode() if token_id in added else decode(piece)
-        out[token_id] = data or None
+        if token_id not in special:
+            out[token_id] = (added[token_id].encode() if token_id in added else decode(piece)) or None
     return tuple(out)
 
 

@@ -101,11 +101,15 @@ class TriggerGate(Gate):
 
     def _refused_completions(self) -> list[int]:
         """The tokens that would now complete the trigger with text the grammar refuses."""
-        text = self._decode(self._tail)
-        out = []
+        out, text = [], None  # the tail decoded only when some token may complete a trigger it began
         for j, ids in enumerate(self.trigger.completing):
-            if ids and (j == 0 or text.endswith(self.trigger.text[:j])):
-                out.extend(t for t in ids if not self._takes(self._after_trigger(t)))
+            if not ids:
+                continue
+            if j:
+                text = self._decode(self._tail) if text is None else text
+                if not text.endswith(self.trigger.text[:j]):
+                    continue
+            out.extend(t for t in ids if not self._takes(self._after_trigger(t)))
         return out
 
     def _after_trigger(self, token_id: int) -> str | None:
