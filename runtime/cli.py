@@ -49,6 +49,8 @@ HELP = {
     "port": "port to listen on; 0 picks a free port (the 'ready at' log line names it)",
     "served_model_name": "model id in /v1/models and OpenAI responses (default: the checkpoint directory's name; sprig-demo for the demo model)",
     "max_request_bytes": "larger request bodies get 413",
+    "responses_store_bytes": "memory for stored /v1/responses (previous_response_id, GET /v1/responses/ID), least "
+                             "recently used dropped first; 0 stores none",
     "chat_template": "a Jinja chat template file to use instead of the model's",
     "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never "
                         "parse). Without a format, tool_choice auto answers plain text; required or a named "

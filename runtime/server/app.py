@@ -1,5 +1,5 @@
 """The FastAPI application: the API-key / body-size guard, error handlers, the health,
-OpenAPI and metrics routes, and the routers of `routes_native`, `routes_openai`,
+OpenAPI and metrics routes, and the routers of `routes_native`, `routes_openai`, `routes_responses`,
 `routes_worker` and `routes_info` (which share `http_io`)."""
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sprig.runtime.server import routes_info, routes_native, routes_openai, routes_worker
+from sprig.runtime.server import (
+    routes_info,
+    routes_native,
+    routes_openai,
+    routes_responses,
+    routes_worker,
+)
 from sprig.runtime.server.errors import ApiError, error_response
 from sprig.runtime.server.http_io import ServerState, json_response
 from sprig.runtime.server.openapi import openapi_document
@@ -106,6 +112,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     app.include_router(routes_native.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_worker.router)
     app.include_router(routes_info.router)
     return app

@@ -31,6 +31,9 @@ class ServerConfig:
       `{"name": ..., "arguments": {...}}`, constrained to the tool's schema.
     - `reasoning_parser`: the thinking format of a reasoning model (`<think>...</think>`),
       split off as `reasoning_content`; constraints then apply to the answer after it.
+    - `responses_store_bytes`: how much JSON of stored responses (`/v1/responses` with
+      `store`, the default) the server keeps in memory for `previous_response_id` and
+      `GET /v1/responses/{id}`, the least recently used dropped first; 0 keeps none.
     - `read_timeout`: seconds a client has to send a request's headers, and again its
       body (slow clients hold connections and memory otherwise).
     - `watchdog_timeout`: seconds a child may go without a heartbeat (its main loop turns
@@ -48,6 +51,7 @@ class ServerConfig:
     tool_call_parser: str = "auto"
     reasoning_parser: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
+    responses_store_bytes: int = 64 * 1024 * 1024
     read_timeout: float = 30.0
     watchdog_timeout: float = 300.0
     stats_interval: float = 0.5
@@ -62,6 +66,8 @@ class ServerConfig:
             raise ValueError("api_keys must be non-empty and distinct")
         if self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        if self.responses_store_bytes < 0:
+            raise ValueError(f"responses_store_bytes must be >= 0, got {self.responses_store_bytes}")
         if self.stats_interval <= 0 or self.log_interval <= 0:
             raise ValueError("stats_interval and log_interval must be > 0")
         if self.read_timeout <= 0:

@@ -23,6 +23,7 @@ from sprig.runtime.server.config import ServerConfig
 from sprig.runtime.server.errors import ApiError, error_body
 from sprig.runtime.server.request_builder import RequestBuilder
 from sprig.runtime.server.request_manager import RequestFailed, RequestManager
+from sprig.runtime.server.responses_store import ResponseStore
 from sprig.runtime.server.tool_calls import ToolFormat
 
 log = logging.getLogger("sprig.server")
@@ -45,6 +46,7 @@ class ServerState:
     started: float  # time.monotonic() at launch
     url: str
     pool: ThreadPoolExecutor  # where requests are parsed, rendered and tokenized (`prepare`)
+    responses: ResponseStore  # stored /v1/responses
 
 
 def state_of(request: Request) -> ServerState:

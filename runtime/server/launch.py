@@ -136,6 +136,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
     from sprig.runtime.server.metrics import Metrics
     from sprig.runtime.server.request_builder import RequestBuilder
     from sprig.runtime.server.request_manager import RequestManager
+    from sprig.runtime.server.responses_store import ResponseStore
     from sprig.runtime.server.tool_calls import resolve_format
 
     fatal: list[str] = []
@@ -162,6 +163,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         started=time.monotonic(),
         url=f"http://{_address(sock)}",
         pool=ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="sprig-requests"),
+        responses=ResponseStore(server.responses_store_bytes),
     )
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     config = uvicorn.Config(

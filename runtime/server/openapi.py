@@ -18,12 +18,14 @@ from sprig.runtime.server.protocol import (
     GenerateRequest,
 )
 from sprig.runtime.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
+from sprig.runtime.server.responses_protocol import ResponsesRequest
 
 BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's model
     "/generate": GenerateRequest,
     "/abort_request": AbortRequest,
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/responses": ResponsesRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
 }

@@ -60,6 +60,13 @@ COMPLETIONS: dict[str, Rule] = {
     **_COMMON,
     "add_special_tokens": (_one_of(True), "send token ids as the prompt to control special tokens"),
 }
+RESPONSES: dict[str, Rule] = {
+    **_COMMON,
+    "n": (_one_of(1), "a response has one output; send several requests"),
+    "background": (_off, "responses run in the foreground; stream one to watch it as it is written"),
+    "conversation": (_unset, "send the conversation as input, or chain responses with previous_response_id"),
+    "prompt": (_unset, "the server keeps no prompt templates; send instructions and input"),
+}
 
 
 def check_refused(body: Any, rules: Mapping[str, Rule]) -> None:

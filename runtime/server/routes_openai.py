@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -12,15 +11,21 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
-from sprig.runtime.scheduler.grammar import GRAMMAR_ERROR
-from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
+from sprig.runtime.server.chat_answer import DeltaState
+from sprig.runtime.server.chat_call import (
+    ChatCall,
+    chat_call,
+    collect,
+    contract_requests,
+    named,
+    sampling_for,
+)
 from sprig.runtime.server.constraints import Constraint, request_constraint
 from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.http_io import (
     SSE_DONE,
     ServerState,
     SSEResponse,
-    client_gone,
     client_of,
     error_event,
     json_response,
@@ -34,14 +39,11 @@ from sprig.runtime.server.openai_format import (
     chat_logprobs,
     completion_logprobs,
     finish_reason,
-    sampling_dict,
     usage,
 )
 from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
-from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
 from sprig.runtime.server.refused_fields import CHAT, COMPLETIONS, check_refused
 from sprig.runtime.server.request_manager import Call, RequestFailed
-from sprig.runtime.server.tool_calls import plan_tool_use
 
 router = APIRouter()
 ChoiceFn = Callable[[int, Piece], list[dict[str, Any]]]
@@ -58,28 +60,6 @@ class _Envelope:
 
     def wrap(self, **fields: Any) -> dict[str, Any]:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model, **fields}
-
-
-def _sampling(st: ServerState, req: CompletionRequest | ChatCompletionRequest, constraint: Constraint | None,
-              prompt_len: int, max_tokens: int | None, **extra: Any) -> dict[str, Any]:
-    """The sampling parameters of one prompt, for the request contract to check. `extra`:
-    parameters of the server's own (a forced tool call's regex, the reasoning markers)."""
-    max_new = st.builder.room(prompt_len) if max_tokens is None else max_tokens
-    d = sampling_dict(req, max_new, constraint)
-    d.update({k: v for k, v in extra.items() if v is not None})
-    return d
-
-
-def _requests(st: ServerState, prompts: list[list[int]], sampling: list[dict[str, Any]], logprobs: LogprobOptions,
-              stream: bool, constraint: Constraint | None) -> list[TokenizedRequest]:
-    """The request contract over OpenAI prompts; an invalid constraint is a 400 naming
-    the field it came from."""
-    try:
-        return st.builder.requests(prompts, sampling, None, logprobs, stream=stream, prompt_field="prompt")
-    except ApiError as e:
-        if constraint is None or constraint.key not in e.message:
-            raise
-        raise ApiError(400, f"{constraint.field}: {e.message}", constraint.param) from None
 
 
 def _card(st: ServerState) -> dict[str, Any]:
@@ -113,10 +93,10 @@ async def completions(request: Request) -> Response:
         is_ids = isinstance(p, list) and bool(p) and not isinstance(p[0], str)
         _, prompts = st.builder.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
         constraint = request_constraint(req)
-        sampling = [_sampling(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
+        sampling = [sampling_for(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
         want = req.logprobs is not None
         logprobs = LogprobOptions(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
-        reqs = _requests(st, prompts, sampling, logprobs, req.stream, constraint)
+        reqs = contract_requests(st, prompts, sampling, logprobs, req.stream, constraint)
         texts = [st.builder.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
         return req, texts, reqs, constraint
 
@@ -149,7 +129,7 @@ async def completions(request: Request) -> Response:
 
     if req.stream:
         return _stream(call, env, choice, req, constraint)
-    outs = await _collect(call, request, constraint)
+    outs = await collect(call, request, constraint)
     choices = [c for i, r in enumerate(outs) for c in choice(i, Piece.of_response(r))]
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
 
@@ -158,31 +138,14 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     st = state_of(request)
 
-    def build(body: Any) -> tuple[ChatCompletionRequest, AnswerFormat, list[TokenizedRequest], Constraint | None]:
+    def build(body: Any) -> tuple[ChatCompletionRequest, ChatCall]:
         check_refused(body, CHAT)
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
-        if req.top_logprobs and not req.logprobs:
-            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        constraint = request_constraint(req)
-        tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint,
-                              several=req.parallel_tool_calls is not False, context_free=st.context_free)
-        text = st.builder.chat_text(req.messages, tools.rendered, _template_variables(st, req),
-                                   **_continuation(req))
-        ids = st.builder.encode(text, add_special_tokens=False, param="messages")
-        reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
-        phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
-        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
-                           forced=tools.forced, one_call=req.parallel_tool_calls is False,
-                           gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning))
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        extra = reasoning.sampling(phase) if reasoning is not None else {}
-        own = constraint if tools.regex is None else None  # else the tools' grammar holds it
-        sampling = [_sampling(st, req, own, len(ids), max_tokens, **tools.grammar_params(st.context_free), **extra)]
-        logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
-        return req, fmt, _requests(st, [ids], sampling, logprobs, req.stream, constraint), constraint
+        return req, chat_call(st, req)
 
-    req, fmt, reqs, constraint = await prepare(request, build)
-    call = st.manager.submit(reqs, client_of(request))
+    req, chat = await prepare(request, build)
+    fmt, constraint = chat.fmt, chat.constraint
+    call = st.manager.submit(chat.requests, client_of(request))
     env = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", now_s(), st.model_name)
     sent: dict[int, DeltaState] = {}
 
@@ -203,7 +166,7 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         return _stream(call, _Envelope(env.id, "chat.completion.chunk", env.created, env.model), delta, req,
                        constraint)
-    outs = await _collect(call, request, constraint)
+    outs = await collect(call, request, constraint)
     choices = []
     for i, r in enumerate(outs):
         reason, matched = finish_reason(r["meta_info"]["finish_reason"])
@@ -212,41 +175,6 @@ async def chat_completions(request: Request) -> Response:
         choices.append({"index": i, "message": message, "logprobs": lp,
                         "finish_reason": "tool_calls" if called else reason, "matched_stop": matched})
     return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
-
-
-def _continuation(req: ChatCompletionRequest) -> dict[str, bool]:
-    """How the conversation ends: a generation prompt (the default), or, with
-    `continue_final_message`, the last message left open (vLLM's and SGLang's meaning)."""
-    if req.continue_final_message and req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
-        raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true",
-                       "continue_final_message")
-    cont = req.continue_final_message
-    return {"add_generation_prompt": req.add_generation_prompt and not cont, "continue_final": cont}
-
-
-def _template_variables(st: ServerState, req: ChatCompletionRequest) -> dict[str, Any] | None:
-    """`chat_template_kwargs`, plus `reasoning_effort` for a template that reads it (a
-    400 for one that does not: the field would change nothing)."""
-    if req.reasoning_effort is None:
-        return req.chat_template_kwargs
-    if st.builder.chat is None or "reasoning_effort" not in st.builder.chat.free_variables:
-        raise ApiError(400, "reasoning_effort: this model's chat template takes no reasoning effort",
-                       "reasoning_effort")
-    return {**(req.chat_template_kwargs or {}), "reasoning_effort": req.reasoning_effort}
-
-
-async def _collect(call: Call, request: Request, constraint: Constraint | None) -> list[dict[str, Any]]:
-    try:
-        return await call.collect(functools.partial(client_gone, request))
-    except RequestFailed as e:
-        raise _named(e, constraint) from None
-
-
-def _named(e: RequestFailed, constraint: Constraint | None) -> RequestFailed | ApiError:
-    """A constraint the scheduler could not compile, as a 400 naming the field it came from."""
-    if constraint is None or e.status != 400 or not e.message.startswith(GRAMMAR_ERROR):
-        return e
-    return ApiError(400, f"{constraint.field}: {e.message}", constraint.param)
 
 
 def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionRequest | ChatCompletionRequest,
@@ -262,7 +190,7 @@ def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionReques
             if include_usage:
                 yield sse(env.wrap(choices=[], usage=usage(call.responses(), req.n)))
         except RequestFailed as e:
-            yield error_event(_named(e, constraint))
+            yield error_event(named(e, constraint))
         yield SSE_DONE
 
     return SSEResponse(events(), call.close)

@@ -1,6 +1,6 @@
-"""instructor and litellm driving a running `sprig serve`, as their users write them. Run in
-the environment `scripts/clients_env.sh` builds (instructor pins an older `openai` than
-sprig's own environment has):
+"""instructor, litellm and the OpenAI Agents SDK driving a running `sprig serve`, as their
+users write them. Run in the environment `scripts/clients_env.sh` builds (instructor pins
+an older `openai` than sprig's own environment has):
 
     python tests/runtime/agent_clients.py URL MODEL
 
@@ -21,6 +21,7 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm fetches a price list from GitHub otherwise
 
+import agents
 import instructor
 import litellm
 import openai
@@ -32,6 +33,7 @@ MESSAGES = [{"role": "user", "content": TEXT}]
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
 QUESTION = [{"role": "user", "content": "What is 14 plus 9?"}]
+AGENT_TASK = "Ivan has 14 coins. Then Ivan buys 9 more. Then Ivan doubles them. How many coins does Ivan have now?"
 LITELLM = {"model": f"openai/{MODEL}", "api_base": URL + "/v1", "api_key": "unused", "max_retries": 0}
 
 
@@ -120,6 +122,52 @@ def concurrent() -> list[str]:
     return [r.choices[0].message.content for r in asyncio.run(all_at_once())]
 
 
+@agents.function_tool
+def add(a: int, b: int) -> int:
+    """Add two whole numbers."""
+    return a + b
+
+
+@agents.function_tool
+def multiply(a: int, b: int) -> int:
+    """Multiply two whole numbers."""
+    return a * b
+
+
+def _agent(**kw: Any) -> agents.Agent:
+    """An agent on the server's `/v1/responses` (the SDK's default model API), greedy; a
+    client per event loop, as each check runs its own."""
+    client = openai.AsyncOpenAI(base_url=URL + "/v1", api_key="unused", max_retries=0)
+    return agents.Agent(name="sprig", model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+                        model_settings=agents.ModelSettings(temperature=0, max_tokens=96), **kw)
+
+
+def agent_run(streamed: bool) -> dict[str, Any]:
+    """The calculator agent's task: each call the model made, and its final output."""
+    agents.set_tracing_disabled(True)  # the SDK sends traces to OpenAI otherwise
+
+    async def run() -> agents.RunResult | agents.RunResultStreaming:
+        agent = _agent(tools=[add, multiply])
+        if not streamed:
+            return await agents.Runner.run(agent, AGENT_TASK)
+        result = agents.Runner.run_streamed(agent, AGENT_TASK)
+        async for _ in result.stream_events():
+            pass
+        return result
+
+    result = asyncio.run(run())
+    calls = [[item.raw_item.name, json.loads(item.raw_item.arguments)] for item in result.new_items
+             if isinstance(item, agents.ToolCallItem)]
+    return {"calls": calls, "final": result.final_output}
+
+
+def agent_output_type() -> dict[str, Any]:
+    """An agent with a structured output type (`text.format`, a strict JSON schema)."""
+    agents.set_tracing_disabled(True)
+    person = asyncio.run(agents.Runner.run(_agent(output_type=Person), TEXT)).final_output
+    return person.model_dump()
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "instructor_tools": lambda: extract("TOOLS"),
     "instructor_tools_strict": lambda: extract("TOOLS_STRICT"),
@@ -135,6 +183,9 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "litellm_tools_auto": lambda: completion(tools=[ADD], max_tokens=64),
     "litellm_text_completion": text_completion,
     "litellm_concurrent": concurrent,
+    "agents_run": lambda: agent_run(streamed=False),
+    "agents_run_streamed": lambda: agent_run(streamed=True),
+    "agents_output_type": agent_output_type,
 }
 
 

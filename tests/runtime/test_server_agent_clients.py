@@ -1,8 +1,9 @@
-"""instructor and litellm, the agent libraries, drive `sprig serve` on the demo model
-unchanged: `agent_clients.py` runs their calls in the environment `scripts/clients_env.sh`
+"""instructor, litellm and the OpenAI Agents SDK, the agent libraries, drive `sprig serve`
+on the demo model unchanged: `agent_clients.py` runs their calls in the environment `scripts/clients_env.sh`
 builds (instructor pins an older `openai` than sprig's environment has), and each result
 is checked here against the same request made directly with the official client, or
-against the right answer where the library builds the request itself (instructor's).
+against the right answer where the library builds the request itself (instructor's, the
+Agents SDK's, whose requests go to `/v1/responses`).
 
 Skipped unless that environment exists."""
 
@@ -35,7 +36,8 @@ ADD = {"type": "function", "function": {"name": "add", "description": "Add two n
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not PYTHON.is_file(), reason=f"no clients environment at {ENV}: build it with "
-                       "`bash scripts/clients_env.sh` to drive the server with instructor and litellm"),
+                       "`bash scripts/clients_env.sh` to drive the server with instructor, litellm and the "
+                       "Agents SDK"),
 ]
 
 
@@ -145,3 +147,15 @@ def test_litellm_concurrent_requests_each_equal_alone(results: Results, direct: 
     alone = [direct.chat(messages=[{"role": "user", "content": f"What is {i} plus {i + 3}?"}])["content"]
              for i in range(4)]
     assert results["litellm_concurrent"] == alone
+
+
+def test_agents_sdk_agent_calls_its_tools_and_answers(results: Results) -> None:
+    """The Agents SDK's runner on `/v1/responses`: the demo model adds, multiplies the sum
+    it was handed back, and answers with the product."""
+    run = results["agents_run"]
+    assert run == {"calls": [["add", {"a": 14, "b": 9}], ["multiply", {"a": 23, "b": 2}]], "final": "Answer: 46"}
+    assert results["agents_run_streamed"] == run
+
+
+def test_agents_sdk_structured_output(results: Results) -> None:
+    assert results["agents_output_type"] == TARA

@@ -1,0 +1,175 @@
+"""OpenAI's Responses API: `POST /v1/responses` (whole, or streamed as semantic events),
+`GET` and `DELETE /v1/responses/{id}` for stored responses. A response is generated as
+the chat completion of the same conversation (`responses_protocol.to_chat`, `chat_call`)
+and written back as output items (`responses_output`); stored ones (`responses_store`)
+carry a conversation on through `previous_response_id`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
+from sprig.runtime.server.chat_call import ChatCall, chat_call, collect, named
+from sprig.runtime.server.errors import ApiError, error_type, parse
+from sprig.runtime.server.http_io import (
+    ServerState,
+    SSEResponse,
+    client_of,
+    json_response,
+    now_s,
+    prepare,
+    state_of,
+)
+from sprig.runtime.server.openai_format import Piece, chat_logprobs, finish_reason
+from sprig.runtime.server.refused_fields import RESPONSES, check_refused
+from sprig.runtime.server.request_manager import RequestFailed
+from sprig.runtime.server.responses_output import (
+    EventWriter,
+    OutputStream,
+    new_id,
+    output_items,
+    response_object,
+    response_usage,
+)
+from sprig.runtime.server.responses_protocol import ResponsesRequest, input_items, renamed, to_chat
+
+router = APIRouter()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One response being made: its request, its id and time, the conversation items it
+    follows (what the store keeps as its input) and the chat call that makes it."""
+
+    req: ResponsesRequest
+    rid: str
+    created: int
+    inputs: list[dict[str, Any]]
+    chat: ChatCall
+
+    def response(self, model: str, output: list[dict[str, Any]], usage: dict[str, Any] | None, finish: str | None,
+                 error: dict[str, Any] | None = None) -> dict[str, Any]:
+        return response_object(self.rid, self.created, model, self.req, output, usage, finish, error)
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    st = state_of(request)
+    client = client_of(request)
+
+    def build(body: Any) -> _Job:
+        check_refused(body, RESPONSES)
+        req: ResponsesRequest = parse(ResponsesRequest, body)
+        history: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            previous = st.responses.get(client, req.previous_response_id)
+            if previous is None:
+                raise ApiError(404, f"previous_response_id: no stored response {req.previous_response_id!r} "
+                                    "(responses are kept in memory, within --responses-store-bytes)",
+                               "previous_response_id")
+            history = previous.items
+        try:
+            chat = chat_call(st, to_chat(req, history))
+        except ApiError as e:
+            raise renamed(e) from None
+        return _Job(req, new_id("resp"), now_s(), history + input_items(req), chat)
+
+    job = await prepare(request, build)
+    call = st.manager.submit(job.chat.requests, client)
+    if job.req.stream:
+        return SSEResponse(_events(st, job, call.stream(), call.responses, client), call.close)
+    try:
+        out = (await collect(call, request, job.chat.constraint))[0]
+    except ApiError as e:
+        raise renamed(e) from None
+    message, called = job.chat.fmt.message(out["text"])
+    logprobs = chat_logprobs(*Piece.of_response(out).entries(with_input=False))["content"] \
+        if job.req.wants_logprobs else None
+    reason, _ = finish_reason(out["meta_info"]["finish_reason"])
+    usage = response_usage(out["meta_info"], await _reasoning_tokens(st, message.get("reasoning_content")))
+    response = job.response(st.model_name, output_items(message, logprobs), usage, "tool_calls" if called else reason)
+    _keep(st, job, response, client)
+    return json_response(response)
+
+
+@router.get("/v1/responses/{rid}")
+async def get_response(request: Request, rid: str) -> Response:
+    stored = state_of(request).responses.get(client_of(request), rid)
+    if stored is None:
+        raise ApiError(404, f"no stored response {rid!r}", "response_id")
+    return json_response(stored.response)
+
+
+@router.delete("/v1/responses/{rid}")
+async def delete_response(request: Request, rid: str) -> Response:
+    if not state_of(request).responses.delete(client_of(request), rid):
+        raise ApiError(404, f"no stored response {rid!r}", "response_id")
+    return json_response({"id": rid, "object": "response", "deleted": True})
+
+
+async def _events(st: ServerState, job: _Job, updates: AsyncIterator[Any], responses: Any,
+                  client: int | None) -> AsyncIterator[bytes]:
+    """The stream: `response.created` and `.in_progress`, each item's events as the answer
+    is written (`OutputStream`), then `response.completed` (`.incomplete` when cut at
+    `max_output_tokens`) holding the whole response; on an error, an `error` event and
+    `response.failed`."""
+    writer, out, state = EventWriter(), OutputStream(job.req.wants_logprobs), DeltaState()
+    fmt: AnswerFormat = job.chat.fmt
+    started = job.response(st.model_name, [], None, None)
+    yield writer.write("response.created", {"response": started})
+    yield writer.write("response.in_progress", {"response": started})
+    finish = None
+    try:
+        async for update in updates:
+            piece = Piece.of_outputs(update.outputs)
+            reason, _ = finish_reason(piece.finish)
+            body, called = state.delta(fmt, piece.text, reason is not None)
+            logprobs = chat_logprobs(*piece.entries(with_input=False))["content"] if job.req.wants_logprobs else []
+            out.feed(body, logprobs)
+            for kind, fields in _drain(out):
+                yield writer.write(kind, fields)
+            if reason is not None:
+                finish = "tool_calls" if called else reason
+        out.finish()
+        for kind, fields in _drain(out):
+            yield writer.write(kind, fields)
+        reasoning = "".join(i["content"][0]["text"] for i in out.items if i["type"] == "reasoning")
+        usage = response_usage(responses()[0]["meta_info"], await _reasoning_tokens(st, reasoning))
+        response = job.response(st.model_name, out.items, usage, finish)
+        _keep(st, job, response, client)
+        done = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        yield writer.write(done, {"response": response})
+    except RequestFailed as e:
+        error = named(e, job.chat.constraint)
+        if isinstance(error, ApiError):
+            error = renamed(error)
+        param = getattr(error, "param", None)
+        yield writer.write("error", {"code": error_type(error.status), "message": error.message, "param": param})
+        failed = job.response(st.model_name, out.items, None, None,
+                              {"code": error_type(error.status), "message": error.message})
+        yield writer.write("response.failed", {"response": failed})
+
+
+def _drain(out: OutputStream) -> list[tuple[str, dict[str, Any]]]:
+    events, out.events = out.events, []
+    return events
+
+
+def _keep(st: ServerState, job: _Job, response: dict[str, Any], client: int | None) -> None:
+    if job.req.store:
+        st.responses.put(client, response, job.inputs)
+
+
+async def _reasoning_tokens(st: ServerState, reasoning: str | None) -> int:
+    """How many tokens the reasoning took (tokenized on the request pool)."""
+    if not reasoning:
+        return 0
+    tokenizer = st.builder.tokenizer
+    loop = asyncio.get_running_loop()
+    return len(await loop.run_in_executor(st.pool, lambda: tokenizer.encode(reasoning, add_special_tokens=False)))
