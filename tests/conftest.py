@@ -48,6 +48,7 @@ SLOWEST_FILES = (
     "runtime/test_batch_invariance.py",  # 45
     "runtime/test_tp_server.py",  # 41
     "runtime/test_server_reasoning.py",  # 40
+    "runtime/test_server_responses.py",  # ~35
     "test_import_graph.py",  # 34
     "runtime/test_kv_int8.py",  # 29
     "runtime/test_server_hostile.py",  # 26

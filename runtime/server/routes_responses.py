@@ -7,7 +7,7 @@ carry a conversation on through `previous_response_id`."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from sprig.runtime.server.http_io import (
 )
 from sprig.runtime.server.openai_format import Piece, chat_logprobs, finish_reason
 from sprig.runtime.server.refused_fields import RESPONSES, check_refused
-from sprig.runtime.server.request_manager import RequestFailed
+from sprig.runtime.server.request_manager import RequestFailed, Update
 from sprig.runtime.server.responses_output import (
     EventWriter,
     OutputStream,
@@ -113,8 +113,8 @@ async def delete_response(request: Request, rid: str) -> Response:
     return json_response({"id": rid, "object": "response", "deleted": True})
 
 
-async def _events(st: ServerState, job: _Job, updates: AsyncIterator[Any], responses: Any,
-                  client: int | None) -> AsyncIterator[bytes]:
+async def _events(st: ServerState, job: _Job, updates: AsyncIterator[Update],
+                  responses: Callable[[], list[dict[str, Any]]], client: int | None) -> AsyncIterator[bytes]:
     """The stream: `response.created` and `.in_progress`, each item's events as the answer
     is written (`OutputStream`), then `response.completed` (`.incomplete` when cut at
     `max_output_tokens`) holding the whole response; on an error, an `error` event and

@@ -5,7 +5,8 @@ A workload is a set of requests — prompts with and without shared prefixes (so
 identical), random `max_new_tokens`, stops on EOS, stop strings or `stop_token_ids` at
 different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, logprobs
 (with input logprobs from random starts), a regex on the whole output or from a trigger
-text on (`constraint_trigger`), arrivals spread over steps and aborts mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
+text on (`constraint_trigger`), compiled by outlines-core or, as a Lark grammar holding it
+(as the server sends tools' grammars), by llguidance, arrivals spread over steps and aborts mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
 engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
 retract, radix on or off, few or many running requests, each schedule policy, either
 attention backend, a float or an int8 KV cache, float or int4 weights, speculative
@@ -49,6 +50,7 @@ from quant_checkpoints import with_rtn_weights
 
 from sprig.runtime import Engine
 from sprig.runtime.constrained import Grammar, RoutedBackend, bitmask_width, spec_from_params
+from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.request_contract import LogprobOptions, ModelLimits, build_requests
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
@@ -181,6 +183,7 @@ class Stats:
     ties: int = 0  # near-ties rounded differently (batched vs alone, or sprig vs transformers)
     hf_tokens: int = 0  # tokens checked against transformers' logits
     constrained: int = 0  # of the sequences, those under a regex (from the start or a trigger)
+    context_free: int = 0  # of those, the ones whose regex went to llguidance as a Lark grammar
     by_backend: dict[str, int] = field(default_factory=dict)
     by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
@@ -195,7 +198,7 @@ class Stats:
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.constrained} of the "
-            f"requests constrained; {self.aborted} aborted, "
+            f"requests constrained ({self.context_free} by llguidance); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
             f"alternative paths verified, {self.alternatives_kept} followed"
         )
@@ -273,6 +276,8 @@ def _params(rng: random.Random, constraints: random.Random, vocab: int, small: b
         p["regex"] = constraints.choice(REGEXES)
         if constraints.random() < 0.5:
             p["constraint_trigger"] = constraints.choice(TRIGGERS)
+        if constraints.random() < 0.4:  # as the server sends tools' grammars: a Lark grammar, to llguidance
+            p["ebnf"] = lark_grammar(p.pop("regex"))
         p.pop("min_new_tokens", None)  # it may forbid the only token a grammar allows
     return SamplingParams.from_dict(p)
 
@@ -510,6 +515,7 @@ def _check_sequence(
     stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where)
     stats.hf_tokens += len(want.ids)
     stats.constrained += spec_from_params(seq_params) is not None
+    stats.context_free += seq_params.ebnf is not None
     n = _common_len(got.ids, want.ids)
     if n < len(got.ids) and n < len(want.ids):  # they part at token n
         if not ref.near_tie(rows[n], seq_params, prompt, want.ids[:n], want.ids[n], got.ids[n]):
