@@ -31,39 +31,40 @@ sys.dont_write_bytecode = False
 # worker, in collection order (`--no-loadscope-reorder`): these first, so that no worker
 # ends the run alone on a long one.
 SLOWEST_FILES = (
-    "runtime/test_speculative_draft_model.py",  # 144
-    "lang/test_sglang_frontend.py",  # ~60 (skipped without .venv-sglang)
-    "runtime/test_server_agent_clients.py",  # ~50 (skipped without .venv-clients)
-    "runtime/test_speculative_engine.py",  # 122
-    "runtime/test_gateway.py",  # 101
-    "runtime/test_tp_engine.py",  # 79
-    "runtime/test_engine_fuzz.py",  # 65
-    "runtime/test_quant_server.py",  # 62
-    "runtime/test_server_langchain.py",  # 61
-    "runtime/test_server_liveness.py",  # 60
-    "runtime/test_server_schemathesis.py",  # 55
-    "test_examples.py",  # 51
-    "runtime/test_speculative_server.py",  # 50
-    "runtime/test_server_flags.py",  # 50
-    "runtime/test_batch_invariance.py",  # 45
-    "runtime/test_tp_server.py",  # 41
-    "runtime/test_server_reasoning.py",  # 40
-    "runtime/test_server_responses.py",  # ~35
-    "test_import_graph.py",  # 34
-    "runtime/test_kv_int8.py",  # 29
-    "runtime/test_server_hostile.py",  # 26
-    "runtime/test_speculative_distribution.py",  # 25
-    "test_without_triton.py",  # 24
-    "runtime/test_tp_quant.py",  # 23
-    "runtime/test_server_errors.py",  # 22
-    "runtime/test_server_auto_tool_calls.py",  # 20
-    "runtime/test_server_api_keys.py",  # 22
-    "runtime/test_server_lifecycle.py",  # 19
-    "runtime/test_tp_failure.py",  # 17
-    "runtime/test_triton_backend.py",  # 17
-    "runtime/test_shadow.py",  # 16
+    "runtime/test_gateway.py",  # 102
+    "runtime/test_speculative_engine.py",  # 97
+    "runtime/test_server_schemathesis.py",  # 89
+    "runtime/test_tp_engine.py",  # 86
+    "runtime/test_engine_fuzz.py",  # 66
+    "runtime/test_server_liveness.py",  # 62
+    "runtime/test_quant_server.py",  # 56
+    "runtime/test_speculative_draft_model.py",  # 52
+    "runtime/test_server_langchain.py",  # 52
+    "runtime/test_speculative_server.py",  # 49
+    "runtime/test_tp_server.py",  # 48
+    "test_examples.py",  # 47
+    "runtime/test_server_reasoning.py",  # 44
+    "runtime/test_server_agent_clients.py",  # 41 (skipped without .venv-clients)
+    "lang/test_sglang_frontend.py",  # 40 (skipped without .venv-sglang)
+    "runtime/test_batch_invariance.py",  # 38
+    "runtime/test_server_flags.py",  # 36
+    "runtime/test_kv_int8.py",  # 34
+    "test_import_graph.py",  # 28
+    "runtime/test_server_auto_tool_calls.py",  # 27
+    "runtime/test_server_responses.py",  # 27
+    "runtime/test_server_hostile.py",  # 24
+    "runtime/test_tp_quant.py",  # 21
+    "runtime/test_server_api_keys.py",  # 21
+    "runtime/test_server_lifecycle.py",  # 20
+    "test_without_triton.py",  # 19
+    "runtime/test_speculative_distribution.py",  # 19
+    "runtime/test_quant_parity.py",  # 17
     "runtime/test_constrained_compiler.py",  # 16
-    "runtime/test_server_tokens.py",  # 15
+    "runtime/test_tp_failure.py",  # 14
+    "runtime/test_triton_backend.py",  # 14
+    "runtime/test_shadow.py",  # 13
+    "runtime/test_server_errors.py",  # 11
+    "runtime/test_server_tokens.py",  # 3
 )
 
 
