@@ -135,7 +135,11 @@ def launch_data_parallel(model_path: str, server: ServerConfig, engine: EngineCo
                          "no --nnodes or --dist-init-addr")
     key = server.api_keys[0] if server.api_keys else None
     gpus, threads = worker_devices(engine.runner.device, dp.dp_size, engine.dist.tp_size)
-    cmd = worker_command(model_path, server, engine, threads)
+    # each worker would keep its own responses, and the gateway does not send a continuation
+    # to the worker that made the response it continues: none keeps any (`previous_response_id`
+    # is then always a 404 saying so, never one that depends on the route)
+    log.info("/v1/responses are not stored behind the gateway: send each conversation as input")
+    cmd = worker_command(model_path, dataclasses.replace(server, responses_store_bytes=0), engine, threads)
     workers: list[Worker] = []
     gateway: Gateway | None = None
     try:

@@ -24,11 +24,11 @@ def new_id(prefix: str) -> str:
 
 
 def response_object(rid: str, created: int, model: str, req: ResponsesRequest, output: list[dict[str, Any]],
-                    usage: dict[str, Any] | None, finish: str | None,
+                    usage: dict[str, Any] | None, finish: str | None, stored: bool,
                     error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The response object: `finish` None while in progress, "length" when the output was
     cut at `max_output_tokens` (status "incomplete"), else "completed" (or "failed" with
-    an `error`)."""
+    an `error`); `stored`: whether the server keeps it (its `store`)."""
     if error is not None:
         status = "failed"
     elif finish is None:
@@ -43,7 +43,7 @@ def response_object(rid: str, created: int, model: str, req: ResponsesRequest, o
         "output": output, "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
         "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
-        "store": req.store, "temperature": 1.0 if req.temperature is None else req.temperature,
+        "store": stored, "temperature": 1.0 if req.temperature is None else req.temperature,
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": req.tools or [],
         "top_p": 1.0 if req.top_p is None else req.top_p, "top_logprobs": req.top_logprobs,

@@ -40,22 +40,27 @@ from sprig.runtime.server.responses_output import (
 from sprig.runtime.server.responses_protocol import ResponsesRequest, input_items, renamed, to_chat
 
 router = APIRouter()
+_STORE_RULE = "responses are kept in memory, within --responses-store-bytes"
+_NO_STORE = ("this server keeps no responses: --responses-store-bytes 0, which data-parallel workers run with; "
+             "send the conversation as input")
 
 
 @dataclass(frozen=True)
 class _Job:
     """One response being made: its request, its id and time, the conversation items it
-    follows (what the store keeps as its input) and the chat call that makes it."""
+    follows (what the store keeps as its input), the chat call that makes it, and whether
+    it is kept (`store`, on a server that keeps responses)."""
 
     req: ResponsesRequest
     rid: str
     created: int
     inputs: list[dict[str, Any]]
     chat: ChatCall
+    stored: bool
 
     def response(self, model: str, output: list[dict[str, Any]], usage: dict[str, Any] | None, finish: str | None,
                  error: dict[str, Any] | None = None) -> dict[str, Any]:
-        return response_object(self.rid, self.created, model, self.req, output, usage, finish, error)
+        return response_object(self.rid, self.created, model, self.req, output, usage, finish, self.stored, error)
 
 
 @router.post("/v1/responses")
@@ -71,14 +76,15 @@ async def create_response(request: Request) -> Response:
             previous = st.responses.get(client, req.previous_response_id)
             if previous is None:
                 raise ApiError(404, f"previous_response_id: no stored response {req.previous_response_id!r} "
-                                    "(responses are kept in memory, within --responses-store-bytes)",
+                                    f"({_STORE_RULE if st.responses.max_bytes else _NO_STORE})",
                                "previous_response_id")
             history = previous.items
         try:
             chat = chat_call(st, to_chat(req, history))
         except ApiError as e:
             raise renamed(e) from None
-        return _Job(req, new_id("resp"), now_s(), history + input_items(req), chat)
+        stored = req.store and st.responses.max_bytes > 0
+        return _Job(req, new_id("resp"), now_s(), history + input_items(req), chat, stored)
 
     job = await prepare(request, build)
     call = st.manager.submit(job.chat.requests, client)
@@ -162,7 +168,7 @@ def _drain(out: OutputStream) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _keep(st: ServerState, job: _Job, response: dict[str, Any], client: int | None) -> None:
-    if job.req.store:
+    if job.stored:
         st.responses.put(client, response, job.inputs)
 
 

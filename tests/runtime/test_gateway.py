@@ -220,6 +220,22 @@ def test_cache_aware_routing_keeps_the_hit_rate_round_robin_loses(tiny_llama: Pa
 
 
 @needs_gateway
+def test_responses_behind_the_gateway_are_not_stored_so_never_continued_by_chance(
+        dp_server: DataParallelServer) -> None:
+    """Each worker would keep its own responses and the gateway routes a continuation to
+    any worker: the workers keep none, so `previous_response_id` is a 404 saying to send
+    the conversation, on every route, and a response says it was not stored."""
+    model = httpx.get(dp_server.url + "/v1/models", headers=AUTH, timeout=TIMEOUT).json()["data"][0]["id"]
+    body = {"model": model, "input": "a b c", "max_output_tokens": 4, "temperature": 0}
+    first = httpx.post(dp_server.url + "/v1/responses", json=body, headers=AUTH, timeout=TIMEOUT)
+    assert first.status_code == 200 and first.json()["store"] is False, first.text
+    for _ in range(4):  # both workers, whatever the policy
+        r = httpx.post(dp_server.url + "/v1/responses", json={**body, "previous_response_id": first.json()["id"]},
+                       headers=AUTH, timeout=TIMEOUT)
+        assert r.status_code == 404 and "send the conversation as input" in r.json()["error"]["message"], r.text
+
+
+@needs_gateway
 def test_a_worker_that_dies_loses_no_request_that_had_not_started_on_it(dp_server: DataParallelServer) -> None:
     rng = random.Random(1)
     prompts = [[rng.randrange(8, 500) for _ in range(24)] for _ in range(48)]
