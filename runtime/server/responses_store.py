@@ -1,5 +1,5 @@
 """The responses a server keeps (`store`, the default), for `previous_response_id` and
-`GET /v1/responses/{id}`: in memory, within `max_bytes` of JSON, the least recently used
+`GET /v1/responses/{id}` (and its input items): in memory, within `max_bytes` of JSON, the least recently used
 dropped first, each readable and deletable only by the client (API key) that made it.
 Nothing survives a restart; a response the store no longer holds is a 404."""
 
@@ -15,13 +15,18 @@ import orjson
 
 @dataclass(frozen=True)
 class Stored:
-    """A response object and its conversation: every input item it was generated after
-    (its predecessors' included) and its output items, in order."""
+    """A response object and the input items it was generated after (its predecessors'
+    included, in their listed form: `responses_items.as_listed`)."""
 
     client: int | None
     response: dict[str, Any]
-    items: list[dict[str, Any]]
+    inputs: list[dict[str, Any]]
     size: int
+
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        """The conversation so far: the input items, then the response's output items."""
+        return self.inputs + self.response["output"]
 
 
 class ResponseStore:
@@ -36,15 +41,14 @@ class ResponseStore:
     def put(self, client: int | None, response: dict[str, Any], inputs: list[dict[str, Any]]) -> bool:
         """Keep `response` after `inputs`; False when it alone exceeds `max_bytes` (then
         it is not kept)."""
-        items = inputs + response["output"]
-        size = len(orjson.dumps(response)) + len(orjson.dumps(items))
+        size = len(orjson.dumps(response)) + len(orjson.dumps(inputs))
         if size > self.max_bytes:
             return False
         with self._lock:
             self._drop(response["id"])
             while self._entries and self._bytes + size > self.max_bytes:
                 self._drop(next(iter(self._entries)))
-            self._entries[response["id"]] = Stored(client, response, items, size)
+            self._entries[response["id"]] = Stored(client, response, inputs, size)
             self._bytes += size
         return True
 

@@ -1,5 +1,6 @@
 """OpenAI's Responses API: `POST /v1/responses` (whole, or streamed as semantic events),
-`GET` and `DELETE /v1/responses/{id}` for stored responses. A response is generated as
+`GET` and `DELETE /v1/responses/{id}` for stored responses, and
+`GET /v1/responses/{id}/input_items`. A response is generated as
 the chat completion of the same conversation (`responses_protocol.to_chat`, `chat_call`)
 and written back as output items (`responses_output`); stored ones (`responses_store`)
 carry a conversation on through `previous_response_id`."""
@@ -9,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
@@ -29,6 +30,7 @@ from sprig.runtime.server.http_io import (
 from sprig.runtime.server.openai_format import Piece, chat_logprobs, finish_reason
 from sprig.runtime.server.refused_fields import RESPONSES, check_refused
 from sprig.runtime.server.request_manager import RequestFailed, Update
+from sprig.runtime.server.responses_items import MAX_LIMIT, as_listed, item_page
 from sprig.runtime.server.responses_output import (
     EventWriter,
     OutputStream,
@@ -84,7 +86,7 @@ async def create_response(request: Request) -> Response:
         except ApiError as e:
             raise renamed(e) from None
         stored = req.store and st.responses.max_bytes > 0
-        return _Job(req, new_id("resp"), now_s(), history + input_items(req), chat, stored)
+        return _Job(req, new_id("resp"), now_s(), history + as_listed(input_items(req)), chat, stored)
 
     job = await prepare(request, build)
     call = st.manager.submit(job.chat.requests, client)
@@ -110,6 +112,18 @@ async def get_response(request: Request, rid: str) -> Response:
     if stored is None:
         raise ApiError(404, f"no stored response {rid!r}", "response_id")
     return json_response(stored.response)
+
+
+@router.get("/v1/responses/{rid}/input_items")
+async def list_input_items(request: Request, rid: str, limit: int = Query(20, ge=1, le=MAX_LIMIT),
+                           order: Literal["asc", "desc"] = "desc", after: str | None = None,
+                           before: str | None = None) -> Response:
+    """The input items `rid` was generated after (`responses_items`). `include` is
+    accepted and has no effect: items are listed as they were stored."""
+    stored = state_of(request).responses.get(client_of(request), rid)
+    if stored is None:
+        raise ApiError(404, f"no stored response {rid!r}", "response_id")
+    return json_response(item_page(stored.inputs, limit=limit, order=order, after=after, before=before))
 
 
 @router.delete("/v1/responses/{rid}")

@@ -1,14 +1,16 @@
-"""The Responses API's pure parts: input items read as chat messages, chat deltas written
-as output items and events, and the store's bounds (bytes, least recently used first,
-one client's responses hidden from another)."""
+"""The Responses API's pure parts: input items read as chat messages and listed (ids, and
+cursor pages), chat deltas written as output items and events, and the store's bounds
+(bytes, least recently used first, one client's responses hidden from another)."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
 
 from sprig.runtime.server.errors import ApiError
+from sprig.runtime.server.responses_items import as_listed, item_page
 from sprig.runtime.server.responses_output import OutputStream, output_items
 from sprig.runtime.server.responses_protocol import (
     ResponsesRequest,
@@ -18,19 +20,21 @@ from sprig.runtime.server.responses_protocol import (
 )
 from sprig.runtime.server.responses_store import ResponseStore
 
+ITEMS = [
+    {"role": "developer", "content": "Be brief."},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is "},
+                                                    {"type": "input_text", "text": "2 plus 3?"}]},
+    {"type": "reasoning", "id": "rs_1", "summary": []},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me add."}]},
+    {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'},
+    {"type": "function_call", "call_id": "c2", "name": "add", "arguments": '{"a": 0, "b": 0}'},
+    {"type": "function_call_output", "call_id": "c1", "output": "5"},
+    {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "0"}]},
+]
+
 
 def test_items_become_the_chat_messages_of_the_same_conversation() -> None:
-    items = [
-        {"role": "developer", "content": "Be brief."},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is "},
-                                                        {"type": "input_text", "text": "2 plus 3?"}]},
-        {"type": "reasoning", "id": "rs_1", "summary": []},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me add."}]},
-        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'},
-        {"type": "function_call", "call_id": "c2", "name": "add", "arguments": '{"a": 0, "b": 0}'},
-        {"type": "function_call_output", "call_id": "c1", "output": "5"},
-        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "0"}]},
-    ]
+    items = ITEMS
     call = lambda i, a: {"id": i, "type": "function", "function": {"name": "add", "arguments": a}}  # noqa: E731
     assert input_messages(items, "input") == [
         {"role": "developer", "content": "Be brief."},
@@ -137,3 +141,44 @@ def test_the_store_counts_its_bytes_through_any_order_of_puts_and_deletes() -> N
         else:
             store.put(None, {"id": f"resp_{i}", "output": [{"text": "z" * rng.randrange(600)}]}, [])
         assert store.held_bytes == sum(e.size for e in store._entries.values()) <= 3000
+
+
+def test_listed_items_have_ids_and_text_parts_and_read_as_the_same_messages() -> None:
+    items = [*copy.deepcopy(ITEMS), {"role": "assistant", "content": "Five."}]
+    before = copy.deepcopy(items)
+    listed = as_listed(items)
+    assert items == before  # the client's items are not changed
+    assert input_messages(listed, "input") == input_messages(items, "input")
+    assert [i["id"].split("_")[0] for i in listed] == ["msg", "msg", "rs", "msg", "fc", "fc", "fco", "fco", "msg"]
+    assert listed[2]["id"] == "rs_1" and len({i["id"] for i in listed}) == len(listed)
+    assert all(i["status"] == "completed" and "type" in i for i in listed)
+    assert listed[0]["content"] == [{"type": "input_text", "text": "Be brief."}]
+    assert listed[-1]["content"] == [{"type": "output_text", "text": "Five.", "annotations": []}]
+    assert as_listed(listed) == listed  # listing is idempotent: stored history is listed as it was
+
+
+@pytest.mark.parametrize("order", ["asc", "desc"])
+def test_pages_walked_by_their_last_id_list_every_item_once_in_order(order: str) -> None:
+    items = [{"id": f"msg_{i}", "type": "message"} for i in range(7)]
+    ordered = items if order == "asc" else items[::-1]
+    for limit in range(1, 9):
+        seen, after, pages = [], None, 0
+        while True:
+            page = item_page(items, limit=limit, order=order, after=after, before=None)
+            pages += 1
+            assert len(page["data"]) <= limit and page["object"] == "list"
+            seen += page["data"]
+            if not page["has_more"]:
+                break
+            after = page["last_id"]
+            assert after == page["data"][-1]["id"] and page["first_id"] == page["data"][0]["id"]
+        assert seen == ordered and pages == max(1, -(-7 // limit))
+    page = item_page(items, limit=2, order=order, after=None, before=ordered[5]["id"])
+    assert page["data"] == ordered[:2] and page["has_more"]
+    page = item_page(items, limit=20, order=order, after=ordered[1]["id"], before=ordered[4]["id"])
+    assert page["data"] == ordered[2:4] and not page["has_more"]
+    last = item_page(items, limit=5, order=order, after=ordered[-1]["id"], before=None)
+    assert last["data"] == [] and last["first_id"] is None and not last["has_more"]
+    with pytest.raises(ApiError) as e:
+        item_page(items, limit=5, order=order, after="msg_x", before=None)
+    assert e.value.status == 400 and e.value.param == "after"

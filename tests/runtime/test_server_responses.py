@@ -178,6 +178,36 @@ def test_stored_responses_are_read_deleted_and_not_kept_when_told(client: Any) -
     assert e.value.body["param"] == "previous_response_id"
 
 
+def test_input_items_list_the_conversation_a_response_followed(demo: Server, client: Any) -> None:
+    """A chained response's input items are its predecessor's input and output, then its
+    own input, each with an id; pages walked by the client list them all, newest first."""
+    first = client.responses.create(model="sprig-demo", instructions="Be brief.", temperature=0,
+                                    max_output_tokens=8, input=[
+                                        {"role": "user", "content": "Hello."},
+                                        {"role": "assistant", "content": "Hi."},
+                                        {"role": "user", "content": [{"type": "input_text", "text": QUESTION}]}])
+    second = client.responses.create(model="sprig-demo", previous_response_id=first.id, temperature=0,
+                                     max_output_tokens=8, input="And 2 plus 2?")
+    own = client.responses.input_items.list(first.id, order="asc").data
+    assert [(i.role, i.content[0].text) for i in own] == [("user", "Hello."), ("assistant", "Hi."), ("user", QUESTION)]
+    listed = list(client.responses.input_items.list(second.id, order="asc", limit=2))
+    assert [i.id for i in listed[:3]] == [i.id for i in own]
+    assert [i.model_dump(exclude_none=True) for i in listed[3:-1]] == \
+        [o.model_dump(exclude_none=True) for o in first.output]
+    assert (listed[-1].type, listed[-1].role, listed[-1].content[0].text) == ("message", "user", "And 2 plus 2?")
+    assert all(i.status == "completed" for i in listed) and len({i.id for i in listed}) == len(listed)
+    newest = client.responses.input_items.list(second.id, limit=3)
+    assert [i.id for i in newest.data] == [i.id for i in listed[::-1][:3]] and newest.has_more
+    assert not client.responses.input_items.list(second.id, limit=100).has_more
+    for query, param in [("limit=0", "limit"), ("limit=101", "limit"), ("order=up", "order"), ("after=msg_x", "after")]:
+        r = demo.get(f"/v1/responses/{second.id}/input_items?{query}")
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(first.id)
+    assert len(list(client.responses.input_items.list(second.id))) == len(listed)  # stored with its history
+
+
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input",
      "input[0].content[0]"),
