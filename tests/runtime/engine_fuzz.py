@@ -5,8 +5,10 @@ A workload is a set of requests — prompts with and without shared prefixes (so
 identical), random `max_new_tokens`, stops on EOS, stop strings or `stop_token_ids` at
 different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, logprobs
 (with input logprobs from random starts), a regex on the whole output or from a trigger
-text on (`constraint_trigger`), compiled by outlines-core or, as a Lark grammar holding it
-(as the server sends tools' grammars), by llguidance, arrivals spread over steps and aborts mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
+text on (`constraint_trigger`), compiled by outlines-core, by llguidance (the engine's
+`grammar_backend`, in `GUIDED_SHARE` of workloads; their alone runs and reference masks use
+it too) or, as a Lark grammar holding it (as the server sends tools' grammars), by
+llguidance whatever the backend, arrivals spread over steps and aborts mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
 engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
 retract, radix on or off, few or many running requests, each schedule policy, either
 attention backend, a float or an int8 KV cache, float or int4 weights, speculative
@@ -67,11 +69,18 @@ TRIGGERS = ["e", " t", "a"]
 FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
 # engine options that change the model's numbers: alone runs and transformers take the workload's
 NUMERICS = ("kv_cache_dtype", "quantization", "quantization_group_size")
+# and what compiles regexes (the same outputs either way, masked by other code): alone runs and
+# transformers' masks take the workload's too
+REFERENCE_OPTIONS = (*NUMERICS, "grammar_backend")
+GUIDED_SHARE = 0.3  # of workloads, those whose regexes llguidance compiles (`grammar_backend`)
 Numerics = tuple[tuple[str, Any], ...]  # those of a workload's options that are not the default
 
 
 def numerics(options: dict[str, Any]) -> Numerics:
-    return tuple(sorted((k, v) for k, v in options.items() if k in NUMERICS and v not in (None, "auto")))
+    """The workload's options its references take (`REFERENCE_OPTIONS`), where not the
+    default."""
+    return tuple(sorted((k, v) for k, v in options.items()
+                        if k in REFERENCE_OPTIONS and v not in (None, "auto", "outlines")))
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,7 @@ class Stats:
     hf_tokens: int = 0  # tokens checked against transformers' logits
     constrained: int = 0  # of the sequences, those under a regex (from the start or a trigger)
     context_free: int = 0  # of those, the ones whose regex went to llguidance as a Lark grammar
+    guided: int = 0  # of those, the ones whose regex llguidance compiled itself (`grammar_backend`)
     by_backend: dict[str, int] = field(default_factory=dict)
     by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
@@ -198,7 +208,8 @@ class Stats:
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.constrained} of the "
-            f"requests constrained ({self.context_free} by llguidance); {self.aborted} aborted, "
+            f"requests constrained ({self.context_free} by llguidance as Lark, {self.guided} as regexes); "
+            f"{self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
             f"alternative paths verified, {self.alternatives_kept} followed"
         )
@@ -241,6 +252,8 @@ def make_workload(
             abort_at=rng.randint(0, 16) if rng.random() < 0.1 else None,
         ))
     options = _options(rng, requests, triton, int4_share, tp_share)
+    if constraints.random() < GUIDED_SHARE:  # its own generator, as the requests' constraints
+        options["grammar_backend"] = "llguidance"
     trees = options.get("speculative_algorithm") == "ngram" and options["speculative_alternatives"] > 0
     return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5)
 
@@ -368,10 +381,11 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
 
 
 class Reference:
-    """One model's references, for each `Numerics` (KV cache dtype, weight quantization) a
-    workload runs with: an engine for alone runs (default settings otherwise, shadow mode,
-    its cache flushed before each run) and transformers (its K/V rounded as that cache
-    stores them, its weights the quantized ones); made when first needed."""
+    """One model's references, for each `Numerics` (KV cache dtype, weight quantization,
+    grammar backend) a workload runs with: an engine for alone runs (default settings
+    otherwise, shadow mode, its cache flushed before each run), transformers (its K/V
+    rounded as that cache stores them, its weights the quantized ones) and grammar
+    matchers to mask its logits; made when first needed."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -381,7 +395,7 @@ class Reference:
         self.vocab = engine.runner.model_config.vocab_size
         self.eos_ids = engine.scheduler.eos_ids
         self.tokenizer = engine.tokenizer
-        self._grammars: RoutedBackend | None = None
+        self._grammars: dict[str, RoutedBackend] = {}  # by grammar_backend
 
     def engine(self, key: Numerics) -> Engine:
         if key not in self.engines:
@@ -396,6 +410,7 @@ class Reference:
         return drive(engine, (replace(request, arrival=0, abort_at=None),))
 
     def logits(self, ids: list[int], key: Numerics) -> torch.Tensor:  # [len(ids), V] float32
+        key = tuple(kv for kv in key if kv[0] in NUMERICS)
         if key not in self.hf:
             options = dict(key)
             hf = hf_model(self.path, options.get("kv_cache_dtype", "auto"))
@@ -425,24 +440,29 @@ class Reference:
                                 for logits in (rounded, self.logits(ids, float_key)))
         return (with_rounding - exact).abs().max().item()
 
-    def grammar(self, params: SamplingParams) -> Grammar | None:
-        """A fresh matcher of the request's constraint, as the scheduler makes one."""
+    def grammar(self, params: SamplingParams, key: Numerics) -> Grammar | None:
+        """A fresh matcher of the request's constraint, as the scheduler of an engine with
+        options `key` makes one."""
         spec = spec_from_params(params)
         if spec is None:
             return None
-        if self._grammars is None:
-            self._grammars = RoutedBackend.from_tokenizer(self.tokenizer, logits_width=self.vocab)
+        regular = dict(key).get("grammar_backend", "outlines")
+        if regular not in self._grammars:
+            self._grammars[regular] = RoutedBackend.from_tokenizer(self.tokenizer, logits_width=self.vocab,
+                                                                   regular=regular)
+        backend = self._grammars[regular]
         stops = params.stop_token_set(self.eos_ids)
-        grammar = self._grammars.matcher(self._grammars.prepare(self._grammars.compile(spec)), stop_token_ids=stops)
+        grammar = backend.matcher(backend.prepare(backend.compile(spec)), stop_token_ids=stops)
         if params.constraint_trigger is None:
             return grammar
         trigger = Trigger.build(self.tokenizer, params.constraint_trigger)
         return TriggerGate(grammar, trigger, stop_token_ids=stops, tokenizer=self.tokenizer)
 
-    def masked(self, rows: torch.Tensor, params: SamplingParams, ids: list[int], where: str) -> list[bool]:
+    def masked(self, rows: torch.Tensor, params: SamplingParams, ids: list[int], where: str,
+               key: Numerics) -> list[bool]:
         """Mask `rows` [len(ids) + 1, V] in place by the request's grammar fed `ids` one by
         one; returns, per token, whether the grammar forced it (its text the only one)."""
-        grammar = self.grammar(params)
+        grammar = self.grammar(params, key)
         if grammar is None:
             return [False] * len(ids)
         forced = []
@@ -512,10 +532,11 @@ def _check_sequence(
     seq_params = want.params
     logits = ref.logits(prompt + want.ids, key)  # transformers' after prompt + ids[:i], for each i
     rows = logits[len(prompt) - 1 :].clone()  # [len(want.ids) + 1, V], masked by a grammar below
-    stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where)
+    stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where, key)
     stats.hf_tokens += len(want.ids)
     stats.constrained += spec_from_params(seq_params) is not None
     stats.context_free += seq_params.ebnf is not None
+    stats.guided += seq_params.regex is not None and ("grammar_backend", "llguidance") in key
     n = _common_len(got.ids, want.ids)
     if n < len(got.ids) and n < len(want.ids):  # they part at token n
         if not ref.near_tie(rows[n], seq_params, prompt, want.ids[:n], want.ids[n], got.ids[n]):
@@ -545,13 +566,14 @@ def _check_sequence(
 
 
 def _check_against_transformers(
-    rows: torch.Tensor, params: SamplingParams, prompt: list[int], ids: list[int], ref: Reference, where: str
+    rows: torch.Tensor, params: SamplingParams, prompt: list[int], ids: list[int], ref: Reference, where: str,
+    key: Numerics,
 ) -> int:
     """Every token of the alone run is sprig's sampler's pick from transformers' logits
     for its context (teacher-forced); returns the near-ties met."""
     if not ids:
         return 0
-    forced = ref.masked(rows, params, ids, where)
+    forced = ref.masked(rows, params, ids, where, key)
     picks = ref.decide(rows[: len(ids)].clone(), params, prompt, [ids[:i] for i in range(len(ids))])
     ties = 0
     for i, (pick, token) in enumerate(zip(picks, ids, strict=True)):

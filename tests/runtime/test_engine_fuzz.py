@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_fuzz import Workload, fuzz, make_workload
+from engine_fuzz import Workload, fuzz, make_workload, numerics
 
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
@@ -42,9 +42,9 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], request: pyt
             reporter.write_line(line)
             reporter.flush()
 
-    stats = fuzz(models, seconds=minutes * 60 if minutes else CI_SECONDS, seed=seed, min_workloads=4, progress=progress)
+    stats = fuzz(models, seconds=minutes * 60 if minutes else CI_SECONDS, seed=seed, min_workloads=8, progress=progress)
     print(stats.line())
-    assert stats.requests > 0 and stats.tokens > 0 and stats.constrained > stats.context_free > 0
+    assert stats.requests > 0 and stats.tokens > 0 and stats.constrained > stats.context_free > 0 and stats.guided > 0
     assert stats.by_backend.get("torch", 0) > 0
 
 
@@ -70,6 +70,15 @@ def test_workloads_draw_int4_weights() -> None:
 def test_workloads_draw_speculative_decoding() -> None:
     drafters = [make_workload(seed, "m", 512, triton=False).options.get("speculative_algorithm") for seed in range(40)]
     assert set(drafters) == {None, "ngram", "radix", "draft"}
+
+
+def test_workloads_draw_llguidance_as_the_grammar_backend_and_their_references_follow() -> None:
+    workloads = [make_workload(seed, "m", 512, triton=False) for seed in range(40)]
+    guided = [w for w in workloads if w.options.get("grammar_backend") == "llguidance"]
+    assert 0 < len(guided) < len(workloads) and all(w.options.get("grammar_backend") in (None, "llguidance")
+                                                    for w in workloads)
+    assert all(("grammar_backend", "llguidance") in numerics(w.options) for w in guided)
+    assert all(k != "grammar_backend" for w in workloads if w not in guided for k, _ in numerics(w.options))
 
 
 @pytest.mark.fuzz
