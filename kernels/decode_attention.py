@@ -140,9 +140,14 @@ def _decode_stage2_kernel(
 
 
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 for the CPU interpreter (a small grid)."""
+    """Streaming multiprocessors of a CUDA device; 1 for the CPU interpreter, which runs
+    programs one after another: a context is then split only where requests and KV heads
+    make fewer than two programs (an interpreted program costs the same on a short split
+    as on a whole short context). Several splits are checked at the kernel
+    (`num_kv_splits`) and at the attention backend (`num_sms` raised) against the torch
+    reference."""
     if device.type != "cuda":
-        return 4
+        return 1
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 

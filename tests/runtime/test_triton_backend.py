@@ -142,6 +142,7 @@ def test_matches_torch_backend(name: str, case: str, checkpoints: dict[str, Path
     batch, _ = build_forward_batch(step, pool_tri, torch.device(DEVICE))
     batch_ref = dataclasses.replace(batch, kv_cache=pool_ref)  # same metadata tensors
     triton_backend = TritonAttentionBackend(config, pool_tri)
+    triton_backend.num_sms = 16  # as a GPU's: decode splits each context (4 or 8 ways), which stage 2 merges
     torch_backend = TorchAttentionBackend(config, pool_ref)
     triton_backend.begin_step(batch)
     torch_backend.begin_step(batch_ref)
