@@ -1,7 +1,8 @@
 """Starting and stopping the three processes of one server.
 
-This process binds the HTTP port first (fail fast), creates the private ipc directory,
-starts the scheduler and the detokenizer (from a forkserver: `server.forkserver`), loads its own
+This process imports what it serves with while the forkserver imports the children's
+modules (`server.forkserver`), binds the HTTP port (fail fast), creates the private ipc
+directory, starts the scheduler and the detokenizer from the forkserver, loads its own
 tokenizer while they load, waits for both to report ready, then serves HTTP in the main
 thread. However it stops (SIGINT, SIGTERM, a startup error, a child that died or is stuck:
 then `RuntimeError`, and the CLI exits 1), the children are terminated and joined and the
@@ -23,14 +24,25 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
+import uvicorn
+
 from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.server.app import create_app
 from sprig.runtime.server.child import setup_logging
 from sprig.runtime.server.config import ServerConfig, default_model_name
 from sprig.runtime.server.detokenizer_process import run_detokenizer_process
 from sprig.runtime.server.forkserver import start_forkserver
+from sprig.runtime.server.http_io import ServerState
+from sprig.runtime.server.http_protocol import with_header_timeout
 from sprig.runtime.server.ipc import IpcPaths
+from sprig.runtime.server.metrics import Metrics
+from sprig.runtime.server.request_builder import RequestBuilder
+from sprig.runtime.server.request_manager import RequestManager
+from sprig.runtime.server.responses_store import ResponseStore
 from sprig.runtime.server.scheduler_process import run_scheduler_process
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
+from sprig.runtime.server.tool_calls import resolve_format
+from sprig.runtime.tokenizer import load_tokenizer
 from sprig.runtime.wire import StartupReport, decode
 
 log = logging.getLogger("sprig.launch")
@@ -49,8 +61,6 @@ def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -
     link = None
     try:
         startup, link = _spawn_children(model_path, server, engine, ipc, children)
-        from sprig.runtime.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(model_path)
         info = _await_startup(startup, children)["scheduler"].info
         _serve(sock, model_path, server, engine, ipc, children, tokenizer, info)
@@ -128,17 +138,6 @@ def _await_startup(startup: dict[str, Connection], children: dict[str, BaseProce
 
 def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: EngineConfig, ipc: IpcPaths,
            children: dict[str, BaseProcess], tokenizer, info: dict) -> None:
-    import uvicorn
-
-    from sprig.runtime.server.app import create_app
-    from sprig.runtime.server.http_io import ServerState
-    from sprig.runtime.server.http_protocol import with_header_timeout
-    from sprig.runtime.server.metrics import Metrics
-    from sprig.runtime.server.request_builder import RequestBuilder
-    from sprig.runtime.server.request_manager import RequestManager
-    from sprig.runtime.server.responses_store import ResponseStore
-    from sprig.runtime.server.tool_calls import resolve_format
-
     fatal: list[str] = []
 
     def on_fatal(message: str) -> None:
