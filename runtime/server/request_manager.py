@@ -13,9 +13,9 @@ Invariants:
 - nothing here blocks the event loop: the socket to the scheduler has no send limit (the
   bound above holds its queue), so a send, an abort included, never fails or waits;
 - a child that exits, or sends no `Heartbeat` for `watchdog_timeout` seconds (stuck, or
-  stopped), is fatal: every request fails with 503, /health answers 503, and
-  `on_fatal(message)` is called `FATAL_EXIT_GRACE_S` later (the launcher then exits
-  non-zero).
+  stopped: then it is killed at once, since it would not act on SIGTERM), is fatal: every
+  request fails with 503, /health answers 503, and `on_fatal(message)` is called
+  `FATAL_EXIT_GRACE_S` later (the launcher then exits non-zero).
 """
 
 from __future__ import annotations
@@ -317,9 +317,10 @@ class RequestManager:
             now = time.monotonic()
             for name, last in self.heartbeats.items():
                 if now - last > self.watchdog_timeout:
-                    pid = self.children[name].pid
-                    self._fatal(f"the {name} process (pid {pid}) has shown no sign of life for {now - last:.0f} s "
-                                f"(stuck or stopped); the server cannot serve")
+                    child = self.children[name]
+                    self._fatal(f"the {name} process (pid {child.pid}) has shown no sign of life for "
+                                f"{now - last:.0f} s (stuck or stopped); the server cannot serve")
+                    child.kill()  # a stopped or stuck process would not act on the launcher's SIGTERM
                     return
 
     def _fatal(self, message: str) -> None:
