@@ -18,6 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n N`: the workers share the cores
 
 from server_helpers import Server, running_server
 
+from sprig.runtime.demo import DEMO_MODEL_PATH
 from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint, build_tokenizer
 
 # Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE):
@@ -115,6 +116,15 @@ def server(tiny_llama: Path) -> Iterator[Server]:
     seconds: three processes each load torch and transformers), started on first use.
     Tests that break or stop a server start their own."""
     with running_server(tiny_llama) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def demo_server() -> Iterator[Server]:
+    """The demo model served with default flags, as the quick start serves it, for the
+    whole session: the modules that drive it as users do (the official client, agent
+    libraries, the examples) share it. Each checks it idle and intact after itself."""
+    with running_server(DEMO_MODEL_PATH) as s:
         yield s
 
 

@@ -65,7 +65,13 @@ def model() -> Path:
 
 
 @pytest.fixture(scope="module")
-def demo_server(model: Path) -> Iterator[Server]:
+def examples_server(model: Path, request: pytest.FixtureRequest) -> Iterator[Server]:
+    """The session's demo server, or one on `SPRIG_EXAMPLES_MODEL` where that is set."""
+    if "SPRIG_EXAMPLES_MODEL" not in os.environ:
+        server = request.getfixturevalue("demo_server")
+        yield server
+        server.wait_idle()
+        return
     with running_server(model) as server:
         yield server
 
@@ -90,9 +96,9 @@ def test_every_example_is_checked():
 
 
 @pytest.mark.parametrize("name", sorted(SERVED))
-def test_example_prints_the_right_answer(name: str, demo_server: Server) -> None:
-    assert_prints(run_example(name, "--url", demo_server.url), SERVED[name])
-    demo_server.wait_idle()
+def test_example_prints_the_right_answer(name: str, examples_server: Server) -> None:
+    assert_prints(run_example(name, "--url", examples_server.url), SERVED[name])
+    examples_server.wait_idle()
 
 
 def test_generate_solves_held_out_problems(model: Path) -> None:

@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_helpers import Server, running_server
-
-from sprig.runtime.demo import DEMO_MODEL_PATH
+from server_helpers import Server
 
 openai = pytest.importorskip("openai")
 
@@ -42,10 +40,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def demo() -> Iterator[Server]:
-    with running_server(DEMO_MODEL_PATH) as s:
-        yield s
-        s.wait_idle()
+def demo(demo_server: Server) -> Iterator[Server]:
+    yield demo_server
+    demo_server.wait_idle()
 
 
 class Results:

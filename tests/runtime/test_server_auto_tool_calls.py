@@ -12,9 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
-from server_helpers import Server, running_server
-
-from sprig.runtime.demo import DEMO_MODEL_PATH
+from server_helpers import Server
 
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}
@@ -22,10 +20,9 @@ QUESTIONS = ["What is 14 plus 9?", "Add 3 and 4."]
 
 
 @pytest.fixture(scope="module")
-def demo() -> Iterator[Server]:
-    with running_server(DEMO_MODEL_PATH) as s:
-        yield s
-        s.wait_idle()
+def demo(demo_server: Server) -> Iterator[Server]:
+    yield demo_server
+    demo_server.wait_idle()
 
 
 def body(question: str, seed: int, **extra) -> dict:

@@ -1,6 +1,7 @@
 """Agent clients on a default `sprig serve` (no flags): LangChain's `bind_tools` with a
 required or named tool, `with_structured_output` by function calling, by JSON schema and
-in JSON mode, and the official `openai` client's forced calls, plain and streamed.
+in JSON mode (over chat completions, and over the Responses API on the demo model), and
+the official `openai` client's forced calls, plain and streamed.
 
 Two servers: one on a checkpoint whose chat template teaches no tool-call format (a
 forced call is then bare JSON, which needs no `--tool-call-parser`), and the session
@@ -21,7 +22,6 @@ from pydantic import BaseModel, Field
 from server_helpers import Server, running_server
 from transformers import AutoTokenizer
 
-from sprig.runtime.demo import DEMO_MODEL_PATH
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 langchain_openai = pytest.importorskip("langchain_openai")
@@ -105,12 +105,37 @@ def test_with_structured_output(served: Server, method: str) -> None:
         jsonschema.validate(out.model_dump(), SCHEMAS["Weather"])
 
 
-def test_with_structured_output_json_mode() -> None:
+def test_with_structured_output_json_mode(demo_server: Server) -> None:
     text = "Text: Tara Costa is 29 years old. Tara lives in Oslo.\nGive the name, age and city as JSON."
-    with running_server(DEMO_MODEL_PATH) as demo:
-        out = llm(demo).with_structured_output(None, method="json_mode").invoke(text)
-        demo.wait_idle()
+    out = llm(demo_server).with_structured_output(None, method="json_mode").invoke(text)
+    demo_server.wait_idle()
     assert out == {"name": "Tara Costa", "age": 29, "city": "Oslo"}
+
+
+def test_the_responses_api_path_calls_tools_and_fills_schemas(demo_server: Server) -> None:
+    """`ChatOpenAI(use_responses_api=True)` speaks `/v1/responses`: a named tool's call,
+    streamed or not, and structured output by each method, on the demo model."""
+    class Person(BaseModel):
+        name: str
+        age: int
+        city: str
+
+    responses = {"use_responses_api": True}
+    tools = llm(demo_server, **responses).bind_tools([Weather], tool_choice="Weather")
+    message = tools.invoke(QUESTION)
+    assert valid_calls(message.tool_calls) == ["Weather"] and message.tool_calls[0]["args"]["city"] == "Rome"
+    chunks = list(tools.stream(QUESTION))
+    streamed = chunks[0]
+    for chunk in chunks[1:]:
+        streamed += chunk
+    assert streamed.tool_calls[0]["args"] == message.tool_calls[0]["args"]
+    text = "Text: Tara Costa is 29 years old. Tara lives in Oslo.\nGive the name, age and city as JSON."
+    for method in ("json_schema", "function_calling"):
+        out = llm(demo_server, **responses).with_structured_output(Person, method=method).invoke(text)
+        assert out == Person(name="Tara Costa", age=29, city="Oslo"), method
+    assert llm(demo_server, **responses).with_structured_output(None, method="json_mode").invoke(text) == \
+        {"name": "Tara Costa", "age": 29, "city": "Oslo"}
+    demo_server.wait_idle()
 
 
 def test_auto_without_a_format_is_plain_text(plain_server: Server) -> None:

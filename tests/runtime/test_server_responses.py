@@ -15,9 +15,7 @@ import jsonschema
 import orjson
 import pytest
 from pydantic import BaseModel
-from server_helpers import Server, running_server
-
-from sprig.runtime.demo import DEMO_MODEL_PATH
+from server_helpers import Server
 
 openai = pytest.importorskip("openai")
 
@@ -36,10 +34,9 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def demo() -> Iterator[Server]:
-    with running_server(DEMO_MODEL_PATH) as s:
-        yield s
-        s.wait_idle()
+def demo(demo_server: Server) -> Iterator[Server]:
+    yield demo_server
+    demo_server.wait_idle()
 
 
 @pytest.fixture(scope="module")
