@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,13 +90,14 @@ def parse_event(line: str) -> Any:
 @contextmanager
 def running_server(model: Path, *args: str, api_key: str | None = None, exit_code: int = 0) -> Iterator[Server]:
     """A server for the duration of the block. After it (unless the block stopped the
-    server itself) SIGTERM must stop it with `exit_code`, leaving no process and no ipc
-    directory behind."""
+    server itself) SIGTERM must stop it with `exit_code`, leaving no process, no ipc
+    directory and (unless it was killed) nothing in its temporary directory behind."""
     fd, log_name = tempfile.mkstemp(prefix="sprig-test-server-", suffix=".log")
     log = Path(log_name)
+    tmp = Path(tempfile.mkdtemp(prefix="sprig-test-tmp-"))
     cmd = [sys.executable, "-m", "sprig.runtime", "serve", "--model", str(model), "--port", "0",
            "--dtype", "float32", "--log-interval", "1", *args]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}  # 2 shared cores: threads only contend
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}  # 2 shared cores: threads only contend
     if api_key:
         env["SPRIG_API_KEY"] = api_key  # not on the command line, where `ps` shows it
     proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
@@ -117,6 +119,9 @@ def running_server(model: Path, *args: str, api_key: str | None = None, exit_cod
     while left := [pid for pid in server.descendants if pid_alive(pid)]:
         assert time.monotonic() < deadline, f"processes outlived the server: {[cmdline(p)[:200] for p in left]}"
         time.sleep(0.1)
+    if exit_code >= 0:  # a process killed outright leaves what its exit handlers would remove
+        assert not list(tmp.iterdir()), f"left in its temporary directory: {list(tmp.rglob('*'))}"
+    shutil.rmtree(tmp)
     log.unlink()
 
 

@@ -8,6 +8,10 @@ that state, with no thread, CUDA context or lock of this process in it (what mak
 "fork" unsafe with torch). Started before this process parses its flags
 (`start_forkserver`), it imports while they are parsed.
 
+Its children end with `os._exit` (multiprocessing's), and so do the forkserver
+(`forkserver_exit`) and the server's process (`cli`): the interpreter's teardown would
+spend seconds freeing torch's C++ registries after everything has stopped.
+
 `transformers.activations` is among them because loading any model's config imports it
 (and through it `torch.distributed.tensor` and sympy): about 2.5 s of each child's
 startup on 2 cores, which transformers would otherwise import lazily in both children.
@@ -24,6 +28,7 @@ CHILD_MODULES = (
     "sprig.runtime.server.detokenizer_process",
     "sprig.runtime.tokenizer",
     "transformers.activations",
+    "sprig.runtime.server.forkserver_exit",  # last: the forkserver's own exit skips the teardown
 )
 
 

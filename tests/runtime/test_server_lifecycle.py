@@ -5,6 +5,8 @@ at once; SIGINT stops everything cleanly. (A child that dies or hangs: test_serv
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -87,3 +89,12 @@ def test_two_servers_at_once(limited: Server, server: Server) -> None:
 def test_sigint_stops_everything_cleanly(limited: Server) -> None:
     assert limited.stop(signal.SIGINT) == 0
     assert not [pid for pid in limited.pids.values() if pid_alive(pid)] and not Path(limited.ipc_dir).exists()
+
+
+def test_the_forkservers_exit_hook_does_nothing_where_else_it_is_imported() -> None:
+    """`forkserver_exit` ends the forkserver at once; imported by any other process it must
+    leave that process's exit alone (its status, and what it still has to print)."""
+    code = "import sprig.runtime.server.forkserver_exit, sys; print('flushed at exit', end=''); sys.exit(3)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (3, "flushed at exit"), done.stderr
+
