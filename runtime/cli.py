@@ -14,7 +14,6 @@ both import at once (`sprig.runtime.server.forkserver`).
 from __future__ import annotations
 
 import argparse
-import atexit
 import dataclasses
 import os
 import sys
@@ -22,7 +21,7 @@ import types
 import typing
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from sprig.runtime.attention import ATTENTION_BACKENDS
 from sprig.runtime.distributed.config import DistConfig
@@ -341,18 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     else:
         code = 0
-    if engine.dist.node_rank == 0 and dp.dp_size == 1:
-        _exit_at_once(code)
+    if dp.dp_size == 1:  # a server or a node: everything it started has stopped and been joined
+        from sprig.runtime.processes import exit_now
+
+        exit_now(code)
     return code
-
-
-def _exit_at_once(code: int) -> NoReturn:
-    """End a server's process after its exit handlers (logging's, multiprocessing's, which
-    remove its temporary directory) but without the rest of the interpreter's teardown, in
-    which torch's C++ registries free their memory piece by piece: about 4 s on 2 cores,
-    after the server has stopped. `launch_server` has joined its children and removed its
-    ipc directory by now; the forkserver exits as this process's pipes close."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

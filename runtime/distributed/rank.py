@@ -101,4 +101,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from sprig.runtime.processes import exit_now
+
+    exit_now(main(sys.argv[1:]))

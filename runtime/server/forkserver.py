@@ -9,8 +9,8 @@ that state, with no thread, CUDA context or lock of this process in it (what mak
 (`start_forkserver`), it imports while they are parsed.
 
 Its children end with `os._exit` (multiprocessing's), and so do the forkserver
-(`forkserver_exit`) and the server's process (`cli`): the interpreter's teardown would
-spend seconds freeing torch's C++ registries after everything has stopped.
+(`forkserver_exit`) and the server's process (`processes.exit_now`): the interpreter's
+teardown would spend seconds freeing torch's C++ registries after everything has stopped.
 
 `transformers.activations` is among them because loading any model's config imports it
 (and through it `torch.distributed.tensor` and sympy): about 2.5 s of each child's
