@@ -32,40 +32,37 @@ sys.dont_write_bytecode = False
 # worker, in collection order (`--no-loadscope-reorder`): these first, so that no worker
 # ends the run alone on a long one.
 SLOWEST_FILES = (
-    "runtime/test_gateway.py",  # 102
-    "runtime/test_speculative_engine.py",  # 97
-    "runtime/test_server_schemathesis.py",  # 89
-    "runtime/test_tp_engine.py",  # 86
-    "runtime/test_engine_fuzz.py",  # 66
-    "runtime/test_server_liveness.py",  # 62
-    "runtime/test_quant_server.py",  # 56
-    "runtime/test_speculative_draft_model.py",  # 52
-    "runtime/test_server_langchain.py",  # 52
-    "runtime/test_speculative_server.py",  # 49
-    "runtime/test_tp_server.py",  # 48
-    "test_examples.py",  # 47
-    "runtime/test_server_reasoning.py",  # 44
-    "runtime/test_server_agent_clients.py",  # 41 (skipped without .venv-clients)
-    "lang/test_sglang_frontend.py",  # 40 (skipped without .venv-sglang)
-    "runtime/test_batch_invariance.py",  # 38
-    "runtime/test_server_flags.py",  # 36
-    "runtime/test_kv_int8.py",  # 34
-    "test_import_graph.py",  # 28
-    "runtime/test_server_auto_tool_calls.py",  # 27
-    "runtime/test_server_responses.py",  # 27
+    "runtime/test_speculative_engine.py",  # 114
+    "runtime/test_gateway.py",  # 107
+    "runtime/test_tp_engine.py",  # 103
+    "runtime/test_speculative_draft_model.py",  # 70
+    "runtime/test_engine_fuzz.py",  # 68
+    "runtime/test_speculative_server.py",  # 62
+    "runtime/test_server_schemathesis.py",  # 60
+    "runtime/test_tp_server.py",  # 55
+    "runtime/test_server_liveness.py",  # 52
+    "lang/test_sglang_frontend.py",  # 50 (skipped without .venv-sglang)
+    "runtime/test_server_langchain.py",  # 48
+    "runtime/test_quant_server.py",  # 47
+    "runtime/test_server_agent_clients.py",  # 44 (skipped without .venv-clients)
+    "runtime/test_server_reasoning.py",  # 42
+    "test_examples.py",  # 42
+    "runtime/test_server_flags.py",  # 40
+    "runtime/test_batch_invariance.py",  # 40
+    "test_import_graph.py",  # 33
+    "runtime/test_kv_int8.py",  # 30
+    "runtime/test_tp_quant.py",  # 25
     "runtime/test_server_hostile.py",  # 24
-    "runtime/test_tp_quant.py",  # 21
-    "runtime/test_server_api_keys.py",  # 21
-    "runtime/test_server_lifecycle.py",  # 20
-    "test_without_triton.py",  # 19
-    "runtime/test_speculative_distribution.py",  # 19
-    "runtime/test_quant_parity.py",  # 17
+    "test_without_triton.py",  # 24
+    "runtime/test_speculative_distribution.py",  # 22
     "runtime/test_constrained_compiler.py",  # 16
-    "runtime/test_tp_failure.py",  # 14
+    "runtime/test_server_lifecycle.py",  # 15
+    "runtime/test_quant_parity.py",  # 15
+    "runtime/test_server_tools.py",  # 14
     "runtime/test_triton_backend.py",  # 14
-    "runtime/test_shadow.py",  # 13
-    "runtime/test_server_errors.py",  # 11
-    "runtime/test_server_tokens.py",  # 3
+    "runtime/test_tp_failure.py",  # 14
+    "runtime/test_server_api_keys.py",  # 14
+    "runtime/test_engine_parity.py",  # 14
 )
 
 
