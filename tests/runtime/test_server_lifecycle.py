@@ -97,4 +97,3 @@ def test_the_forkservers_exit_hook_does_nothing_where_else_it_is_imported() -> N
     code = "import sprig.runtime.server.forkserver_exit, sys; print('flushed at exit', end=''); sys.exit(3)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (3, "flushed at exit"), done.stderr
-
