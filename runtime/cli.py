@@ -334,20 +334,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             launch_server(args.model_path, server, engine)
     except SystemExit as stop:  # SIGINT or SIGTERM, once everything it started has stopped
-        code = stop.code if isinstance(stop.code, int) else 1
+        return stop.code if isinstance(stop.code, int) else 1
     except (RuntimeError, ValueError, OSError) as e:  # startup failures; details are in the log
         print(f"sprig: error: {e}", file=sys.stderr)
-        code = 1
-    else:
-        code = 0
-    return code
+        return 1
+    return 0
 
 
 def entry() -> NoReturn:
     """The `sprig` command and `python -m sprig.runtime`: `main`, then `processes.exit_now`.
     By then everything a command started has stopped and been joined, and the rest of the
     interpreter's teardown would spend seconds freeing torch's C++ registries (4.4 s after
-    a server stopped, on 2 cores). `main` itself returns, for callers in a process of their own."""
+    a server stopped, on 2 cores). `main` itself returns, for callers that go on running."""
     from sprig.runtime.processes import exit_now
 
     exit_now(main())

@@ -40,6 +40,7 @@ from sprig.runtime.server.responses_output import (
     response_usage,
 )
 from sprig.runtime.server.responses_protocol import ResponsesRequest, input_items, renamed, to_chat
+from sprig.runtime.server.responses_store import Stored
 
 router = APIRouter()
 _STORE_RULE = "responses are kept in memory, within --responses-store-bytes"
@@ -108,10 +109,7 @@ async def create_response(request: Request) -> Response:
 
 @router.get("/v1/responses/{rid}")
 async def get_response(request: Request, rid: str) -> Response:
-    stored = state_of(request).responses.get(client_of(request), rid)
-    if stored is None:
-        raise ApiError(404, f"no stored response {rid!r}", "response_id")
-    return json_response(stored.response)
+    return json_response(_stored(request, rid).response)
 
 
 @router.get("/v1/responses/{rid}/input_items")
@@ -120,10 +118,8 @@ async def list_input_items(request: Request, rid: str, limit: int = Query(20, ge
                            before: str | None = None) -> Response:
     """The input items `rid` was generated after (`responses_items`). `include` is
     accepted and has no effect: items are listed as they were stored."""
-    stored = state_of(request).responses.get(client_of(request), rid)
-    if stored is None:
-        raise ApiError(404, f"no stored response {rid!r}", "response_id")
-    return json_response(item_page(stored.inputs, limit=limit, order=order, after=after, before=before))
+    inputs = _stored(request, rid).inputs
+    return json_response(item_page(inputs, limit=limit, order=order, after=after, before=before))
 
 
 @router.delete("/v1/responses/{rid}")
@@ -174,6 +170,14 @@ async def _events(st: ServerState, job: _Job, updates: AsyncIterator[Update],
         failed = job.response(st.model_name, out.items, None, None,
                               {"code": error_type(error.status), "message": error.message})
         yield writer.write("response.failed", {"response": failed})
+
+
+def _stored(request: Request, rid: str) -> Stored:
+    """The stored response `rid` of the request's client; a 404 when there is none."""
+    stored = state_of(request).responses.get(client_of(request), rid)
+    if stored is None:
+        raise ApiError(404, f"no stored response {rid!r}", "response_id")
+    return stored
 
 
 def _drain(out: OutputStream) -> list[tuple[str, dict[str, Any]]]:

@@ -73,10 +73,10 @@ NUMERICS = ("kv_cache_dtype", "quantization", "quantization_group_size")
 # transformers' masks take the workload's too
 REFERENCE_OPTIONS = (*NUMERICS, "grammar_backend")
 GUIDED_SHARE = 0.3  # of workloads, those whose regexes llguidance compiles (`grammar_backend`)
-Numerics = tuple[tuple[str, Any], ...]  # those of a workload's options that are not the default
+ReferenceKey = tuple[tuple[str, Any], ...]  # a workload's `REFERENCE_OPTIONS` that are not the default
 
 
-def numerics(options: dict[str, Any]) -> Numerics:
+def reference_key(options: dict[str, Any]) -> ReferenceKey:
     """The workload's options its references take (`REFERENCE_OPTIONS`), where not the
     default."""
     return tuple(sorted((k, v) for k, v in options.items()
@@ -381,7 +381,7 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
 
 
 class Reference:
-    """One model's references, for each `Numerics` (KV cache dtype, weight quantization,
+    """One model's references, for each `ReferenceKey` (KV cache dtype, weight quantization,
     grammar backend) a workload runs with: an engine for alone runs (default settings
     otherwise, shadow mode, its cache flushed before each run), transformers (its K/V
     rounded as that cache stores them, its weights the quantized ones) and grammar
@@ -389,27 +389,27 @@ class Reference:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.engines: dict[Numerics, Engine] = {}
-        self.hf: dict[Numerics, torch.nn.Module] = {}
+        self.engines: dict[ReferenceKey, Engine] = {}
+        self.hf: dict[ReferenceKey, torch.nn.Module] = {}
         engine = self.engine(())
         self.vocab = engine.runner.model_config.vocab_size
         self.eos_ids = engine.scheduler.eos_ids
         self.tokenizer = engine.tokenizer
         self._grammars: dict[str, RoutedBackend] = {}  # by grammar_backend
 
-    def engine(self, key: Numerics) -> Engine:
+    def engine(self, key: ReferenceKey) -> Engine:
         if key not in self.engines:
             self.engines[key] = Engine(
                 str(self.path), dtype="float32", shadow_attention=True, check_integrity=True, **dict(key)
             )
         return self.engines[key]
 
-    def alone(self, request: Request, key: Numerics) -> dict[str, Outcome]:
+    def alone(self, request: Request, key: ReferenceKey) -> dict[str, Outcome]:
         engine = self.engine(key)
         engine.flush_cache()
         return drive(engine, (replace(request, arrival=0, abort_at=None),))
 
-    def logits(self, ids: list[int], key: Numerics) -> torch.Tensor:  # [len(ids), V] float32
+    def logits(self, ids: list[int], key: ReferenceKey) -> torch.Tensor:  # [len(ids), V] float32
         key = tuple(kv for kv in key if kv[0] in NUMERICS)
         if key not in self.hf:
             options = dict(key)
@@ -421,7 +421,7 @@ class Reference:
         with torch.inference_mode():
             return self.hf[key](torch.tensor([ids])).logits[0].float()
 
-    def kv_rounding_effect(self, ids: list[int], key: Numerics, rounded: torch.Tensor) -> float:
+    def kv_rounding_effect(self, ids: list[int], key: ReferenceKey, rounded: torch.Tensor) -> float:
         """The most the int8 KV cache's rounding moves a logprob of `ids`: transformers'
         logits with the cache's rounding (`rounded`, `self.logits(ids, key)`) vs without.
         The tolerance between a batched and an alone run.
@@ -440,7 +440,7 @@ class Reference:
                                 for logits in (rounded, self.logits(ids, float_key)))
         return (with_rounding - exact).abs().max().item()
 
-    def grammar(self, params: SamplingParams, key: Numerics) -> Grammar | None:
+    def grammar(self, params: SamplingParams, key: ReferenceKey) -> Grammar | None:
         """A fresh matcher of the request's constraint, as the scheduler of an engine with
         options `key` makes one."""
         spec = spec_from_params(params)
@@ -459,7 +459,7 @@ class Reference:
         return TriggerGate(grammar, trigger, stop_token_ids=stops, tokenizer=self.tokenizer)
 
     def masked(self, rows: torch.Tensor, params: SamplingParams, ids: list[int], where: str,
-               key: Numerics) -> list[bool]:
+               key: ReferenceKey) -> list[bool]:
         """Mask `rows` [len(ids) + 1, V] in place by the request's grammar fed `ids` one by
         one; returns, per token, whether the grammar forced it (its text the only one)."""
         grammar = self.grammar(params, key)
@@ -513,7 +513,7 @@ def check_workload(workload: Workload, got: dict[str, Outcome], ref: Reference, 
                    alone: dict[str, dict[str, Outcome]] | None = None) -> None:
     """Compare every checked sequence of `workload` with its alone run (from `alone` by
     request rid where it holds it) and transformers."""
-    key = numerics(workload.options)
+    key = reference_key(workload.options)
     for request in workload.requests:
         if not request.checked:
             continue
@@ -524,7 +524,7 @@ def check_workload(workload: Workload, got: dict[str, Outcome], ref: Reference, 
 
 
 def _check_sequence(
-    request: Request, got: Outcome, want: Outcome, ref: Reference, stats: Stats, where: str, key: Numerics
+    request: Request, got: Outcome, want: Outcome, ref: Reference, stats: Stats, where: str, key: ReferenceKey
 ) -> None:
     if want.aborted:
         raise Mismatch(f"{where}\nthe request alone was aborted: {want.finish}")
@@ -567,7 +567,7 @@ def _check_sequence(
 
 def _check_against_transformers(
     rows: torch.Tensor, params: SamplingParams, prompt: list[int], ids: list[int], ref: Reference, where: str,
-    key: Numerics,
+    key: ReferenceKey,
 ) -> int:
     """Every token of the alone run is sprig's sampler's pick from transformers' logits
     for its context (teacher-forced); returns the near-ties met."""
@@ -654,7 +654,7 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     options = workload.options
     if options.get("speculative_algorithm") == "draft":
         options = {**options, "speculative_draft_model_path": str(truncated_draft(path))}
-    key = numerics(workload.options)
+    key = reference_key(workload.options)
     alone = {r.rid: ref.alone(r, key) for r in workload.requests if r.checked} if workload.perturbed_trees else {}
     with Engine(str(path), dtype="float32", shadow_attention=True, check_integrity=True, **options) as engine:
         if workload.perturbed_trees:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_fuzz import Workload, fuzz, make_workload, numerics
+from engine_fuzz import Workload, fuzz, make_workload, reference_key
 
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
@@ -77,8 +77,8 @@ def test_workloads_draw_llguidance_as_the_grammar_backend_and_their_references_f
     guided = [w for w in workloads if w.options.get("grammar_backend") == "llguidance"]
     assert 0 < len(guided) < len(workloads) and all(w.options.get("grammar_backend") in (None, "llguidance")
                                                     for w in workloads)
-    assert all(("grammar_backend", "llguidance") in numerics(w.options) for w in guided)
-    assert all(k != "grammar_backend" for w in workloads if w not in guided for k, _ in numerics(w.options))
+    assert all(("grammar_backend", "llguidance") in reference_key(w.options) for w in guided)
+    assert all(k != "grammar_backend" for w in workloads if w not in guided for k, _ in reference_key(w.options))
 
 
 @pytest.mark.fuzz
