@@ -169,7 +169,10 @@ class GuidanceGrammar(Grammar):
 
 class _Vocabulary:
     """What llguidance's `TokenizerWrapper` reads: each token's bytes (a special token's
-    its name; llguidance marks `special_token_ids` as such) and a text's token ids."""
+    its name; llguidance marks `special_token_ids` as such) and a text's token ids, in
+    which a special token's name is text: llguidance tokenizes the text a grammar forces
+    with it, and would otherwise allow the special token where a grammar spells its name
+    (`<s>` in a regex), or nothing where that token is a stop."""
 
     def __init__(self, backend: GuidanceBackend) -> None:
         self.eos_token_id = backend.eos_token_id
@@ -177,6 +180,7 @@ class _Vocabulary:
         self.tokens = list(backend.tokens)
         self.special_token_ids = list(backend.special_ids)
         self._tokenizer = Tokenizer.from_str(backend.tokenizer_json)
+        self._tokenizer.encode_special_tokens = True
 
     def __call__(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids

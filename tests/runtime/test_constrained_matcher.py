@@ -247,3 +247,23 @@ def test_a_token_too_long_for_llguidance_is_never_produced(tmp_path):
     grammar = backend.matcher(backend.compile(GrammarSpec.regex("#+")))
     allowed = mask(grammar, len(tok))
     assert allowed[encode(tok, "#")[0]] and not allowed[long] and not grammar.accept_token(long)
+
+
+@pytest.mark.parametrize("backend_class", [OutlinesBackend, GuidanceBackend])
+@pytest.mark.parametrize(("regex", "special"), [("a<s>b", 1), ("a</s>", EOS), ("a<\\|end\\|>", 3)])
+def test_a_special_tokens_name_in_a_regex_is_text(backend_class, tokenizer, regex, special):
+    """A regex that spells a special token's name (`<s>`; `</s>`, the EOS; `<|end|>`, a
+    stop) matches that text, written by ordinary tokens: the special token itself, which
+    a response's text leaves out, is never allowed. (llguidance read forced text with the
+    special tokens split out, so it allowed `<s>` itself, and no token at all where the
+    special token was a stop.)"""
+    text = re.sub(r"\\(.)", r"\1", regex)
+    assert tokenizer.convert_ids_to_tokens(special) in text
+    backend = backend_class.from_tokenizer(tokenizer)
+    grammar = backend.matcher(backend.compile(GrammarSpec.regex(regex)), stop_token_ids={EOS, 3})
+    plain = [encode(tokenizer, ch)[0] for ch in text]  # one byte-level token per character
+    assert grammar.accept_token(plain[0])
+    allowed = mask(grammar, len(tokenizer))
+    assert allowed[plain[1]] and not allowed[special] and not allowed[:4].any()
+    assert not grammar.accept_token(special)
+    assert grammar.accept_tokens(plain[1:]) and grammar.is_terminated()

@@ -32,7 +32,8 @@ def sampled(engine: Engine, n: int, **params) -> list[dict]:
 
 @pytest.mark.parametrize(
     "pattern",
-    [r"[0-9]{1,4}", r"-?(0|[1-9][0-9]{0,3})\.[0-9]{2}", r"(yes|no|maybe)", r"[a-z]{3,8}( [a-z]{2,5}){0,2}\."],
+    [r"[0-9]{1,4}", r"-?(0|[1-9][0-9]{0,3})\.[0-9]{2}", r"(yes|no|maybe)", r"[a-z]{3,8}( [a-z]{2,5}){0,2}\.",
+     r"x<s>y", r"x</s>y", r"x<\|end\|>y"],  # special tokens' names (the EOS and a stop among them) as text
 )
 def test_outputs_fully_match_their_regex(engine, pattern) -> None:
     for out in sampled(engine, 6, regex=pattern):
