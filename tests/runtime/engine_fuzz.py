@@ -26,7 +26,8 @@ prefix of the alone run's. Each token of
 the alone run is what sprig's sampler picks from transformers' logits for the same
 context (greedy: the argmax; seeded: the same seeded draw), its logits masked by the
 request's grammar (a fresh matcher fed the run's tokens; a token the grammar forces, which
-jump-forward may have placed unsampled, need only be allowed); with an int8 KV cache the
+jump-forward may have placed unsampled, need only be allowed; a regex llguidance compiled is
+fed to outlines' matcher too, and the two must allow the same tokens at every step); with an int8 KV cache the
 alone run uses one too, and transformers rounds its K/V by the same rule
 (`hf_kv_quant`); with int4 weights (online RTN) both carry the same quantized weights,
 transformers as their dequantized floats (`quant_checkpoints.with_rtn_weights`). Two float
@@ -64,7 +65,8 @@ from sprig.runtime.speculative.ngram import NgramDrafter
 LOGPROB_TOL = 1e-5
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
-REGEXES = [r"[a-z ]{1,24}", r"( ?[a-z]{1,5}){1,6}\.?", r"[0-9a-f]{2,12}( [0-9a-f]{2,4})*"]
+SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' names (the EOS's too), whole, as text
+REGEXES = [r"[a-z ]{1,24}", r"( ?[a-z]{1,5}){1,6}\.?", r"[0-9a-f]{2,12}( [0-9a-f]{2,4})*", SPECIAL_NAMES]
 TRIGGERS = ["e", " t", "a"]
 FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
 # engine options that change the model's numbers: alone runs and transformers take the workload's
@@ -287,6 +289,8 @@ def _params(rng: random.Random, constraints: random.Random, vocab: int, small: b
         p["min_new_tokens"] = rng.randint(0, p["max_new_tokens"])
     if constraints.random() < 0.2:  # its own generator: the workload's other draws do not depend on it
         p["regex"] = constraints.choice(REGEXES)
+        if p["regex"] == SPECIAL_NAMES:  # a stop token among its forced characters would leave no token
+            p.pop("stop_token_ids", None)
         if constraints.random() < 0.5:
             p["constraint_trigger"] = constraints.choice(TRIGGERS)
         if constraints.random() < 0.4:  # as the server sends tools' grammars: a Lark grammar, to llguidance
@@ -465,8 +469,11 @@ class Reference:
         grammar = self.grammar(params, key)
         if grammar is None:
             return [False] * len(ids)
+        # outlines' matcher of a regex llguidance compiled: another implementation of the same masks
+        other = self.grammar(params, ()) if params.regex is not None and dict(key).get("grammar_backend") else None
         forced = []
         bits = torch.zeros(bitmask_width(rows.shape[-1]), dtype=torch.int32)
+        other_bits = torch.zeros_like(bits)
         token = torch.arange(rows.shape[-1])
         for i in range(len(ids) + 1):
             if grammar.is_finished():
@@ -474,12 +481,20 @@ class Reference:
                     raise Mismatch(f"{where}\nthe alone run goes on past the end of its grammar at token {i}: {ids}")
                 break
             grammar.fill_bitmask(bits)
+            if other is not None:
+                other.fill_bitmask(other_bits)
+                if not torch.equal(bits, other_bits):
+                    differ = ((bits ^ other_bits)[token // 32] >> (token % 32)) & 1
+                    raise Mismatch(f"{where}\nafter {i} tokens of the alone run {ids}, llguidance and outlines "
+                                   f"allow different tokens: {differ.nonzero().flatten().tolist()[:10]}")
             rows[i].masked_fill_((bits[token // 32] >> (token % 32)) & 1 == 0, float("-inf"))
             if i == len(ids):
                 break
             forced.append(grammar.forced_continuation() is not None)
             if not grammar.accept_token(ids[i]):
                 raise Mismatch(f"{where}\ntoken {i} ({ids[i]}) of the alone run breaks its grammar: {ids}")
+            if other is not None:
+                other.accept_token(ids[i])  # it allowed what llguidance allowed
         return forced
 
     def decide(self, logits: torch.Tensor, params: SamplingParams, prompt: list[int], outputs: list[list[int]]) -> list[int]:
