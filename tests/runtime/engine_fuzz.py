@@ -26,9 +26,10 @@ prefix of the alone run's. Each token of
 the alone run is what sprig's sampler picks from transformers' logits for the same
 context (greedy: the argmax; seeded: the same seeded draw), its logits masked by the
 request's grammar (a fresh matcher fed the run's tokens; a token the grammar forces, which
-jump-forward may have placed unsampled, need only be allowed; a regex llguidance compiled is
-fed to outlines' matcher too, and the two must allow the same tokens at every step); with an int8 KV cache the
-alone run uses one too, and transformers rounds its K/V by the same rule
+jump-forward may have placed unsampled, need only be allowed; a regex llguidance compiled
+is fed to outlines' matcher too, and the two must allow the same tokens at every step);
+with an int8 KV cache the alone run uses one too, and transformers rounds its K/V by the
+same rule
 (`hf_kv_quant`); with int4 weights (online RTN) both carry the same quantized weights,
 transformers as their dequantized floats (`quant_checkpoints.with_rtn_weights`). Two float
 paths can round a
@@ -51,6 +52,7 @@ from draft_checkpoints import truncated_draft
 from hf_kv_quant import hf_model
 from quant_checkpoints import with_rtn_weights
 
+from sprig.kernels.logit_mask import unpack_bitmask
 from sprig.runtime import Engine
 from sprig.runtime.constrained import Grammar, RoutedBackend, bitmask_width, spec_from_params
 from sprig.runtime.constrained.regex_text import lark_grammar
@@ -474,20 +476,20 @@ class Reference:
         forced = []
         bits = torch.zeros(bitmask_width(rows.shape[-1]), dtype=torch.int32)
         other_bits = torch.zeros_like(bits)
-        token = torch.arange(rows.shape[-1])
         for i in range(len(ids) + 1):
             if grammar.is_finished():
                 if i < len(ids):
                     raise Mismatch(f"{where}\nthe alone run goes on past the end of its grammar at token {i}: {ids}")
                 break
             grammar.fill_bitmask(bits)
+            allowed = unpack_bitmask(bits[None], rows.shape[-1])[0]  # [V] bool
             if other is not None:
                 other.fill_bitmask(other_bits)
-                if not torch.equal(bits, other_bits):
-                    differ = ((bits ^ other_bits)[token // 32] >> (token % 32)) & 1
+                differ = allowed != unpack_bitmask(other_bits[None], rows.shape[-1])[0]
+                if differ.any():
                     raise Mismatch(f"{where}\nafter {i} tokens of the alone run {ids}, llguidance and outlines "
                                    f"allow different tokens: {differ.nonzero().flatten().tolist()[:10]}")
-            rows[i].masked_fill_((bits[token // 32] >> (token % 32)) & 1 == 0, float("-inf"))
+            rows[i].masked_fill_(~allowed, float("-inf"))
             if i == len(ids):
                 break
             forced.append(grammar.forced_continuation() is not None)
