@@ -12,6 +12,7 @@ trees can find on the workload, whatever they cost.
 
     python benchmarks/bench_token_trees.py --threads 1
     python benchmarks/bench_token_trees.py --samples 32 --temperature 0.8 --free --threads 1
+    python benchmarks/bench_token_trees.py --samples 32 --temperature 0.8 --device cuda   # on a GPU
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--free", action="store_true", help="verification passes cost nothing to the gate")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", help="the model's weights and KV")
+    ap.add_argument("--max-total-tokens", type=int, default=16384, help="each engine's KV pool (two share a GPU)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     sides = {"radix": 3, "radix-path": 0}
-    engines = {side: Engine(speculative_algorithm="radix", speculative_alternatives=width, max_running_requests=1,
+    engines = {side: Engine(dtype=args.dtype, device=args.device, max_total_tokens=args.max_total_tokens,
+                            speculative_algorithm="radix", speculative_alternatives=width, max_running_requests=1,
                             speculative_pass_costs=FREE_COSTS if args.free else None)
                for side, width in sides.items()}
     text = prompts(engines["radix"].tokenizer, take("heldout", 1, seed=0))
@@ -63,9 +68,10 @@ def main() -> None:
         raise AssertionError("token trees changed the outputs")
     base_s = statistics.median(r[0] for r in runs["radix-path"])
     base_p = statistics.median(r[1] for r in runs["radix-path"])
-    print(f"demo model, {args.samples} samples at T = {args.temperature}, one at a time; "
-          f"{'verification free to the gate' if args.free else 'measured pass costs'}; "
-          f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats, medians")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
+    print(f"demo model, {args.dtype}, {args.device} ({where}), {args.samples} samples at T = {args.temperature}, "
+          f"one at a time; {'verification free to the gate' if args.free else 'measured pass costs'}; "
+          f"{args.repeats} interleaved repeats, medians")
     print(f"{'side':<12}{'wall s':>8}{'passes':>8}{'paths':>7}{'followed':>10}{'passes x':>10}{'wall x':>8}")
     for side in sides:
         s = statistics.median(r[0] for r in runs[side])

@@ -14,7 +14,9 @@
 #           obench-eager (bench_offline without CUDA graphs, no transformers), sbench
 #           (bench_serving vs the offline engine: bench_offline's workload through a
 #           local server on the 1b model), sbench-poisson (random prompts at 32 requests/s),
-#           spbench (bench_speculative: each drafter vs off on the demo model, CUDA graphs on)
+#           spbench (bench_speculative: each drafter vs off on the demo model, CUDA graphs on),
+#           trees (bench_token_trees: 32 samples at T = 0.8, verification free, then measured),
+#           servers (real servers on CUDA: the forkserver's children, speculation behind HTTP)
 set -u
 export PYTHONUNBUFFERED=1
 WHEELS=${WHEELS:-.whl}
@@ -45,6 +47,12 @@ for phase in "$@"; do
     obench) "${RUN[@]}" python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b 2>&1 | tee "$OUT/bench_offline.log";;
     obench-eager) "${RUN[@]}" python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b --skip-transformers --disable-cuda-graph 2>&1 | tee "$OUT/bench_offline_eager.log";;
     spbench) "${RUN[@]}" python3 benchmarks/bench_speculative.py --device cuda --repeats 3 2>&1 | tee "$OUT/bench_speculative.log";;
+    trees) for costs in --free ""; do
+             "${RUN[@]}" python3 benchmarks/bench_token_trees.py --device cuda --samples 32 --temperature 0.8 $costs 2>&1
+           done | tee "$OUT/bench_token_trees.log";;
+    servers) "${RUN[@]}" python3 -m pytest -q -p no:cacheprovider tests/runtime/test_server_generate.py \
+               tests/runtime/test_server_lifecycle.py tests/runtime/test_speculative_server.py \
+               tests/runtime/test_server_openai_client.py 2>&1 | tee "$OUT/servers.log" | tail -30;;
     sbench|sbench-poisson)
       [ -d "$SITE/m1b" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_offline import SIZES; \
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint; build_tiny_checkpoint('$SITE/m1b', 'llama', max_position_embeddings=4096, **SIZES['1b'])" >/dev/null 2>&1

@@ -135,3 +135,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--fuzz-seed", type=int, default=int(os.environ.get("SPRIG_FUZZ_SEED", "0")),
         help="the fuzzer's first workload seed (a failure names the seed that reproduces it)",
     )
+    parser.addoption(
+        "--fuzz-device", default=os.environ.get("SPRIG_FUZZ_DEVICE", "cpu"), choices=["cpu", "cuda"],
+        help="where the fuzzer's engines run (default cpu, also on a GPU machine: its reference, "
+        "transformers, runs on the CPU; or set SPRIG_FUZZ_DEVICE)",
+    )

@@ -7,7 +7,7 @@ import logging
 import subprocess
 
 from sprig.runtime.distributed.config import DistConfig
-from sprig.runtime.distributed.rank import run_rank, spawn_rank
+from sprig.runtime.distributed.rank import check_devices, run_rank, spawn_rank
 from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.server.child import setup_logging
 
@@ -18,6 +18,7 @@ def serve_node(config: RunnerConfig, dist: DistConfig, log_level: str = "info") 
     """Run this node's first rank here and the rest as child processes; returns when rank 0
     has sent stop and every rank has exited; `RuntimeError` naming the rank otherwise."""
     setup_logging(log_level)
+    check_devices(config, dist)
     address = dist.address()
     first, *rest = dist.node_ranks()
     log.info("node %d of %d: tensor-parallel ranks %s, meeting rank 0 at %s:%d",

@@ -26,11 +26,25 @@ from sprig.runtime.runner_config import RunnerConfig
 log = logging.getLogger("sprig.tp")
 
 
+def _on_cuda(config: RunnerConfig) -> bool:
+    return torch.cuda.is_available() if config.device == "auto" else torch.device(config.device).type == "cuda"
+
+
+def check_devices(config: RunnerConfig, dist: DistConfig) -> None:
+    """ValueError, before any rank starts, if this node's ranks would run on CUDA with fewer
+    GPUs than ranks (each takes its own: `rank_config`)."""
+    if _on_cuda(config) and torch.cuda.device_count() < dist.per_node:
+        raise ValueError(
+            f"--tp-size {dist.tp_size} over {dist.nnodes} node(s) runs {dist.per_node} tensor-parallel ranks on this "
+            f"node, one GPU each, and it has {torch.cuda.device_count()}: use more nodes (--nnodes), a smaller "
+            "--tp-size, or --device cpu"
+        )
+
+
 def rank_config(config: RunnerConfig, dist: DistConfig, rank: int) -> RunnerConfig:
     """Rank `rank`'s runner settings: on CUDA the node's `rank % per_node`-th GPU; on CPU,
     unless `cpu_threads` is set, the node's cores shared among its ranks."""
-    on_cuda = torch.cuda.is_available() if config.device == "auto" else torch.device(config.device).type == "cuda"
-    if on_cuda:
+    if _on_cuda(config):
         return replace(config, device=f"cuda:{rank % dist.per_node}")
     if config.cpu_threads is None:
         return replace(config, device="cpu", cpu_threads=max(1, (os.cpu_count() or 1) // dist.per_node))

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from sprig.runtime.distributed.config import DistConfig
-from sprig.runtime.distributed.rank import connect, rank_config, spawn_rank
+from sprig.runtime.distributed.rank import check_devices, connect, rank_config, spawn_rank
 from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.distributed.step_message import send_step, send_stop
 from sprig.runtime.forward_step import ForwardStep
@@ -44,6 +44,7 @@ class TPRunner:
         if dist.node_rank != 0:
             raise ValueError("rank 0 runs on node 0; other nodes run `sprig serve --node-rank N` (no scheduler)")
         check_splittable(config, dist)
+        check_devices(config, dist)
         self.dist, self.on_failure = dist, on_failure
         self.failure: str | None = None
         self._closing = False

@@ -40,6 +40,7 @@ counted. After every workload the KV accounting is exact and the engine idle.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -76,6 +77,7 @@ NUMERICS = ("kv_cache_dtype", "quantization", "quantization_group_size")
 # and what compiles regexes (the same outputs either way, masked by other code): alone runs and
 # transformers' masks take the workload's too
 REFERENCE_OPTIONS = (*NUMERICS, "grammar_backend")
+REFERENCE_POOL = 4096  # the alone runs' KV tokens: a workload's own pool holds at most this (on CUDA the default is most of the GPU)
 GUIDED_SHARE = 0.3  # of workloads, those whose regexes llguidance compiles (`grammar_backend`)
 ReferenceKey = tuple[tuple[str, Any], ...]  # a workload's `REFERENCE_OPTIONS` that are not the default
 
@@ -391,10 +393,11 @@ class Reference:
     grammar backend) a workload runs with: an engine for alone runs (default settings
     otherwise, shadow mode, its cache flushed before each run), transformers (its K/V
     rounded as that cache stores them, its weights the quantized ones) and grammar
-    matchers to mask its logits; made when first needed."""
+    matchers to mask its logits; made when first needed. Its engines, and the workloads'
+    run against it, run on `device` (transformers on the CPU)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, device: str = "cpu") -> None:
+        self.path, self.device = path, device
         self.engines: dict[ReferenceKey, Engine] = {}
         self.hf: dict[ReferenceKey, torch.nn.Module] = {}
         engine = self.engine(())
@@ -405,9 +408,8 @@ class Reference:
 
     def engine(self, key: ReferenceKey) -> Engine:
         if key not in self.engines:
-            self.engines[key] = Engine(
-                str(self.path), dtype="float32", shadow_attention=True, check_integrity=True, **dict(key)
-            )
+            self.engines[key] = Engine(str(self.path), dtype="float32", device=self.device, max_total_tokens=REFERENCE_POOL,
+                                       shadow_attention=True, check_integrity=True, **dict(key))
         return self.engines[key]
 
     def alone(self, request: Request, key: ReferenceKey) -> dict[str, Outcome]:
@@ -642,11 +644,14 @@ def fuzz(
     tp_share: float = 0.0,
     min_workloads: int = 1,
     progress: Callable[[str], None] | None = None,
+    device: str = "cpu",
 ) -> Stats:
-    """Run workloads `seed, seed + 1, ...` until `seconds` have passed (at least
+    """Run workloads `seed, seed + 1, ...` on `device` until `seconds` have passed (at least
     `min_workloads`); raises `Mismatch` (naming the workload's seed) at the first
-    difference."""
-    refs = {name: Reference(path) for name, path in models.items()}
+    difference. Triton attention is drawn only where it runs: on CUDA, or on the CPU under
+    the interpreter (the test session sets it where there is no GPU)."""
+    triton_runs = device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    refs = {name: Reference(path, device) for name, path in models.items()}
     stats = Stats()
     start = time.monotonic()
     names = sorted(models)
@@ -655,7 +660,7 @@ def fuzz(
         workload_seed = seed + i
         rng = random.Random(workload_seed)
         name = names[rng.randrange(len(names))]
-        triton = rng.random() < triton_share
+        triton = rng.random() < triton_share and triton_runs
         ref = refs[name]
         workload = make_workload(workload_seed, name, ref.vocab, triton=triton, int4_share=int4_share,
                                  tp_share=tp_share)
@@ -673,7 +678,8 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
         options = {**options, "speculative_draft_model_path": str(truncated_draft(path))}
     key = reference_key(workload.options)
     alone = {r.rid: ref.alone(r, key) for r in workload.requests if r.checked} if workload.perturbed_trees else {}
-    with Engine(str(path), dtype="float32", shadow_attention=True, check_integrity=True, **options) as engine:
+    with Engine(str(path), dtype="float32", device=ref.device, shadow_attention=True, check_integrity=True,
+                **options) as engine:
         if workload.perturbed_trees:
             runs = [[*r.prompt, *o.ids] for r in workload.requests if r.checked for o in alone[r.rid].values()]
             engine.scheduler.speculative.drafter = ContextDrafts(PerturbedTrees(runs, workload.seed))

@@ -1,6 +1,7 @@
 """The engine's differential fuzzer (engine_fuzz.py) with CI's bounded budget; a longer
 run: `python -m pytest tests/runtime/test_engine_fuzz.py --fuzz-minutes 30 -s`. A
-failure names the workload seed: `--fuzz-seed S` replays it first."""
+failure names the workload seed: `--fuzz-seed S` replays it first. The engines run on the
+CPU unless `--fuzz-device cuda` (transformers, the reference, always does)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     }
 
 
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> str:
+    return request.config.getoption("--fuzz-device")
+
+
 @pytest.mark.fuzz
-def test_every_request_equals_itself_alone(models: dict[str, Path], request: pytest.FixtureRequest) -> None:
+def test_every_request_equals_itself_alone(models: dict[str, Path], device: str, request: pytest.FixtureRequest) -> None:
     minutes = request.config.getoption("--fuzz-minutes")
     seed = request.config.getoption("--fuzz-seed")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
@@ -42,7 +48,8 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], request: pyt
             reporter.write_line(line)
             reporter.flush()
 
-    stats = fuzz(models, seconds=minutes * 60 if minutes else CI_SECONDS, seed=seed, min_workloads=8, progress=progress)
+    stats = fuzz(models, seconds=minutes * 60 if minutes else CI_SECONDS, seed=seed, min_workloads=8, progress=progress,
+                 device=device)
     print(stats.line())
     assert stats.requests > 0 and stats.tokens > 0 and stats.constrained > stats.context_free > 0 and stats.guided > 0
     assert stats.by_backend.get("torch", 0) > 0
@@ -82,22 +89,24 @@ def test_workloads_draw_llguidance_as_the_grammar_backend_and_their_references_f
 
 
 @pytest.mark.fuzz
-def test_int4_weights_every_request_equals_itself_alone(models: dict[str, Path], request: pytest.FixtureRequest) -> None:
+def test_int4_weights_every_request_equals_itself_alone(models: dict[str, Path], device: str,
+                                                       request: pytest.FixtureRequest) -> None:
     """Every workload with int4 weights (RTN, groups of 32 or 64), beside any KV cache."""
     seed = request.config.getoption("--fuzz-seed")
     chosen = {name: models[name] for name in ("llama", "mistral-sharp")}
-    stats = fuzz(chosen, seconds=INT4_CI_SECONDS, seed=seed, int4_share=1.0, min_workloads=3)
+    stats = fuzz(chosen, seconds=INT4_CI_SECONDS, seed=seed, int4_share=1.0, min_workloads=3, device=device)
     print(stats.line())
     assert stats.by_weights == {"weights int4": stats.workloads} and stats.tokens > 0
 
 
 @pytest.mark.fuzz
-def test_tp2_every_request_equals_itself_alone(models: dict[str, Path], request: pytest.FixtureRequest) -> None:
+def test_tp2_every_request_equals_itself_alone(models: dict[str, Path], device: str,
+                                              request: pytest.FixtureRequest) -> None:
     """Every workload's batched run on two tensor-parallel ranks (gloo; the MQA model's one
     KV head replicated on both), each request against itself alone on one rank."""
     seed = request.config.getoption("--fuzz-seed")
     chosen = {name: models[name] for name in ("llama", "llama-mqa-sharp")}
     stats = fuzz(chosen, seconds=TP_CI_SECONDS, seed=seed, triton_share=0.0, int4_share=0.0, tp_share=1.0,
-                 min_workloads=2)
+                 min_workloads=2, device=device)
     print(stats.line())
     assert stats.by_tp == {"tp 2": stats.workloads} and stats.tokens > 0

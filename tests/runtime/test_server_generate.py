@@ -207,10 +207,13 @@ def test_flush_cache_and_metrics(server: Server) -> None:
 
 def test_the_log_says_what_startup_is_doing(server: Server) -> None:
     """Before the model is ready, the log says the port is bound, the model is loading,
-    and how long loading and warm-up took."""
+    how long loading and warm-up took, and the dtype, device and pool it loaded with (those
+    `/get_server_info` reports: cpu here, cuda on a GPU)."""
     log = server.log.read_text()
     steps = ["sprig.launch: bound 127.0.0.1:", "sprig.scheduler: loading the model from",
              "sprig.scheduler: model loaded in", "sprig.scheduler: scheduler ready (warm-up"]
     at = [log.find(step) for step in steps]
     assert -1 not in at and at == sorted(at), log[:3000]
-    assert "float32 on cpu, a KV pool of" in log and "sprig server ready at" in log
+    model = server.info()["model"]
+    assert f"float32 on {model['device']}, a KV pool of {model['kv_size']} tokens" in log
+    assert "sprig server ready at" in log

@@ -1,5 +1,5 @@
-"""Tensor parallelism's failures are bounded and named: a model that does not split, or
-a bad address, is refused before any rank starts; a rank that exits before joining
+"""Tensor parallelism's failures are bounded and named: a model that does not split, a
+bad address, or more ranks on CUDA than GPUs, is refused before any rank starts; a rank that exits before joining
 fails the start naming it; a rank that stops answering fails the step after
 `dist_timeout` instead of hanging it (idle ranks wait for steps without a limit), and the
 engine stays failed."""
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from sprig.runtime import Engine
 from sprig.runtime.distributed import runner as runner_module
@@ -29,6 +30,17 @@ GREEDY = {"max_new_tokens": 4, "temperature": 0.0}
 def test_refused_before_any_rank_starts(tiny_llama: Path, kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Engine(str(tiny_llama), device="cpu", **kwargs)
+
+
+def test_ranks_on_cuda_need_a_gpu_each(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA each rank takes a GPU of its own: more ranks on a node than it has GPUs are
+    refused before any starts, naming the flags (a machine without CUDA has 0 GPUs)."""
+    gpus = torch.cuda.device_count()
+    if gpus >= 2:
+        pytest.skip("this machine has a GPU for each of two ranks")
+    monkeypatch.setattr(runner_module, "spawn_rank", lambda *args: pytest.fail("a rank was started"))
+    with pytest.raises(ValueError, match=rf"--tp-size 2 over 1 node\(s\) runs 2 .* it has {gpus}: .* --device cpu"):
+        Engine(str(tiny_llama), tp_size=2, device="cuda")
 
 
 @pytest.mark.timeout(120)

@@ -1,5 +1,6 @@
 """Tensor parallelism through the real server: `sprig serve --tp-size 2` (and the same
-group spread over two "nodes" of one process each, over gloo on 127.0.0.1) answers
+group spread over two "nodes" of one process each, over gloo on 127.0.0.1; on the CPU, also
+on a GPU machine) answers
 /generate with the greedy tokens and logprobs of TP=1, and constrained decoding holds; a rank that dies makes the server
 unhealthy and exit 1, the log naming the rank."""
 
@@ -65,7 +66,7 @@ def rank_pids(parent: int) -> list[int]:
 
 
 def test_tp2_server_matches_tp1_and_dies_naming_a_killed_rank(qwen2: Path, expected: list[dict]) -> None:
-    with running_server(qwen2, "--tp-size", "2", "--max-total-tokens", "2048", exit_code=1) as server:
+    with running_server(qwen2, "--tp-size", "2", "--device", "cpu", "--max-total-tokens", "2048", exit_code=1) as server:
         assert server.info()["model"]["tp_size"] == 2
         assert_same_as_tp1(server, expected)
         constrained = server.generate({"text": PROMPTS[0], "sampling_params": {
@@ -85,7 +86,7 @@ def test_tp2_server_matches_tp1_and_dies_naming_a_killed_rank(qwen2: Path, expec
 def second_node(qwen2: Path) -> Iterator[tuple[list[str], subprocess.Popen, Path]]:
     """Node 1 of a two-node group (one rank each), started before node 0 has a server."""
     flags = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port('127.0.0.1')}",
-             "--dist-timeout", "60"]
+             "--dist-timeout", "60", "--device", "cpu"]
     fd, name = tempfile.mkstemp(prefix="sprig-test-node1-", suffix=".log")
     cmd = [sys.executable, "-m", "sprig.runtime", "serve", "--model", str(qwen2), "--dtype", "float32",
            "--max-total-tokens", "2048", *flags, "--node-rank", "1"]
