@@ -231,13 +231,15 @@ class Scheduler:
         """One token for every running request, or more where speculative drafts are
         accepted (`speculative.decode`)."""
         self._make_room_for_decode()
-        batch = self._decode_plain() if self.speculative is None else self.speculative.decode(self)
+        batch = self.decode_plain() if self.speculative is None else self.speculative.decode(self)
         self.ratio = max(self.config.min_new_token_ratio, self.ratio - self.config.new_token_ratio_decay)
         return batch
 
-    def _decode_plain(self) -> list[Req]:
-        """A request with jump-forward tokens pending feeds them all in the same step (the
-        step then runs in extend mode)."""
+    def decode_plain(self) -> list[Req]:
+        """The plain decode step: one token for every running request, whose pending tokens
+        have room reserved. A request with jump-forward tokens pending feeds them all in the
+        same step (the step then runs in extend mode). Also the speculative step's, where
+        no request drafts."""
         batch = list(self.running)
         pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
@@ -251,6 +253,8 @@ class Scheduler:
             logits_from=[n - 1 for n in pending],
         )
         logits = self.runner.forward(step)
+        if self.speculative is not None:
+            self.speculative.mirror(step)
         for r, n in zip(batch, pending, strict=True):
             r.kv_len += n
         self._sample(batch, logits)

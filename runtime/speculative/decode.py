@@ -12,8 +12,8 @@ Invariants:
   are freed in the same step; `kv_len` covers only accepted
   tokens, so what a request releases to the radix tree is verified. A drafter that keeps
   KV of its own at the target's slots (the draft model) sees every extend the scheduler
-  runs (`mirror`) and, before any verified token is emitted, which tokens each
-  verification pass keeps (`verified`).
+  runs and every decode step in which nothing was drafted (`mirror`) and, before any
+  verified token is emitted, which tokens each verification pass keeps (`verified`).
 - Constrained requests (a grammar) are not drafted for: they verify no drafts, which is
   the plain decode step.
 """
@@ -104,6 +104,8 @@ class SpeculativeDecoder:
         self.lengths = {r.rid: self.lengths.get(r.rid) or DraftLength(self.max_len, rate=self.prior.rate) for r in batch}
         start = time.perf_counter()
         drafts, limits = self._drafts(sched, batch)
+        if not any(drafts):
+            return self._plain(sched, batch)
         branches = self._branches(sched, batch, drafts, limits)
         drafted = time.perf_counter()
         step = self._step(sched, batch, drafts, branches)
@@ -135,6 +137,21 @@ class SpeculativeDecoder:
         for req, path, walk, rows0, tree in zip(batch, followed, walks, row0, trees, strict=True):
             self._accept(sched, req, path, [rows0[k] + j for k, j in walk], drawn, tree)
         self.stats.verify_steps += 1
+        return batch
+
+    def _plain(self, sched: Scheduler, batch: list[Req]) -> list[Req]:
+        """A step in which no request drafts: the scheduler's plain decode step (the same
+        pass and tokens as a verification of no drafts, without its per-request walk),
+        counted and timed as a verification pass that verified none."""
+        start = time.perf_counter()
+        sched.decode_plain()
+        if self.measured:
+            self.scales.observe("decode", self.costs.decode.at(len(batch)), (time.perf_counter() - start) * 1e3)
+        for req in batch:
+            req.spec_verify_ct += 1
+        self.stats.verify_steps += 1
+        self.stats.request_steps += len(batch)
+        self.stats.emitted += len(batch)
         return batch
 
     @staticmethod
@@ -190,7 +207,7 @@ class SpeculativeDecoder:
                                 (drafting_s - self.drafter.extend_s) * 1e3)
 
     def mirror(self, step: ForwardStep) -> None:
-        """The scheduler ran the extend `step` on the target."""
+        """The scheduler ran `step` on the target: an extend, or a plain decode step."""
         self.drafter.mirror(step)
 
     def _drafts(self, sched: Scheduler, batch: list[Req]) -> tuple[list[list[int]], list[int]]:

@@ -11,8 +11,9 @@ the draft's K/V of the token the target pool holds at s, after the same prefix. 
 because every write of the target clears `written` at its slots unless the draft wrote
 the same token there in the same step:
 
-- every extend the scheduler runs (prefill chunks, retracted requests' prompts) clears
-  its new slots (`mirror`);
+- every extend the scheduler runs (prefill chunks, retracted requests' prompts), and
+  every decode step in which no request drafted (the scheduler's plain step), clears its
+  new slots (`mirror`);
 - a verification pass clears the slots of the tokens it fed that the draft did not (the
   pending tokens of a request it did not draft for, the last kept draft) and of the
   drafts it rejected, before any token is emitted (`verified`);

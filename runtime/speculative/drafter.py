@@ -42,8 +42,8 @@ class Drafter(Protocol):
         ...
 
     def mirror(self, step: ForwardStep) -> None:
-        """The target has just run the extend `step` (prefill chunks): keep any state over
-        the target's slots in step with it."""
+        """The target has just run `step`, an extend (prefill chunks) or a plain decode step
+        (nothing drafted): keep any state over the target's slots in step with it."""
         ...
 
     def alternatives(self, batch: list[Req], drafts: list[list[int]], limits: list[int],

@@ -14,6 +14,7 @@ from draft_checkpoints import truncated_draft
 from engine_helpers import assert_idle_and_intact, hf_greedy
 
 from sprig.runtime import Engine
+from sprig.runtime.speculative.decode import SpeculativeDecoder
 from sprig.runtime.speculative.drafter import ContextDrafts
 
 ALGORITHMS = ["ngram", "radix", "draft"]
@@ -68,6 +69,28 @@ def test_greedy_equals_transformers(arch, algorithm, tiny_checkpoints, reference
         meta = warm[0]["meta_info"]
         assert 0 < meta["spec_verify_ct"] <= MAX_NEW - 1
         assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_step_without_drafts_is_the_plain_decode_step(algorithm, tiny_checkpoints, references, monkeypatch) -> None:
+    """Where the gate declines every draft (a verification pass priced at a second), each
+    step is the scheduler's plain decode step, never a verification pass of its own, and
+    counts as a verification of no drafts: transformers' tokens, plain decoding's
+    logprobs, one pass per token after the first."""
+    monkeypatch.setattr(SpeculativeDecoder, "_step", lambda *args: pytest.fail("a verification pass ran"))
+    path = tiny_checkpoints["llama"]
+    with Engine(path, dtype="float32") as plain:
+        want = outputs(plain, PROMPTS, GREEDY, return_logprob=True)
+    draft = {"speculative_draft_model_path": str(truncated_draft(path))} if algorithm == "draft" else {}
+    with Engine(path, dtype="float32", check_integrity=True, speculative_algorithm=algorithm,
+                speculative_pass_costs="1,0,1000,0,0,0,0", **draft) as engine:
+        got = outputs(engine, PROMPTS, GREEDY, return_logprob=True)
+        stats = engine.scheduler.speculative.stats
+    assert ids(got) == references["llama"] == ids(want)
+    for g, w in zip(got, want, strict=True):
+        assert g["meta_info"]["output_token_logprobs"] == w["meta_info"]["output_token_logprobs"]
+        assert g["meta_info"]["spec_verify_ct"] == MAX_NEW - 1
+    assert stats.drafted == 0 and stats.request_steps == stats.emitted == len(PROMPTS) * (MAX_NEW - 1)
 
 
 @pytest.mark.parametrize(
