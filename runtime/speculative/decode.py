@@ -41,6 +41,7 @@ from sprig.runtime.speculative.tree import Branch, shared_prefix
 log = logging.getLogger("sprig.scheduler")
 PRIOR_DECAY = 0.9  # per verification, the weight of the past in the acceptance a new request is assumed to have
 PROBE_AFTER = 64  # steps in a row without drafts or probes, after which one step asks for a draft per request
+MAX_QUIET = 16  # steps, at most, the drafter is left unasked after the gate declined its proposals
 
 if TYPE_CHECKING:
     from sprig.radix import PrefixCache
@@ -95,6 +96,9 @@ class SpeculativeDecoder:
         self.lengths: dict[str, DraftLength] = {}
         self.prior = AcceptanceRate.starting_at(START_RATE, PRIOR_DECAY)  # over recent verifications of all requests
         self.undrafted = 0  # steps in a row that verified no drafts
+        self.declines = 0  # steps in a row whose proposals the gate declined
+        self.quiet = 0  # steps left in which the drafter is not asked (after declines, for the batch `quiet_batch`)
+        self.quiet_batch: tuple[str, ...] = ()
         self.stats = SpeculativeStats()
 
     def decode(self, sched: Scheduler) -> list[Req]:
@@ -220,11 +224,20 @@ class SpeculativeDecoder:
         yield is learnt only from drafts verified, and a pessimistic prior would otherwise
         never be tested. A probe the drafter has nothing for waits `PROBE_AFTER` steps
         like one that drafted: proposing is work, which a gate that declines drafts
-        should not repeat every step."""
-
+        should not repeat every step. Likewise a gate that declines what the drafter
+        proposes leaves it unasked for 0, 1, 3, 7, ... (at most `MAX_QUIET`) steps after
+        each decline in a row, unless a request joins or leaves the batch or a probe is due:
+        the same batch would be declined again, and asking costs the host every step."""
+        if self.quiet and self.undrafted < PROBE_AFTER and self.quiet_batch == tuple(r.rid for r in batch):
+            self.quiet -= 1
+            self.undrafted += 1
+            return [[] for _ in batch], [0] * len(batch)
         costs = self.costs.scaled(self.scales)
         chosen, probed = [0], [False]
         lengths = [self._length(r) for r in batch]
+        if not any(lengths):  # every request paused, constrained or at its end: nothing to ask for
+            self.undrafted += 1
+            return [[] for _ in batch], lengths
         proposed = [lengths]  # the sizes the drafter last asked the cap for: what it could propose
 
         def cap(sizes: list[int]) -> int:
@@ -237,6 +250,11 @@ class SpeculativeDecoder:
 
         drafts = self.drafter.draft(sched.kv, batch, lengths, cap)
         self.undrafted = 0 if any(drafts) or probed[0] else self.undrafted + 1  # a probe that found nothing counts
+        if chosen[0] and not probed[0]:
+            self.declines = self.quiet = 0
+        elif not chosen[0] and max(proposed[0], default=0) > 0:
+            self.declines += 1
+            self.quiet, self.quiet_batch = min(2 ** (self.declines - 1) - 1, MAX_QUIET), tuple(r.rid for r in batch)
         for r, n, size, d in zip(batch, lengths, proposed[0], drafts, strict=True):
             if n and not size:
                 self.lengths[r.rid].empty()
