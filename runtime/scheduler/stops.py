@@ -102,9 +102,10 @@ class Stops:
         """Append the text `req`'s grammar forces next (e.g. `{"name":"`) without sampling
         it: (tokens appended, how the request stops, if it does).
 
-        The forced text is tokenized in context (after the last few output tokens); the
-        jump happens only where that tokenization keeps the existing tokens, so no
-        emitted token is ever taken back. The last of its tokens is left to the model:
+        The forced text is tokenized in context (after the last few output tokens), a
+        special token's name in it as text, as the grammar backends read it; the jump
+        happens only where that tokenization keeps the existing tokens, so no emitted
+        token is ever taken back. The last of its tokens is left to the model:
         the model's own token there may run on past the forced text (`":` where `"` is
         forced and `: ` or `:` may follow), and a token cut at the boundary would put it
         off the tokenization it learned. The tokens are fed in the next step at once.
@@ -117,7 +118,7 @@ class Stops:
         context = self.tokenizer.decode(tail)
         if "\ufffd" in context:
             return 0, None
-        ids = self.tokenizer.encode(context + forced, add_special_tokens=False)
+        ids = self.tokenizer.encode(context + forced, add_special_tokens=False, split_special_tokens=True)
         if ids[: len(tail)] != tail:
             return 0, None
         new = ids[len(tail) : len(tail) + room][:-1]

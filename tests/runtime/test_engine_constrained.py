@@ -85,6 +85,25 @@ def test_an_invalid_grammar_fails_only_its_request(engine, params, message) -> N
     assert_idle_and_intact(engine)
 
 
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_jump_forward_takes_a_special_tokens_name_as_text(tiny_llama, backend) -> None:
+    """Forced text spelling special tokens' names (`<s>`, the EOS `</s>`) is jumped over as
+    text, as the grammar reads it (tokenized with the names as specials, the grammar
+    refused the jump whole and every token was sampled): the same text as without
+    jump-forward, in fewer steps."""
+    regex = r"(ab|cd)xy<s>z</s>w"
+    params = {"max_new_tokens": 40, "temperature": 1.0, "regex": regex, "seed": 3}
+    texts, jumped, steps = {}, {}, {}
+    for jump in (True, False):
+        with Engine(tiny_llama, dtype="float32", check_integrity=True, enable_jump_forward=jump,
+                    grammar_backend=backend) as eng:
+            out = eng.generate("spell:", params)
+            texts[jump], jumped[jump], steps[jump] = out["text"], out["meta_info"]["jump_forward_tokens"], eng.scheduler.stats.steps
+            assert_idle_and_intact(eng)
+    assert re.fullmatch(regex, texts[True]) and texts[True] == texts[False]
+    assert jumped[True] > 0 and jumped[False] == 0 and steps[True] < steps[False]
+
+
 def test_jump_forward_appends_forced_text_in_fewer_steps(tiny_llama) -> None:
     schema = json.dumps(
         {"type": "object", "properties": {"first_name": {"enum": ["ann", "bob"]}, "score": {"type": "integer", "minimum": 0, "maximum": 99}},
