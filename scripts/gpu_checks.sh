@@ -16,7 +16,9 @@
 #           local server on the 1b model), sbench-poisson (random prompts at 32 requests/s),
 #           spbench (bench_speculative: each drafter vs off on the demo model, CUDA graphs on),
 #           trees (bench_token_trees: 32 samples at T = 0.8, verification free, then measured),
-#           servers (real servers on CUDA: the forkserver's children, speculation behind HTTP)
+#           servers (real servers on CUDA: the forkserver's children, speculation behind HTTP),
+#           fuzz (the engine's differential fuzzer with its engines on CUDA, $FUZZ_MINUTES, default 3;
+#           stops at the first failure)
 set -u
 export PYTHONUNBUFFERED=1
 WHEELS=${WHEELS:-.whl}
@@ -50,6 +52,8 @@ for phase in "$@"; do
     trees) for costs in --free ""; do
              "${RUN[@]}" python3 benchmarks/bench_token_trees.py --device cuda --samples 32 --temperature 0.8 $costs 2>&1
            done | tee "$OUT/bench_token_trees.log";;
+    fuzz) "${RUN[@]}" python3 -m pytest -q -s -x -p no:cacheprovider tests/runtime/test_engine_fuzz.py \
+            -k "itself_alone and not tp2" --fuzz-device cuda --fuzz-minutes "${FUZZ_MINUTES:-3}" 2>&1 | tee "$OUT/fuzz.log" | tail -40;;
     servers) "${RUN[@]}" python3 -m pytest -q -p no:cacheprovider tests/runtime/test_server_generate.py \
                tests/runtime/test_server_lifecycle.py tests/runtime/test_speculative_server.py \
                tests/runtime/test_server_openai_client.py 2>&1 | tee "$OUT/servers.log" | tail -30;;
