@@ -7,6 +7,8 @@ running request; sample; retire finished requests into the radix cache.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -235,11 +237,12 @@ class Scheduler:
         self.ratio = max(self.config.min_new_token_ratio, self.ratio - self.config.new_token_ratio_decay)
         return batch
 
-    def decode_plain(self) -> list[Req]:
+    def decode_plain(self, timed: Callable[[float], None] | None = None) -> list[Req]:
         """The plain decode step: one token for every running request, whose pending tokens
         have room reserved. A request with jump-forward tokens pending feeds them all in the
         same step (the step then runs in extend mode). Also the speculative step's, where
-        no request drafts."""
+        no request drafts: `timed` is given the seconds of the pass and the draw (what a
+        verification pass is timed by), before any token is emitted."""
         batch = list(self.running)
         pending = [r.seq_len - r.kv_len for r in batch]
         mode = ForwardMode.DECODE if max(pending) == 1 else ForwardMode.EXTEND
@@ -252,12 +255,17 @@ class Scheduler:
             kv_indices=self.kv.contexts(batch, ends),
             logits_from=[n - 1 for n in pending],
         )
+        start = time.perf_counter()
         logits = self.runner.forward(step)
         if self.speculative is not None:
             self.speculative.mirror(step)
         for r, n in zip(batch, pending, strict=True):
             r.kv_len += n
-        self._sample(batch, logits)
+        drawn = self.draw(batch, logits, [r.output_ids for r in batch])
+        if timed is not None:
+            timed(time.perf_counter() - start)
+        for b, req in enumerate(batch):
+            self.emit(req, drawn, b)
         return batch
 
     def _make_room_for_decode(self) -> None:

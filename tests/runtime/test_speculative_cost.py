@@ -182,6 +182,18 @@ def test_a_probe_that_finds_nothing_waits_like_one_that_drafted(tiny_llama: Path
     assert 0 < len(asked) <= 2 * (params["max_new_tokens"] // (after + 1))
 
 
+def test_steps_without_drafts_are_timed_against_the_decode_line(tiny_llama: Path) -> None:
+    """With measured costs, a step in which nothing is drafted (the scheduler's plain
+    decode step) corrects the decode line by its pass and draw, as any pass does."""
+    with Engine(tiny_llama, dtype="float32", speculative_algorithm="ngram") as engine:
+        spec = engine.scheduler.speculative
+        spec.drafter.draft = lambda kv, batch, lengths, cap: [[] for _ in batch]  # nothing is ever proposed
+        engine.generate(PROMPTS[0], {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert_idle_and_intact(engine)
+    assert spec.measured and spec.stats.verify_steps == 7 and spec.stats.drafted == 0
+    assert spec.scales.decode != 1.0 and spec.scales.verify == 1.0
+
+
 def test_a_declining_gate_leaves_the_drafter_unasked_for_a_while(tiny_llama: Path, monkeypatch) -> None:
     """Costs under which drafts never pay, one request: the gate is consulted after 0, 1,
     3, 7, 15, then every 16 steps of declines (and at probes), not on every step: asking
