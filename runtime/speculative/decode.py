@@ -96,7 +96,7 @@ class SpeculativeDecoder:
         self.lengths: dict[str, DraftLength] = {}
         self.prior = AcceptanceRate.starting_at(START_RATE, PRIOR_DECAY)  # over recent verifications of all requests
         self.undrafted = 0  # steps in a row that verified no drafts
-        self.declines = 0  # steps in a row whose proposals the gate declined
+        self.backoff = 0  # the quiet steps the gate's next decline in a row sets: 0, 1, 3, 7, ... `MAX_QUIET`
         self.quiet = 0  # steps left in which the drafter is not asked (after declines, for the batch `quiet_batch`)
         self.quiet_batch: tuple[str, ...] = ()
         self.stats = SpeculativeStats()
@@ -249,10 +249,10 @@ class SpeculativeDecoder:
         drafts = self.drafter.draft(sched.kv, batch, lengths, cap)
         self.undrafted = 0 if any(drafts) or probed[0] else self.undrafted + 1  # a probe that found nothing counts
         if chosen[0] and not probed[0]:
-            self.declines = self.quiet = 0
+            self.backoff = self.quiet = 0
         elif not chosen[0] and max(proposed[0], default=0) > 0:
-            self.declines += 1
-            self.quiet, self.quiet_batch = min(2 ** (self.declines - 1) - 1, MAX_QUIET), tuple(r.rid for r in batch)
+            self.quiet, self.quiet_batch = self.backoff, tuple(r.rid for r in batch)
+            self.backoff = min(2 * self.backoff + 1, MAX_QUIET)
         for r, n, size, d in zip(batch, lengths, proposed[0], drafts, strict=True):
             if n and not size:
                 self.lengths[r.rid].empty()

@@ -77,7 +77,7 @@ NUMERICS = ("kv_cache_dtype", "quantization", "quantization_group_size")
 # and what compiles regexes (the same outputs either way, masked by other code): alone runs and
 # transformers' masks take the workload's too
 REFERENCE_OPTIONS = (*NUMERICS, "grammar_backend")
-REFERENCE_POOL = 4096  # the alone runs' KV tokens: a workload's own pool holds at most this (on CUDA the default is most of the GPU)
+REFERENCE_POOL = 4096  # the alone runs' KV tokens: every request fits a workload's loose pool of 4096 (on CUDA the default is most of the GPU)
 GUIDED_SHARE = 0.3  # of workloads, those whose regexes llguidance compiles (`grammar_backend`)
 ReferenceKey = tuple[tuple[str, Any], ...]  # a workload's `REFERENCE_OPTIONS` that are not the default
 
