@@ -97,8 +97,8 @@ class SpeculativeDecoder:
         self.prior = AcceptanceRate.starting_at(START_RATE, PRIOR_DECAY)  # over recent verifications of all requests
         self.undrafted = 0  # steps in a row that verified no drafts
         self.backoff = 0  # the quiet steps the gate's next decline in a row sets: 0, 1, 3, 7, ... `MAX_QUIET`
-        self.quiet = 0  # steps left in which the drafter is not asked (after declines, for the batch `quiet_batch`)
-        self.quiet_batch: tuple[str, ...] = ()
+        self.quiet = 0  # steps left in which the drafter is not asked (after declines, while no request joins `quiet_batch`)
+        self.quiet_batch: frozenset[str] = frozenset()
         self.stats = SpeculativeStats()
 
     def decode(self, sched: Scheduler) -> list[Req]:
@@ -224,9 +224,10 @@ class SpeculativeDecoder:
         like one that drafted: proposing is work, which a gate that declines drafts
         should not repeat every step. Likewise a gate that declines what the drafter
         proposes leaves it unasked for 0, 1, 3, 7, ... (at most `MAX_QUIET`) steps after
-        each decline in a row, unless a request joins or leaves the batch or a probe is due:
-        the same batch would be declined again, and asking costs the host every step."""
-        if self.quiet and self.undrafted < PROBE_AFTER and self.quiet_batch == tuple(r.rid for r in batch):
+        each decline in a row, unless a request joins the batch or a probe is due: the same
+        requests would be declined again, and asking costs the host every step. A request
+        leaving does not end the quiet (in a batch of many, one finishes almost every step)."""
+        if self.quiet and self.undrafted < PROBE_AFTER and self.quiet_batch.issuperset(r.rid for r in batch):
             self.quiet -= 1
             self.undrafted += 1
             return [[] for _ in batch], [0] * len(batch)
@@ -251,7 +252,7 @@ class SpeculativeDecoder:
         if chosen[0] and not probed[0]:
             self.backoff = self.quiet = 0
         elif not chosen[0] and max(proposed[0], default=0) > 0:
-            self.quiet, self.quiet_batch = self.backoff, tuple(r.rid for r in batch)
+            self.quiet, self.quiet_batch = self.backoff, frozenset(r.rid for r in batch)
             self.backoff = min(2 * self.backoff + 1, MAX_QUIET)
         for r, n, size, d in zip(batch, lengths, proposed[0], drafts, strict=True):
             if n and not size:
