@@ -261,11 +261,7 @@ class Scheduler:
             self.speculative.mirror(step)
         for r, n in zip(batch, pending, strict=True):
             r.kv_len += n
-        drawn = self.draw(batch, logits, [r.output_ids for r in batch])
-        if timed is not None:
-            timed(time.perf_counter() - start)
-        for b, req in enumerate(batch):
-            self.emit(req, drawn, b)
+        self._sample(batch, logits, None if timed is None else lambda: timed(time.perf_counter() - start))
         return batch
 
     def _make_room_for_decode(self) -> None:
@@ -305,8 +301,12 @@ class Scheduler:
         log.info("retracted request %s (%d tokens generated) to free KV slots", req.rid, len(req.output_ids))
 
     # ------------------------------------------------------------------ sampling and stopping
-    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> None:
+    def _sample(self, reqs: list[Req], logits: torch.Tensor, drawn_hook: Callable[[], None] | None = None) -> None:
+        """Draw a token for each of `reqs` from its row of `logits` and emit it; `drawn_hook`
+        runs after the draw, before any token is emitted."""
         drawn = self.draw(reqs, logits, [r.output_ids for r in reqs])
+        if drawn_hook is not None:
+            drawn_hook()
         for b, req in enumerate(reqs):
             self.emit(req, drawn, b)
 

@@ -147,8 +147,8 @@ class SpeculativeDecoder:
         """A step in which no request drafts: the scheduler's plain decode step (the same
         pass and tokens as a verification of no drafts, without its per-request walk),
         counted and timed as a verification pass that verified none."""
-        decode_ms = self.costs.decode.at(len(batch))
-        sched.decode_plain((lambda s: self.scales.observe("decode", decode_ms, s * 1e3)) if self.measured else None)
+        sched.decode_plain((lambda s: self.scales.observe("decode", self.costs.decode.at(len(batch)), s * 1e3))
+                           if self.measured else None)
         for req in batch:
             req.spec_verify_ct += 1
         self.stats.verify_steps += 1
