@@ -69,9 +69,20 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int) -> dict:
 
 
 def hit_rate(url: str, prompts: list[list[int]]) -> float:
-    """cached / prompt tokens over the responses, `CONCURRENCY` requests in flight."""
+    """cached / prompt tokens over the responses: each group's first prompt alone, in
+    order, then the rest with `CONCURRENCY` requests in flight.
+
+    Sent alone, a group's first request is routed by what the router has seen, not by how
+    fast the workers happen to run: with four in flight from the start, which worker a new
+    group went to depended on load, and under a loaded machine six groups could land on
+    a worker whose pool holds about six (cache_aware hit 75% against one server's 86.5%)."""
+    firsts: dict[tuple[int, ...], int] = {}  # a group's system prompt: its first prompt's index
+    for i, p in enumerate(prompts):
+        firsts.setdefault(tuple(p[:SYSTEM]), i)
+    rest = [p for i, p in enumerate(prompts) if i not in firsts.values()]
+    outs = [generate(url, prompts[i], OUTPUT) for i in firsts.values()]
     with ThreadPoolExecutor(CONCURRENCY) as pool:
-        outs = list(pool.map(lambda p: generate(url, p, OUTPUT), prompts))
+        outs += list(pool.map(lambda p: generate(url, p, OUTPUT), rest))
     assert all(len(o["output_ids"]) == OUTPUT for o in outs)
     return sum(o["meta_info"]["cached_tokens"] for o in outs) / sum(o["meta_info"]["prompt_tokens"] for o in outs)
 
@@ -201,7 +212,7 @@ def test_cache_aware_routing_keeps_the_hit_rate_round_robin_loses(tiny_llama: Pa
     prompts = shared_prefix_prompts()
     with running_server(tiny_llama, "--max-total-tokens", str(2 * POOL)) as single:
         one = hit_rate(single.url, prompts)
-    rates = {}
+    rates, shares = {}, {}
     for policy in ("cache_aware", "round_robin"):
         for worker in dp_server.workers:
             assert httpx.post(worker + "/flush_cache", headers=AUTH, timeout=TIMEOUT).status_code == 200
@@ -211,12 +222,12 @@ def test_cache_aware_routing_keeps_the_hit_rate_round_robin_loses(tiny_llama: Pa
         else:  # `sprig router` in front of the same workers
             with launched("router", "--worker-urls", *dp_server.workers, "--port", "0", "--policy", policy) as (_, url, _):
                 rates[policy] = hit_rate(url, prompts)
-        served = [decoded(w) - b for w, b in zip(dp_server.workers, before, strict=True)]
-        assert all(served), f"{policy} left a worker idle: {served}"
+        shares[policy] = [decoded(w) - b for w, b in zip(dp_server.workers, before, strict=True)]
+        assert all(shares[policy]), f"{policy} left a worker idle: {shares[policy]}"
     print(f"prefix hit rate: one server {one:.1%}, cache_aware {rates['cache_aware']:.1%}, "
           f"round_robin {rates['round_robin']:.1%}")
-    assert abs(rates["cache_aware"] - one) <= 0.05, (one, rates)
-    assert rates["cache_aware"] >= rates["round_robin"] + 0.20, (one, rates)
+    assert abs(rates["cache_aware"] - one) <= 0.05, (one, rates, "tokens decoded per worker:", shares)
+    assert rates["cache_aware"] >= rates["round_robin"] + 0.20, (one, rates, "tokens decoded per worker:", shares)
 
 
 @needs_gateway
