@@ -4,12 +4,13 @@ conversation (the mixture of `sprig.runtime.demo.mixture`).
 
 Training begins with `copy_steps` steps of a copying warm-up (`sprig.runtime.demo.copying`:
 short lists repeated back), which the mixture's tasks, all answered by copying from the
-prompt, then build on. Builds a BPE tokenizer (digits kept single; the tool-call markers whole tokens) with the
-chat template of `sprig.runtime.demo.chat_format`, trains `LlamaForCausalLM` with loss on
-every assistant turn (and, with `--prompt-weight`, less on the rest; dialogues packed
-several to a row, `pack`) under bfloat16 autocast where the CPU runs it fast (`--bf16`,
-`use_bf16`), and saves a complete Hugging Face checkpoint. Deterministic for a given seed,
-step count, thread count (`--threads`, two by default) and autocast setting; with
+prompt, then build on. Builds a BPE tokenizer (digits kept single; the tool-call markers
+whole tokens) with the chat template of `sprig.runtime.demo.chat_format`, trains
+`LlamaForCausalLM` with loss on every assistant turn (a task's turns weighted as
+`--task-weights` says, 1 by default; with `--prompt-weight`, less on the rest; dialogues
+packed several to a row, `pack`) under bfloat16 autocast where the CPU runs it fast
+(`--bf16`, `use_bf16`), and saves a complete Hugging Face checkpoint. Deterministic for a
+given seed, step count, thread count (`--threads`, two by default) and autocast setting; with
 `--state-dir` it saves its state as it goes, and `--resume` continues a run that stopped
 (see `TrainConfig`).
 
@@ -46,7 +47,7 @@ from sprig.runtime.demo.chat_format import CHAT_TEMPLATE, SPECIAL_TOKENS, TOOL_T
 from sprig.runtime.demo.dialogue import Dialogue
 from sprig.runtime.demo.evaluate import accuracy, generate
 
-Example = tuple[list[int], list[int]]  # token ids, labels (-100 where no loss)
+Example = tuple[list[int], list[int], float]  # token ids, labels (-100 where no loss), the labels' loss weight
 BF16_MODES = ("auto", "on", "off")
 BF16_MAX_SLOWDOWN = 2.0  # "auto" trains under bfloat16 autocast unless its matmuls are this many times slower
 _TURN = re.compile(re.escape("<|assistant|>\n") + r"(.*?)" + re.escape("<|end|>"), re.DOTALL)
@@ -83,6 +84,7 @@ class TrainConfig:
     heads: int = 8
     max_positions: int = 1024
     prompt_weight: float = 0.0  # loss weight of the tokens outside assistant turns (1 on the turns)
+    task_weights: str = ""  # loss weight of some tasks' assistant turns, "few-shot=1.5,tools=0.7" (others 1)
     word_tokens: bool = False  # a space before a word is a token of its own (`build_tokenizer`; ~20% more tokens)
     bf16: str = "auto"  # bfloat16 autocast around forward and loss: "on", "off" or "auto" (`use_bf16`)
     threads: int = 2
@@ -108,10 +110,29 @@ class TrainConfig:
             raise ValueError("--resume needs --state-dir (where the run's tokenizer is)")
         if self.bf16 not in BF16_MODES:
             raise ValueError(f"--bf16 must be one of {', '.join(BF16_MODES)}, not {self.bf16!r}")
+        parse_task_weights(self.task_weights)  # a malformed --task-weights is refused before training starts
 
     @property
     def total_steps(self) -> int:
         return self.copy_steps + self.steps
+
+
+def parse_task_weights(text: str) -> dict[str, float]:
+    """"few-shot=1.5,tools=0.7" read as task name to the loss weight of its assistant turns,
+    for the tasks it names: each a task of the mixture, each weight finite and positive."""
+    weights: dict[str, float] = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = (part.strip() for part in item.partition("="))
+        if name not in mixture.TASKS:
+            raise ValueError(f"--task-weights names {name!r}, not a task of the mixture ({', '.join(mixture.TASKS)})")
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ValueError(f"--task-weights: {item!r} is not TASK=WEIGHT") from None
+        if not 0.0 < weight < float("inf"):
+            raise ValueError(f"--task-weights: the weight of {name} must be positive and finite, not {value}")
+        weights[name] = weight
+    return weights
 
 
 def bf16_slowdown(hidden_size: int) -> float:
@@ -191,18 +212,21 @@ def target_spans(text: str) -> list[tuple[int, int]]:
     return [(m.start(1), m.end()) for m in _TURN.finditer(text)]
 
 
-def encode(tok: PreTrainedTokenizerFast, dialogues: list[Dialogue]) -> list[Example]:
-    """(ids, labels) per dialogue: the rendered text tokenized as a server tokenizes it,
-    labels on the tokens inside `target_spans` (every token lies wholly in or out)."""
+def encode(tok: PreTrainedTokenizerFast, dialogues: list[Dialogue],
+           task_weights: dict[str, float] | None = None) -> list[Example]:
+    """(ids, labels, weight) per dialogue: the rendered text tokenized as a server tokenizes
+    it, labels on the tokens inside `target_spans` (every token lies wholly in or out), and
+    the loss weight of those tokens: its task's in `task_weights`, else 1."""
     if not dialogues:  # the tokenizer refuses an empty batch
         return []
+    weights = task_weights or {}
     texts = [render(tok, d) for d in dialogues]
     enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
-    return [_labelled(text, ids, offsets) for text, ids, offsets in
-            zip(texts, enc["input_ids"], enc["offset_mapping"], strict=True)]
+    return [(ids, _labels(text, ids, offsets), weights.get(d.task, 1.0)) for d, text, ids, offsets in
+            zip(dialogues, texts, enc["input_ids"], enc["offset_mapping"], strict=True)]
 
 
-def _labelled(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> Example:
+def _labels(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> list[int]:
     labels = [-100] * len(ids)
     spans = target_spans(text)
     k = 0
@@ -214,19 +238,19 @@ def _labelled(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> Exam
         if a < spans[k][0] or b > spans[k][1]:
             raise AssertionError(f"a token straddles a turn boundary: {text[a:b]!r}")
         labels[i] = ids[i]
-    return ids, labels
+    return labels
 
 
-def pack(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Input ids, labels (-100 outside the assistant's tokens) and position ids, several
-    examples to a row.
+def pack(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input ids, labels (-100 outside the assistant's tokens), position ids and each
+    token's example weight (0 on padding), several examples to a row.
 
     Rows are as wide as the longest example; examples go longest first into the first row
     with room. Positions restart at 0 for each example, which is how transformers tells
     packed sequences apart: each attends only to itself, so the loss and its gradient are
     those of the examples padded one per row, with fewer positions computed.
     """
-    width = max(len(ids) for ids, _ in examples)
+    width = max(len(ex[0]) for ex in examples)
     rows: list[list[Example]] = []
     room: list[int] = []
     for ex in sorted(examples, key=lambda e: -len(e[0])):
@@ -239,27 +263,30 @@ def pack(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tens
     inputs = torch.full((len(rows), width), pad_id)  # [R, W]
     labels = torch.full((len(rows), width), -100)  # [R, W]
     positions = torch.zeros((len(rows), width), dtype=torch.long)  # [R, W]
+    weights = torch.zeros((len(rows), width))  # [R, W]
     for r, row in enumerate(rows):
         at = 0
-        for ids, target in row:
+        for ids, target, weight in row:
             end = at + len(ids)
             inputs[r, at:end] = torch.tensor(ids)
             labels[r, at:end] = torch.tensor(target)
             positions[r, at:end] = torch.arange(len(ids))
+            weights[r, at:end] = weight
             at = end
-    return inputs, labels, positions
+    return inputs, labels, positions, weights
 
 
 def packed_loss(model: LlamaForCausalLM, examples: list[Example], pad_id: int,
                 prompt_weight: float = 0.0) -> torch.Tensor:
-    """Weighted mean cross-entropy of next tokens, computed packed (`pack`): weight 1 on
-    the assistant's tokens, `prompt_weight` on every other token of a dialogue but its
-    first (so 0 gives the mean over the assistant's tokens alone). Without a cache
-    transformers reads the restarting positions as sequence boundaries."""
-    inputs, labels, positions = pack(examples, pad_id)
+    """Weighted mean cross-entropy of next tokens, computed packed (`pack`): each example's
+    weight on the assistant's tokens, `prompt_weight` on every other token of a dialogue
+    but its first (so 0 and weights of 1 give the mean over the assistant's tokens alone).
+    Without a cache transformers reads the restarting positions as sequence boundaries."""
+    inputs, labels, positions, example_weights = pack(examples, pad_id)
     logits = model(input_ids=inputs, position_ids=positions, use_cache=False).logits  # [R, W, V]
     nexts, targets, starts = inputs[:, 1:], labels[:, 1:], positions[:, 1:] == 0  # [R, W-1]
-    weights = torch.where(targets != -100, 1.0, prompt_weight * ((nexts != pad_id) & ~starts))  # [R, W-1]
+    weights = torch.where(targets != -100, example_weights[:, 1:],
+                          prompt_weight * ((nexts != pad_id) & ~starts))  # [R, W-1]
     losses = torch.nn.functional.cross_entropy(
         logits[:, :-1].float().flatten(0, 1), nexts.flatten(), reduction="none")  # [R * (W-1)]
     return (losses * weights.flatten()).sum() / weights.sum()
@@ -302,7 +329,7 @@ def train(cfg: TrainConfig) -> None:
         tok = build_tokenizer([render_plain(d) for d in train_set[:20000]], cfg.vocab_size, cfg.word_tokens)
         if cfg.state_dir:
             tok.save_pretrained(cfg.state_dir)
-    data = encode(tok, train_set)
+    data = encode(tok, train_set, parse_task_weights(cfg.task_weights))
     copies = encode(tok, copying.take_copies("train", cfg.copy_steps * cfg.copy_batch_size, seed=cfg.seed))
     held_out = {name: encode(tok, mixture.take_task(name, "heldout", cfg.eval_dialogues, seed=cfg.seed + 1))
                 for name in mixture.TASKS}
@@ -318,10 +345,10 @@ def train(cfg: TrainConfig) -> None:
         opt.load_state_dict(state["optimizer"])
         first = state["step"]
     n_params = sum(p.numel() for p in model.parameters())
-    tokens = sum(len(ids) for ids, _ in data)
+    tokens = sum(len(ex[0]) for ex in data)
     print(f"vocab {len(tok)}, {n_params / 1e6:.2f}M parameters, {len(data)} training dialogues, "
-          f"{tokens / 1e6:.1f}M tokens; data ready in {time.monotonic() - start:.0f} s; from step {first}",
-          flush=True)
+          f"{tokens / 1e6:.1f}M tokens; data ready in {time.monotonic() - start:.0f} s; from step {first}"
+          + (f"; task loss weights {cfg.task_weights}" if cfg.task_weights else ""), flush=True)
     start, cpu_start = time.monotonic(), time.process_time()
     for step in range(first, cfg.total_steps):
         for group in opt.param_groups:

@@ -74,7 +74,7 @@ def student_config(cfg: DraftConfig, teacher: LlamaConfig) -> LlamaConfig:
 
 def distill_loss(student: LlamaForCausalLM, teacher: LlamaForCausalLM, batch: list, pad_id: int) -> torch.Tensor:
     """Mean KL(teacher || student) of the next-token distributions at the assistant's tokens."""
-    inputs, labels, positions = pack(batch, pad_id)  # [R, W] each
+    inputs, labels, positions, _ = pack(batch, pad_id)  # [R, W] each
     with torch.no_grad():
         want = teacher(input_ids=inputs, position_ids=positions, use_cache=False).logits[:, :-1].float()
     got = student(input_ids=inputs, position_ids=positions, use_cache=False).logits[:, :-1].float()

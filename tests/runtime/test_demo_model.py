@@ -129,7 +129,7 @@ def test_packed_training_loss_equals_one_example_per_row(train, tok, prompt_weig
     from transformers import LlamaConfig, LlamaForCausalLM
 
     examples = train.encode(tok, mixture.take("train", 24))
-    inputs, _, positions = train.pack(examples, tok.pad_token_id)
+    inputs, _, positions, _ = train.pack(examples, tok.pad_token_id)
     assert inputs.shape[0] < len(examples) and int((positions == 0).sum()) >= len(examples)
 
     torch.manual_seed(0)
@@ -144,10 +144,10 @@ def test_packed_training_loss_equals_one_example_per_row(train, tok, prompt_weig
         loss.backward()
         return loss.item(), [p.grad.clone() for p in model.parameters()]
 
-    width = max(len(ids) for ids, _ in examples)
+    width = max(len(ids) for ids, _, _ in examples)
     padded = torch.full((len(examples), width), tok.pad_token_id)
     labels = torch.full((len(examples), width), -100)
-    for row, (ids, target) in enumerate(examples):
+    for row, (ids, target, _) in enumerate(examples):
         padded[row, : len(ids)] = torch.tensor(ids)
         labels[row, : len(ids)] = torch.tensor(target if prompt_weight == 0 else ids)
     want, want_grads = loss_and_grads(model(input_ids=padded, labels=labels).loss)
@@ -155,6 +155,52 @@ def test_packed_training_loss_equals_one_example_per_row(train, tok, prompt_weig
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_task_weights_scale_each_tasks_turns_in_the_packed_loss(train, tok):
+    """`--task-weights` multiplies the loss weight of a task's assistant tokens: the packed
+    loss and its gradients are the weighted mean over the dialogues padded one per row, and
+    a malformed value is refused before training starts."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    weights = train.parse_task_weights("few-shot=2.5, tools=0.5")
+    assert weights == {"few-shot": 2.5, "tools": 0.5}
+    dialogues = mixture.take("train", 24)
+    examples = train.encode(tok, dialogues, weights)
+    assert [w for _, _, w in examples] == [weights.get(d.task, 1.0) for d in dialogues]
+    assert {d.task for d in dialogues} >= {"few-shot", "tools", "json"}
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(config)
+
+    def loss_and_grads(loss: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    total, norm = torch.zeros(()), 0.0
+    for ids, labels, weight in examples:  # one dialogue at a time, no padding
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        on = torch.tensor(labels[1:]) != -100
+        total = total + weight * torch.nn.functional.cross_entropy(logits[on], torch.tensor(ids[1:])[on],
+                                                                   reduction="sum")
+        norm += weight * int(on.sum())
+    want, want_grads = loss_and_grads(total / norm)
+    got, got_grads = loss_and_grads(train.packed_loss(model, examples, tok.pad_token_id))
+    assert got == pytest.approx(want, abs=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    _, plain_grads = loss_and_grads(train.packed_loss(model, [(i, lab, 1.0) for i, lab, _ in examples],
+                                                      tok.pad_token_id))
+    assert not all(torch.allclose(g, p, atol=1e-5, rtol=1e-4) for g, p in zip(got_grads, plain_grads, strict=True))
+
+    for bad, match in [("few_shot=2", "not a task"), ("few-shot", "TASK=WEIGHT"), ("tools=0", "positive"),
+                       ("json=inf", "positive")]:
+        with pytest.raises(ValueError, match=match):
+            train.TrainConfig(task_weights=bad)
 
 
 def test_training_copies_first_then_runs_the_mixture(train):
@@ -218,7 +264,7 @@ def test_loss_falls_on_every_assistant_turn_and_nothing_else(train, tok):
     assert train.encode(tok, []) == []  # --copy-steps 0: no warm-up batches
     for task in mixture.TASKS:
         dialogues = mixture.take_task(task, "train", 30)
-        for d, (ids, labels) in zip(dialogues, train.encode(tok, dialogues), strict=True):
+        for d, (ids, labels, _) in zip(dialogues, train.encode(tok, dialogues), strict=True):
             text = train.render(tok, d)
             turns = train.target_spans(text)
             assert tok.decode([i for i, x in zip(ids, labels, strict=True) if x != -100]) == "".join(
