@@ -250,7 +250,7 @@ def pack(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tens
     packed sequences apart: each attends only to itself, so the loss and its gradient are
     those of the examples padded one per row, with fewer positions computed.
     """
-    width = max(len(ex[0]) for ex in examples)
+    width = max(len(ids) for ids, _, _ in examples)
     rows: list[list[Example]] = []
     room: list[int] = []
     for ex in sorted(examples, key=lambda e: -len(e[0])):
@@ -345,7 +345,7 @@ def train(cfg: TrainConfig) -> None:
         opt.load_state_dict(state["optimizer"])
         first = state["step"]
     n_params = sum(p.numel() for p in model.parameters())
-    tokens = sum(len(ex[0]) for ex in data)
+    tokens = sum(len(ids) for ids, _, _ in data)
     print(f"vocab {len(tok)}, {n_params / 1e6:.2f}M parameters, {len(data)} training dialogues, "
           f"{tokens / 1e6:.1f}M tokens; data ready in {time.monotonic() - start:.0f} s; from step {first}"
           + (f"; task loss weights {cfg.task_weights}" if cfg.task_weights else ""), flush=True)

@@ -79,7 +79,8 @@ def hit_rate(url: str, prompts: list[list[int]]) -> float:
     firsts: dict[tuple[int, ...], int] = {}  # a group's system prompt: its first prompt's index
     for i, p in enumerate(prompts):
         firsts.setdefault(tuple(p[:SYSTEM]), i)
-    rest = [p for i, p in enumerate(prompts) if i not in firsts.values()]
+    alone = set(firsts.values())
+    rest = [p for i, p in enumerate(prompts) if i not in alone]
     outs = [generate(url, prompts[i], OUTPUT) for i in firsts.values()]
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         outs += list(pool.map(lambda p: generate(url, p, OUTPUT), rest))
