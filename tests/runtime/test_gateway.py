@@ -69,21 +69,9 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int) -> dict:
 
 
 def hit_rate(url: str, prompts: list[list[int]]) -> float:
-    """cached / prompt tokens over the responses: each group's first prompt alone, in
-    order, then the rest with `CONCURRENCY` requests in flight.
-
-    Sent alone, a group's first request is routed by what the router has seen, not by how
-    fast the workers happen to run: with four in flight from the start, which worker a new
-    group went to depended on load, and under a loaded machine six groups could land on
-    a worker whose pool holds about six (cache_aware hit 75% against one server's 86.5%)."""
-    firsts: dict[tuple[int, ...], int] = {}  # a group's system prompt: its first prompt's index
-    for i, p in enumerate(prompts):
-        firsts.setdefault(tuple(p[:SYSTEM]), i)
-    alone = set(firsts.values())
-    rest = [p for i, p in enumerate(prompts) if i not in alone]
-    outs = [generate(url, prompts[i], OUTPUT) for i in firsts.values()]
+    """cached / prompt tokens over the responses, `CONCURRENCY` requests in flight."""
     with ThreadPoolExecutor(CONCURRENCY) as pool:
-        outs += list(pool.map(lambda p: generate(url, p, OUTPUT), rest))
+        outs = list(pool.map(lambda p: generate(url, p, OUTPUT), prompts))
     assert all(len(o["output_ids"]) == OUTPUT for o in outs)
     return sum(o["meta_info"]["cached_tokens"] for o in outs) / sum(o["meta_info"]["prompt_tokens"] for o in outs)
 
