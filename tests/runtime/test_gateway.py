@@ -2,11 +2,14 @@
 workers, the real gateway, real requests.
 
 The shared-prefix workload is SGLang's generated-shared-prefix shape at a size a shared
-CPU runs in seconds: 8 groups x 16 prompts, each prompt a group's 96-token system prompt
+CPU runs in seconds: 32 groups x 4 prompts, each prompt a group's 96-token system prompt
 plus an 8-token question, 2 output tokens, in shuffled order. Each worker's KV pool holds
-about six of the eight system prompts. The single server it is compared with has the
-two workers' memory together, room for all eight. Hit rate: cached / prompt tokens over
-the responses.
+every group's prompts, because the gateway places a prefix it has not seen by load, not
+by room: on a busy machine one worker has got 25 of the 32 groups, and with room for only
+a share of them that worker's evictions, not the routing, would decide the hit rate. So
+what is measured is where each prefix is computed: once in the fleet, as by one server,
+when requests follow their prefix (cache_aware), and on both workers for most groups when
+they alternate (round robin). Hit rate: cached / prompt tokens over the responses.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ needs_gateway = pytest.mark.skipif(
 )
 READY = re.compile(r"ready at (http://\S+)")
 WORKER_UP = re.compile(r"worker (\d+) is up at (http://\S+) \(pid (\d+)\)")
-GROUPS, PER_GROUP, SYSTEM, QUESTION, OUTPUT = 8, 16, 96, 8, 2
-POOL = 640  # KV slots per worker: about six of the eight system prompts
+GROUPS, PER_GROUP, SYSTEM, QUESTION, OUTPUT = 32, 4, 96, 8, 2
+POOL = 4608  # KV slots per worker: every group's prompts (32 x (96 + 4 x 10) = 4352)
 CONCURRENCY = 4
 KEY = "gateway-test-key"  # the data-parallel server's, sent everywhere (a server without keys ignores it)
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -215,8 +218,11 @@ def test_cache_aware_routing_keeps_the_hit_rate_round_robin_loses(tiny_llama: Pa
         assert all(shares[policy]), f"{policy} left a worker idle: {shares[policy]}"
     print(f"prefix hit rate: one server {one:.1%}, cache_aware {rates['cache_aware']:.1%}, "
           f"round_robin {rates['round_robin']:.1%}")
-    assert abs(rates["cache_aware"] - one) <= 0.05, (one, rates, "tokens decoded per worker:", shares)
-    assert rates["cache_aware"] >= rates["round_robin"] + 0.20, (one, rates, "tokens decoded per worker:", shares)
+    # One server computes each system prompt once: 3 of a group's 4 prompts hit, 69.2%. A group
+    # computed twice costs 0.7 points. Round robin sends each prompt to either worker about
+    # evenly, so 7 groups in 8 are computed on both: 49.0% expected, +-1.4 points (one sd).
+    assert abs(rates["cache_aware"] - one) <= 0.03, (one, rates, "tokens decoded per worker:", shares)
+    assert rates["cache_aware"] >= rates["round_robin"] + 0.15, (one, rates, "tokens decoded per worker:", shares)
 
 
 @needs_gateway
