@@ -8,9 +8,10 @@ prompt, then build on. Builds a BPE tokenizer (digits kept single; the tool-call
 whole tokens) with the chat template of `sprig.runtime.demo.chat_format`, trains
 `LlamaForCausalLM` with loss on every assistant turn (a task's turns weighted as
 `--task-weights` says, 1 by default; with `--prompt-weight`, less on the rest; dialogues
-packed several to a row, `pack`) under bfloat16 autocast where the CPU runs it fast
-(`--bf16`, `use_bf16`), and saves a complete Hugging Face checkpoint. Deterministic for a
-given seed, step count, thread count (`--threads`, two by default) and autocast setting; with
+of similar length batched together, `batch_loss`) under bfloat16 autocast where the CPU
+runs it fast (`--bf16`, `use_bf16`), compiled by `torch.compile` (`--compile`; it needs a
+C++ compiler), and saves a complete Hugging Face checkpoint. Deterministic for a given
+seed, step count, thread count (`--threads`, two by default), autocast and compile setting; with
 `--state-dir` it saves its state as it goes, and `--resume` continues a run that stopped
 (see `TrainConfig`).
 
@@ -39,6 +40,7 @@ from tokenizers import (
     processors,
     trainers,
 )
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from sprig.runtime.cpu_matmul import matmul_slowdown
@@ -50,6 +52,7 @@ from sprig.runtime.demo.evaluate import accuracy, generate
 Example = tuple[list[int], list[int], float]  # token ids, labels (-100 where no loss), the labels' loss weight
 BF16_MODES = ("auto", "on", "off")
 BF16_MAX_SLOWDOWN = 2.0  # "auto" trains under bfloat16 autocast unless its matmuls are this many times slower
+GROUP_SPREAD = 1.3  # a length group's longest dialogue is at most this many times its shortest (`length_groups`)
 _TURN = re.compile(re.escape("<|assistant|>\n") + r"(.*?)" + re.escape("<|end|>"), re.DOTALL)
 _MARKERS = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TOOL_TOKENS))
 
@@ -70,7 +73,7 @@ class TrainConfig:
 
     out: str = "runtime/demo/model"
     seed: int = 0
-    steps: int = 1100
+    steps: int = 1300
     batch_size: int = 64
     copy_steps: int = 500  # the copying warm-up before the mixture (0: none)
     copy_batch_size: int = 64
@@ -87,6 +90,7 @@ class TrainConfig:
     task_weights: str = ""  # loss weight of some tasks' assistant turns, "few-shot=1.5,tools=0.7" (others 1)
     word_tokens: bool = False  # a space before a word is a token of its own (`build_tokenizer`; ~20% more tokens)
     bf16: str = "auto"  # bfloat16 autocast around forward and loss: "on", "off" or "auto" (`use_bf16`)
+    compile: bool = True  # train through torch.compile(dynamic=True): faster steps; needs a C++ compiler
     threads: int = 2
     eval_every: int = 100
     eval_dialogues: int = 24
@@ -241,55 +245,55 @@ def _labels(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> list[i
     return labels
 
 
-def pack(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Input ids, labels (-100 outside the assistant's tokens), position ids and each
-    token's example weight (0 on padding), several examples to a row.
-
-    Rows are as wide as the longest example; examples go longest first into the first row
-    with room. Positions restart at 0 for each example, which is how transformers tells
-    packed sequences apart: each attends only to itself, so the loss and its gradient are
-    those of the examples padded one per row, with fewer positions computed.
-    """
-    width = max(len(ids) for ids, _, _ in examples)
-    rows: list[list[Example]] = []
-    room: list[int] = []
-    for ex in sorted(examples, key=lambda e: -len(e[0])):
-        at = next((r for r, free in enumerate(room) if free >= len(ex[0])), len(rows))
-        if at == len(rows):
-            rows.append([])
-            room.append(width)
-        rows[at].append(ex)
-        room[at] -= len(ex[0])
-    inputs = torch.full((len(rows), width), pad_id)  # [R, W]
-    labels = torch.full((len(rows), width), -100)  # [R, W]
-    positions = torch.zeros((len(rows), width), dtype=torch.long)  # [R, W]
-    weights = torch.zeros((len(rows), width))  # [R, W]
-    for r, row in enumerate(rows):
-        at = 0
-        for ids, target, weight in row:
-            end = at + len(ids)
-            inputs[r, at:end] = torch.tensor(ids)
-            labels[r, at:end] = torch.tensor(target)
-            positions[r, at:end] = torch.arange(len(ids))
-            weights[r, at:end] = weight
-            at = end
-    return inputs, labels, positions, weights
+def length_groups(examples: list[Example]) -> list[list[Example]]:
+    """The examples shortest first, cut into groups whose longest is at most `GROUP_SPREAD`
+    times their shortest: each group becomes one right-padded tensor (`padded`), so padding
+    stays small (about 11% more positions on the mixture) and attention in a group is as
+    long as its dialogues, not the batch's longest."""
+    groups: list[list[Example]] = []
+    for ex in sorted(examples, key=lambda e: len(e[0])):
+        if not groups or len(ex[0]) > GROUP_SPREAD * len(groups[-1][0][0]):
+            groups.append([])
+        groups[-1].append(ex)
+    return groups
 
 
-def packed_loss(model: LlamaForCausalLM, examples: list[Example], pad_id: int,
-                prompt_weight: float = 0.0) -> torch.Tensor:
-    """Weighted mean cross-entropy of next tokens, computed packed (`pack`): each example's
-    weight on the assistant's tokens, `prompt_weight` on every other token of a dialogue
-    but its first (so 0 and weights of 1 give the mean over the assistant's tokens alone).
-    Without a cache transformers reads the restarting positions as sequence boundaries."""
-    inputs, labels, positions, example_weights = pack(examples, pad_id)
-    logits = model(input_ids=inputs, position_ids=positions, use_cache=False).logits  # [R, W, V]
-    nexts, targets, starts = inputs[:, 1:], labels[:, 1:], positions[:, 1:] == 0  # [R, W-1]
-    weights = torch.where(targets != -100, example_weights[:, 1:],
-                          prompt_weight * ((nexts != pad_id) & ~starts))  # [R, W-1]
-    losses = torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().flatten(0, 1), nexts.flatten(), reduction="none")  # [R * (W-1)]
-    return (losses * weights.flatten()).sum() / weights.sum()
+def padded(group: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input ids, labels (-100 outside the assistant's tokens and on padding) and each
+    token's example weight (0 on padding), one example to a row, padded on the right."""
+    width = max(len(ids) for ids, _, _ in group)
+    inputs = torch.full((len(group), width), pad_id)  # [N, W]
+    labels = torch.full((len(group), width), -100)  # [N, W]
+    weights = torch.zeros((len(group), width))  # [N, W]
+    for r, (ids, target, weight) in enumerate(group):
+        inputs[r, : len(ids)] = torch.tensor(ids)
+        labels[r, : len(ids)] = torch.tensor(target)
+        weights[r, : len(ids)] = weight
+    return inputs, labels, weights
+
+
+def batch_loss(model: torch.nn.Module, examples: list[Example], pad_id: int, prompt_weight: float = 0.0) -> torch.Tensor:
+    """Weighted mean cross-entropy of next tokens over `examples`: each example's weight on
+    the assistant's tokens, `prompt_weight` on every other token of a dialogue but its first
+    (so 0 and weights of 1 give the mean over the assistant's tokens alone).
+
+    Computed a length group at a time (`length_groups`), one dialogue to a row. Attention is
+    causal and the padding is on the right, so no row sees padding or another dialogue, and
+    the loss and its gradient are those of each dialogue run alone. Attention runs on torch's
+    plain (math) path: at these lengths the CPU's fused kernel was slower, forward and back."""
+    total, norm = torch.zeros(()), torch.zeros(())
+    with sdpa_kernel(SDPBackend.MATH):
+        for group in length_groups(examples):
+            inputs, labels, example_weights = padded(group, pad_id)
+            logits = model(input_ids=inputs, use_cache=False).logits  # [N, W, V]
+            nexts, targets = inputs[:, 1:], labels[:, 1:]  # [N, W-1]
+            weights = torch.where(targets != -100, example_weights[:, 1:],
+                                  prompt_weight * (example_weights[:, 1:] > 0))  # [N, W-1]
+            losses = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().flatten(0, 1), nexts.flatten(), reduction="none")  # [N * (W-1)]
+            total = total + (losses * weights.flatten()).sum()
+            norm = norm + weights.sum()
+    return total / norm
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -319,6 +323,7 @@ def training_dialogues(cfg: TrainConfig) -> list[Dialogue]:
 def train(cfg: TrainConfig) -> None:
     """Build (or, resuming, load) the tokenizer and model, train, and save the checkpoint."""
     torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)  # without it two compiled runs of one config gave different weights
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     start = time.monotonic()
@@ -338,6 +343,7 @@ def train(cfg: TrainConfig) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
     bf16, why = use_bf16(cfg.bf16, cfg.hidden_size)
     print(why, flush=True)
+    trained = torch.compile(model, dynamic=True) if cfg.compile else model  # shares model's parameters
     first = 0
     if cfg.resume:
         state = torch.load(cfg.resume, weights_only=True)
@@ -355,7 +361,7 @@ def train(cfg: TrainConfig) -> None:
             group["lr"] = lr_at(step, cfg)
         batch = batch_at(step, cfg, copies, data)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = packed_loss(model, batch, tok.pad_token_id, cfg.prompt_weight)
+            loss = batch_loss(trained, batch, tok.pad_token_id, cfg.prompt_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -414,7 +420,7 @@ def render_plain(dialogue: Dialogue) -> str:
 def held_out_losses(model: LlamaForCausalLM, held_out: dict[str, list[Example]], pad_id: int) -> str:
     """Each task's loss on its held-out dialogues, as one line."""
     model.eval()
-    losses = {name: packed_loss(model, examples, pad_id).item() for name, examples in held_out.items()}
+    losses = {name: batch_loss(model, examples, pad_id).item() for name, examples in held_out.items()}
     model.train()
     return "  ".join(f"{name} {loss:.3f}" for name, loss in losses.items())
 

@@ -4,8 +4,8 @@ The student is a small `LlamaForCausalLM` with the demo model's tokenizer (the s
 vocabulary and token ids, as `--speculative-algorithm draft` requires). It learns the
 teacher's next-token distribution (KL divergence from the teacher's softmax, temperature 1)
 on the assistant's tokens of the demo task's training dialogues (arithmetic word problems
-worked step by step, `sprig.runtime.demo.mixture.arithmetic_dialogue`), packed several to a
-row as the demo model was trained (`train_demo_model.pack`). Weights are saved in
+worked step by step, `sprig.runtime.demo.mixture.arithmetic_dialogue`), batched by length
+as the demo model is trained (`train_demo_model.length_groups`). Weights are saved in
 bfloat16 beside the teacher's tokenizer. Training runs under bfloat16 autocast where the
 CPU multiplies bfloat16 fast (`--bf16`, `train_demo_model.use_bf16`). Deterministic for a
 given seed, thread count and autocast setting.
@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from train_demo_model import BF16_MODES, encode, llama_config, lr_at, pack, save, use_bf16
+from train_demo_model import (
+    BF16_MODES,
+    encode,
+    length_groups,
+    llama_config,
+    lr_at,
+    padded,
+    save,
+    use_bf16,
+)
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from sprig.runtime import Engine
@@ -73,15 +82,19 @@ def student_config(cfg: DraftConfig, teacher: LlamaConfig) -> LlamaConfig:
 
 
 def distill_loss(student: LlamaForCausalLM, teacher: LlamaForCausalLM, batch: list, pad_id: int) -> torch.Tensor:
-    """Mean KL(teacher || student) of the next-token distributions at the assistant's tokens."""
-    inputs, labels, positions, _ = pack(batch, pad_id)  # [R, W] each
-    with torch.no_grad():
-        want = teacher(input_ids=inputs, position_ids=positions, use_cache=False).logits[:, :-1].float()
-    got = student(input_ids=inputs, position_ids=positions, use_cache=False).logits[:, :-1].float()
-    mask = labels[:, 1:] != -100  # [R, W-1]: predicting an assistant token
-    return torch.nn.functional.kl_div(
-        got[mask].log_softmax(-1), want[mask].log_softmax(-1), log_target=True, reduction="batchmean"
-    )
+    """Mean KL(teacher || student) of the next-token distributions at the assistant's tokens,
+    a length group of dialogues at a time, one to a right-padded row."""
+    total, count = torch.zeros(()), 0
+    for group in length_groups(batch):
+        inputs, labels, _ = padded(group, pad_id)  # [N, W] each
+        with torch.no_grad():
+            want = teacher(input_ids=inputs, use_cache=False).logits[:, :-1].float()
+        got = student(input_ids=inputs, use_cache=False).logits[:, :-1].float()
+        mask = labels[:, 1:] != -100  # [N, W-1]: predicting an assistant token
+        total = total + torch.nn.functional.kl_div(
+            got[mask].log_softmax(-1), want[mask].log_softmax(-1), log_target=True, reduction="sum")
+        count += int(mask.sum())
+    return total / count
 
 
 def acceptance(cfg: DraftConfig) -> str:

@@ -29,10 +29,10 @@ class Task:
 
 
 TASKS = {
-    "arithmetic": Task(0.20, None),
+    "arithmetic": Task(0.17, None),
     "tools": Task(0.07, make_tool_dialogue),
     "json": Task(0.24, make_extraction_dialogue),
-    "few-shot": Task(0.36, make_facts_dialogue, make_facts_training_dialogue),
+    "few-shot": Task(0.39, make_facts_dialogue, make_facts_training_dialogue),
     "multi-turn": Task(0.13, make_chat_dialogue),
 }
 

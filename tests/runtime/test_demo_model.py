@@ -121,16 +121,21 @@ def tok():
 
 
 @pytest.mark.parametrize("prompt_weight", [0.0, 1.0])
-def test_packed_training_loss_equals_one_example_per_row(train, tok, prompt_weight):
-    """The training script packs several dialogues into a row; loss and gradients must be
-    those of padding each dialogue to its own row (nothing attends across dialogues), with
-    the loss on the assistant's tokens, or (prompt weight 1) on every token."""
+def test_training_loss_equals_one_example_per_row(train, tok, prompt_weight):
+    """The training script batches dialogues of similar length together, each group its own
+    padded tensor; loss and gradients must be those of padding every dialogue to one
+    batch-wide row (nothing attends to padding or across dialogues), with the loss on the
+    assistant's tokens, or (prompt weight 1) on every token."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     examples = train.encode(tok, mixture.take("train", 24))
-    inputs, _, positions, _ = train.pack(examples, tok.pad_token_id)
-    assert inputs.shape[0] < len(examples) and int((positions == 0).sum()) >= len(examples)
+    groups = train.length_groups(examples)
+    assert 1 < len(groups) < len(examples)
+    assert sorted(map(id, examples)) == sorted(id(e) for g in groups for e in g)
+    for group in groups:
+        lengths = [len(ids) for ids, _, _ in group]
+        assert max(lengths) <= train.GROUP_SPREAD * min(lengths)
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -151,14 +156,14 @@ def test_packed_training_loss_equals_one_example_per_row(train, tok, prompt_weig
         padded[row, : len(ids)] = torch.tensor(ids)
         labels[row, : len(ids)] = torch.tensor(target if prompt_weight == 0 else ids)
     want, want_grads = loss_and_grads(model(input_ids=padded, labels=labels).loss)
-    got, got_grads = loss_and_grads(train.packed_loss(model, examples, tok.pad_token_id, prompt_weight))
+    got, got_grads = loss_and_grads(train.batch_loss(model, examples, tok.pad_token_id, prompt_weight))
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
-def test_task_weights_scale_each_tasks_turns_in_the_packed_loss(train, tok):
-    """`--task-weights` multiplies the loss weight of a task's assistant tokens: the packed
+def test_task_weights_scale_each_tasks_turns_in_the_training_loss(train, tok):
+    """`--task-weights` multiplies the loss weight of a task's assistant tokens: the training
     loss and its gradients are the weighted mean over the dialogues padded one per row, and
     a malformed value is refused before training starts."""
     import torch
@@ -189,11 +194,11 @@ def test_task_weights_scale_each_tasks_turns_in_the_packed_loss(train, tok):
                                                                    reduction="sum")
         norm += weight * int(on.sum())
     want, want_grads = loss_and_grads(total / norm)
-    got, got_grads = loss_and_grads(train.packed_loss(model, examples, tok.pad_token_id))
+    got, got_grads = loss_and_grads(train.batch_loss(model, examples, tok.pad_token_id))
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
-    _, plain_grads = loss_and_grads(train.packed_loss(model, [(i, lab, 1.0) for i, lab, _ in examples],
+    _, plain_grads = loss_and_grads(train.batch_loss(model, [(i, lab, 1.0) for i, lab, _ in examples],
                                                       tok.pad_token_id))
     assert not all(torch.allclose(g, p, atol=1e-5, rtol=1e-4) for g, p in zip(got_grads, plain_grads, strict=True))
 

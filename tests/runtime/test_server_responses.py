@@ -145,7 +145,7 @@ def test_text_format_parses_into_a_pydantic_model(client: Any) -> None:
 
 
 def test_cut_at_max_output_tokens_is_incomplete(client: Any) -> None:
-    r = client.responses.create(model="sprig-demo", input=TEXT, max_output_tokens=3, temperature=0)
+    r = client.responses.create(model="sprig-demo", input=QUESTION, max_output_tokens=3, temperature=0)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 3
 
