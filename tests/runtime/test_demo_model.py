@@ -156,7 +156,8 @@ def test_training_loss_equals_one_example_per_row(train, tok, prompt_weight):
         padded[row, : len(ids)] = torch.tensor(ids)
         labels[row, : len(ids)] = torch.tensor(target if prompt_weight == 0 else ids)
     want, want_grads = loss_and_grads(model(input_ids=padded, labels=labels).loss)
-    got, got_grads = loss_and_grads(train.batch_loss(model, examples, tok.pad_token_id, prompt_weight))
+    got, got_grads = loss_and_grads(train.batch_loss(train.TargetLoss(model), examples, tok.pad_token_id,
+                                                     prompt_weight))
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
@@ -194,12 +195,12 @@ def test_task_weights_scale_each_tasks_turns_in_the_training_loss(train, tok):
                                                                    reduction="sum")
         norm += weight * int(on.sum())
     want, want_grads = loss_and_grads(total / norm)
-    got, got_grads = loss_and_grads(train.batch_loss(model, examples, tok.pad_token_id))
+    got, got_grads = loss_and_grads(train.batch_loss(train.TargetLoss(model), examples, tok.pad_token_id))
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
-    _, plain_grads = loss_and_grads(train.batch_loss(model, [(i, lab, 1.0) for i, lab, _ in examples],
-                                                      tok.pad_token_id))
+    _, plain_grads = loss_and_grads(train.batch_loss(train.TargetLoss(model),
+                                                      [(i, lab, 1.0) for i, lab, _ in examples], tok.pad_token_id))
     assert not all(torch.allclose(g, p, atol=1e-5, rtol=1e-4) for g, p in zip(got_grads, plain_grads, strict=True))
 
     for bad, match in [("few_shot=2", "not a task"), ("few-shot", "TASK=WEIGHT"), ("tools=0", "positive"),
