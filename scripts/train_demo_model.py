@@ -92,7 +92,7 @@ class TrainConfig:
     bf16: str = "auto"  # bfloat16 autocast around forward and loss: "on", "off" or "auto" (`use_bf16`)
     compile: bool = True  # train through torch.compile(dynamic=True): faster steps; needs a C++ compiler
     threads: int = 2
-    eval_every: int = 100
+    eval_every: int = 300  # steps between held-out loss lines (about 3 s each)
     eval_dialogues: int = 24
     eval_problems: int = 64
     state_dir: str = ""  # save tokenizer, model and optimizer state here every `save_every` steps
@@ -303,12 +303,16 @@ def batch_loss(loss: torch.nn.Module, examples: list[Example], pad_id: int, prom
 
     Computed a length group at a time (`length_groups`), one dialogue to a row. Attention is
     causal and the padding is on the right, so no row sees padding or another dialogue, and
-    the loss and its gradient are those of each dialogue run alone. Attention runs on torch's
-    plain (math) path: at these lengths the CPU's fused kernel was slower, forward and back."""
+    the loss and its gradient are those of each dialogue run alone. A group of one dialogue
+    gets a second row of padding alone, with no weight: torch.compile specialises a
+    dimension of size 1, and a one-row tensor would compile the step again. Attention runs on
+    torch's plain (math) path: at these lengths the CPU's fused kernel was slower, forward
+    and back."""
     total, norm = torch.zeros(()), torch.zeros(())
+    blank: Example = ([pad_id], [-100], 0.0)
     with sdpa_kernel(SDPBackend.MATH):
         for group in length_groups(examples):
-            inputs, labels, example_weights = padded(group, pad_id)
+            inputs, labels, example_weights = padded(group if len(group) > 1 else [*group, blank], pad_id)
             nexts, targets = inputs[:, 1:], labels[:, 1:]  # [N, W-1]
             weights = torch.where(targets != -100, example_weights[:, 1:],
                                   prompt_weight * (example_weights[:, 1:] > 0))  # [N, W-1]

@@ -125,7 +125,7 @@ def test_training_loss_equals_one_example_per_row(train, tok, prompt_weight):
     """The training script batches dialogues of similar length together, each group its own
     padded tensor; loss and gradients must be those of padding every dialogue to one
     batch-wide row (nothing attends to padding or across dialogues), with the loss on the
-    assistant's tokens, or (prompt weight 1) on every token."""
+    assistant's tokens, or (prompt weight 1) on every token; and so for a dialogue alone."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -157,6 +157,15 @@ def test_training_loss_equals_one_example_per_row(train, tok, prompt_weight):
         labels[row, : len(ids)] = torch.tensor(target if prompt_weight == 0 else ids)
     want, want_grads = loss_and_grads(model(input_ids=padded, labels=labels).loss)
     got, got_grads = loss_and_grads(train.batch_loss(train.TargetLoss(model), examples, tok.pad_token_id,
+                                                     prompt_weight))
+    assert got == pytest.approx(want, abs=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+    ids, target, _ = examples[0]  # a group of one, which batch_loss pads with a row of padding alone
+    want, want_grads = loss_and_grads(model(input_ids=torch.tensor([ids]),
+                                            labels=torch.tensor([target if prompt_weight == 0 else ids])).loss)
+    got, got_grads = loss_and_grads(train.batch_loss(train.TargetLoss(model), examples[:1], tok.pad_token_id,
                                                      prompt_weight))
     assert got == pytest.approx(want, abs=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
