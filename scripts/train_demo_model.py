@@ -277,8 +277,9 @@ class TargetLoss(torch.nn.Module):
 
     The model's body runs over every position; its head and the softmax run only at the
     positions given, where the loss has weight. At weight 0 on the prompt (the default)
-    that is about a third of the positions, so the head's matmuls and the float32 logits
-    are that much smaller. Compiled as one graph in training (`torch.compile`)."""
+    that is about a fifth of the mixture's positions, so the head's matmuls and the
+    float32 logits are that much smaller. Compiled as one graph in training
+    (`torch.compile`)."""
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         super().__init__()
