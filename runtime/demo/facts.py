@@ -8,11 +8,7 @@ same style. Every question has one answer in the facts.
 
 Training draws a share of its dialogues (`SHARED_KINDS_SHARE`) with every person given
 the same kinds of facts (`make_facts_training_dialogue`): there the kind of fact a question
-asks never singles out its line, only the person's name does. Another share
-(`WHO_FIRST_SHARE`) asks its who-has-this-fact questions first, so that training asks
-them about half the time where the held-out dialogues do about a quarter: the answer is
-the name at the head of the line that holds a later word, which is harder to learn than
-copying what follows a name.
+asks never singles out its line, only the person's name does.
 """
 
 from __future__ import annotations
@@ -59,8 +55,7 @@ REVERSE = {
     "city": (("Who lives in {city}?",), "{p}", "{p} lives in {city}."),
     "job": (("Who works as {a_job}?",), "{p}", "{p} works as {a_job}."),
 }
-SHARED_KINDS_SHARE = 0.5  # of the training dialogues
-WHO_FIRST_SHARE = 0.5  # of the training dialogues (drawn apart from the shared kinds)
+SHARED_KINDS_SHARE = 0.8  # of the training dialogues
 INSTRUCTIONS = ["Answer questions using these facts.", "Use these facts to answer.", "Facts:"]
 
 
@@ -88,10 +83,9 @@ def asks_who(dialogue: Dialogue) -> bool:
 
 
 def _questions(rng: random.Random, facts: list[tuple[str, str, dict[str, Any]]],
-               long: bool, who_first: bool = False) -> list[tuple[str, str]]:
-    """Every (question, answer) the facts answer without ambiguity, shuffled; with
-    `who_first`, the `REVERSE` questions shuffled ahead of the others."""
-    out, who = [], []
+               long: bool) -> list[tuple[str, str]]:
+    """Every (question, answer) the facts answer without ambiguity, shuffled."""
+    out = []
     for p, kind, values in facts:
         a = ATTRIBUTES[kind]
         out.append((rng.choice(a.questions).format(p=p, **values),
@@ -100,25 +94,23 @@ def _questions(rng: random.Random, facts: list[tuple[str, str, dict[str, Any]]],
             key = next(iter(values))
             if sum(k == kind and v[key] == values[key] for _, k, v in facts) == 1:
                 questions, short, sentence = REVERSE[kind]
-                (who if who_first else out).append((rng.choice(questions).format(**values),
-                                                    (sentence if long else short).format(p=p, **values)))
+                out.append((rng.choice(questions).format(**values),
+                            (sentence if long else short).format(p=p, **values)))
     rng.shuffle(out)
-    rng.shuffle(who)
-    return who + out
+    return out
 
 
-def make_facts_dialogue(rng: random.Random, shared_kinds: bool = False, who_first: bool = False) -> Dialogue:
+def make_facts_dialogue(rng: random.Random, shared_kinds: bool = False) -> Dialogue:
     """Facts, one to three answered questions, and the question to answer. Each person
     has two to four kinds of facts of their own, or with `shared_kinds` the same two to
-    four kinds as everyone else. With `who_first` the questions asked are who-has-this-fact
-    ones as far as the facts allow."""
+    four kinds as everyone else."""
     people = words.distinct(rng, words.first_name, rng.randint(2, 3))
     shared = rng.sample(list(ATTRIBUTES), rng.randint(2, 4)) if shared_kinds else None
     facts = [(p, kind, ATTRIBUTES[kind].draw(rng)) for p in people
              for kind in shared or rng.sample(list(ATTRIBUTES), rng.randint(2, 4))]
     rng.shuffle(facts)
     lines = "\n".join(ATTRIBUTES[kind].fact.format(p=p, **values) for p, kind, values in facts)
-    asked = _questions(rng, facts, long=rng.random() < 0.5, who_first=who_first)[: rng.randint(2, 4)]
+    asked = _questions(rng, facts, long=rng.random() < 0.5)[: rng.randint(2, 4)]
     head = f"{rng.choice(INSTRUCTIONS)}\n{lines}"
     messages: list[Message] = [system(head)] if rng.random() < 0.5 else []
     for i, (question, answer) in enumerate(asked):
@@ -130,6 +122,5 @@ def make_facts_dialogue(rng: random.Random, shared_kinds: bool = False, who_firs
 def make_facts_training_dialogue(rng: random.Random) -> Dialogue:
     """A training dialogue: as `make_facts_dialogue`, a `SHARED_KINDS_SHARE` of them with
     `shared_kinds` (where a model that matches the kind of fact asked and not the name
-    answers wrong) and a `WHO_FIRST_SHARE` with `who_first`."""
-    return make_facts_dialogue(rng, shared_kinds=rng.random() < SHARED_KINDS_SHARE,
-                               who_first=rng.random() < WHO_FIRST_SHARE)
+    answers wrong)."""
+    return make_facts_dialogue(rng, shared_kinds=rng.random() < SHARED_KINDS_SHARE)

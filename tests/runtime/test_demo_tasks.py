@@ -176,28 +176,6 @@ def test_few_shot_training_draws_people_with_the_same_kinds_of_facts() -> None:
     assert abs(train - facts.SHARED_KINDS_SHARE) < 0.1 and held < 0.2, (train, held)
 
 
-def test_few_shot_training_asks_who_more_often() -> None:
-    """A `WHO_FIRST_SHARE` of training's few-shot dialogues ask their who-has-this-fact
-    questions first, so training asks them about twice as often as the held-out dialogues
-    do, and each is answered with the name at the head of the line that holds its fact."""
-    def questions(split: str) -> list[tuple[str, str, list[str]]]:
-        return [(d.messages[i - 1]["content"].rsplit("\n", 1)[-1], a["content"], facts.fact_lines(d))
-                for d in mixture.take_task("few-shot", split, 1000)
-                for i, a in enumerate(d.messages) if a["role"] == "assistant"]
-
-    def who_share(asked: list[tuple[str, str, list[str]]]) -> float:
-        return sum(q.startswith("Who ") for q, _, _ in asked) / len(asked)
-
-    train, held = questions("train"), questions("heldout")
-    assert 0.2 < who_share(held) < 0.35 and who_share(train) > who_share(held) + 0.15, (who_share(train),
-                                                                                          who_share(held))
-    for q, answer, lines in train:
-        if q.startswith("Who "):
-            fact = q.removeprefix("Who ").removesuffix("?")  # "lives in Oslo", "works as a nurse"
-            holders = [facts.person(line) for line in lines if line.endswith(f" {fact}.")]
-            assert len(holders) == 1 and answer.split(" ")[0] == holders[0], (q, answer, lines)
-
-
 def test_multi_turn_answers_follow_from_the_first_turn() -> None:
     for d in mixture.take_task("multi-turn", "train", 500):
         first, later = d.messages[0]["content"], d.messages[2]["content"]
