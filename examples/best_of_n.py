@@ -10,8 +10,8 @@ from _backend import backend, sampling_parser
 import sprig
 from sprig.meta import best_of_n
 
-QUESTION = ("Fay has 24 stamps. Then Fay buys 34 more. Then Fay gives away 26. Then Fay buys 21 more. "
-            "How many stamps does Fay have now?")
+QUESTION = ("Ben has 25 stamps. Then Ben buys 36 more. Then Ben gives away 27. Then Ben doubles them. "
+            "How many stamps does Ben have now?")
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ SERVED = {
         r"^assistant: Nice to meet you, Kofi!$",
         r"^user: What is my lucky number plus 5\?\nassistant: 17 \+ 5 = 22\nAnswer: 22$",
     ],
-    "best_of_n.py": [r"^best \(mean logprob -?[\d.]+\):\n(?:.+\n)*Answer: 53$"],
+    "best_of_n.py": [r"^best \(mean logprob -?[\d.]+\):\n(?:.+\n)*Answer: 68$"],
     "self_consistency.py": [r"^majority answer: 70$"],
     "tree_search.py": [r"^best path:\n(?:  .+\n)*  Answer: 39$"],
 }
