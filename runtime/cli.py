@@ -32,6 +32,8 @@ from sprig.runtime.scheduler.config import (
     EVICTION_POLICIES,
     GRAMMAR_BACKENDS,
     SCHEDULE_POLICIES,
+    SGLANG_NAMES_NOTE,
+    SGLANG_SPECULATIVE_ALGORITHMS,
     SPECULATIVE_ALGORITHMS,
     SchedulerConfig,
 )
@@ -99,8 +101,8 @@ HELP = {
     "grammar_compile_timeout_s": "seconds a regex, JSON schema or ebnf grammar may take to compile; longer is a 400",
     "speculative_algorithm": "speculative decoding's drafter (off by default): ngram (prompt lookup in the "
     "request's own context), radix (the radix cache's most visited continuation: sibling samples, earlier "
-    "branches; less visited branches verified beside it as a token tree) or draft (a draft model's greedy continuation, --speculative-draft-model-path); outputs are "
-    "exactly those without it",
+    "branches; less visited branches verified beside it as a token tree) or draft (a draft model's greedy continuation, --speculative-draft-model-path; SGLang's "
+    "NGRAM and STANDALONE name ngram and draft); outputs are exactly those without it",
     "speculative_draft_model_path": "the draft model of --speculative-algorithm draft: a local Hugging Face "
     "checkpoint with the target's tokenizer (same vocabulary, same token ids), run beside the target with a KV "
     "pool of as many slots (with --tp-size > 1: whole, beside rank 0)",
@@ -164,6 +166,20 @@ def _optional(kind: type) -> Any:
     return parse
 
 
+def _speculative_algorithm(text: str) -> str:
+    """`--speculative-algorithm`: a drafter's name in any case, SGLang's names of the same
+    drafters (NGRAM, STANDALONE) included. Their other flags are SGLang's own: its
+    `--speculative-num-draft-tokens` counts a token tree's nodes, sprig's the drafts of a path."""
+    name = SGLANG_SPECULATIVE_ALGORITHMS.get(text.upper(), text.lower())
+    if name not in SPECULATIVE_ALGORITHMS:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {', '.join(SPECULATIVE_ALGORITHMS)}; {SGLANG_NAMES_NOTE})")
+    return name
+
+
+PARSERS: dict[str, Any] = {"speculative_algorithm": _speculative_algorithm}  # fields whose flags read more than their type
+
+
 def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -179,7 +195,8 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
                                         action=argparse.BooleanOptionalAction)
         else:
             action = group.add_argument(flag, dest=f.name, default=f.default, help=help_text,
-                                        type=_optional(kind) if optional else kind, choices=CHOICES.get(f.name),
+                                        type=PARSERS.get(f.name) or (_optional(kind) if optional else kind),
+                                        choices=CHOICES.get(f.name),
                                         metavar=None if f.name in CHOICES else f.name.upper())
         if "default" not in (action.help or ""):
             action.help = f"{action.help} (default: %(default)s)"

@@ -13,6 +13,12 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 EVICTION_POLICIES = ("lfu", "lru")  # the keys of radix.eviction.EVICTION_POLICIES, sorted
 GRAMMAR_BACKENDS = ("outlines", "llguidance")  # the keys of constrained.REGULAR_BACKENDS
 SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")  # the keys of speculative.drafter.DRAFTERS
+SGLANG_SPECULATIVE_ALGORITHMS = {"NGRAM": "ngram", "STANDALONE": "draft"}  # SGLang's names of the same drafters
+
+SGLANG_NAMES_NOTE = (
+    "SGLang's NGRAM is ngram here and STANDALONE is draft; EAGLE, EAGLE3 and NEXTN draft with heads trained on "
+    "the target's hidden states, which sprig does not run: use draft with a small model of the same tokenizer"
+)
 
 
 @dataclass(frozen=True)
@@ -105,9 +111,8 @@ class SchedulerConfig:
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
         if self.speculative_algorithm not in (None, *SPECULATIVE_ALGORITHMS):
-            raise ValueError(
-                f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} or None, got {self.speculative_algorithm!r}"
-            )
+            raise ValueError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} or None, got "
+                             f"{self.speculative_algorithm!r} ({SGLANG_NAMES_NOTE})")
         if (self.speculative_algorithm == "draft") != (self.speculative_draft_model_path is not None):
             raise ValueError(
                 "speculative_draft_model_path (--speculative-draft-model-path) is needed with speculative_algorithm "

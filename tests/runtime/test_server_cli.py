@@ -58,12 +58,28 @@ def test_flags_reach_their_configs() -> None:
         (["--schedule-policy", "random"], "invalid choice"),
         (["--max-running-requests", "0"], "max_running_requests"),
         (["--page-size", "two"], "invalid int value"),
+        (["--speculative-algorithm", "EAGLE3"], "EAGLE, EAGLE3 and NEXTN draft with heads"),
+        (["--speculative-algorithm", "lookahead"], "choose from ngram, radix, draft"),
     ],
 )
 def test_invalid_flags_exit_with_a_message(tmp_path, capsys, flags: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--model", str(tmp_path), *flags])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "drafter"), [
+    ("ngram", "ngram"), ("NGRAM", "ngram"), ("Radix", "radix"), ("draft", "draft"), ("STANDALONE", "draft"),
+])
+def test_drafters_take_sglangs_names_too(name: str, drafter: str) -> None:
+    draft_path = ["--speculative-draft-model-path", "/d"] if drafter == "draft" else []
+    _, engine = parse("--speculative-algorithm", name, *draft_path)
+    assert engine.scheduler.speculative_algorithm == drafter
+
+
+def test_a_drafter_sglang_has_and_sprig_has_not_is_named_in_the_configs_error() -> None:
+    with pytest.raises(ValueError, match="STANDALONE is draft"):
+        SchedulerConfig(speculative_algorithm="EAGLE")
 
 
 def test_the_api_keys_come_from_a_file_or_the_environment(tmp_path, monkeypatch) -> None:
