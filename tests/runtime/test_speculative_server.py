@@ -1,5 +1,5 @@
-"""The real server with speculation on: the same tokens as without, and the counters in
-meta_info and /metrics."""
+"""The real server with speculation on: the same tokens as without, as `/generate` and the
+official `openai` client see them, and the counters in meta_info and /metrics."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from draft_checkpoints import truncated_draft
-from server_helpers import running_server
+from server_helpers import Server, running_server
 
+from sprig.runtime.demo import DEMO_MODEL_PATH
+from sprig.runtime.demo.tasks import take
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 PROMPT = "the cat the cat the cat the cat"
@@ -58,3 +61,65 @@ def test_a_draft_model_server_gives_the_same_tokens(tiny_llama: Path, server, tm
         capture_output=True, text=True, timeout=120, env=os.environ | {"OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 1 and "--speculative-draft-model-path" in proc.stderr + proc.stdout
+
+
+def _client_answers(server: Server, questions: list[str]) -> list[dict]:
+    """What the official client gets for each question: chat with n = 2, seeded samples cut
+    by stop strings, logprobs (whole and streamed), and a completion echoing its prompt."""
+    openai = pytest.importorskip("openai")
+    answers = []
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=60.0, max_retries=0) as client:
+        for question in questions:
+            chat = {"model": "sprig-demo", "messages": [{"role": "user", "content": question}], "max_tokens": 64,
+                    "temperature": 0.7, "seed": 5, "n": 2, "stop": ["Answer", " = 1"], "logprobs": True,
+                    "top_logprobs": 2}
+            whole = client.chat.completions.create(**chat)
+            streamed: dict[int, list] = {}
+            for chunk in client.chat.completions.create(**chat, stream=True):
+                for c in chunk.choices:
+                    streamed.setdefault(c.index, []).append(c)
+            completion = client.completions.create(model="sprig-demo", prompt=question + "\n", max_tokens=48,
+                                                   temperature=0, stop=["."], logprobs=2, echo=True)
+            answers.append({
+                "chat": [(c.message.content, c.finish_reason, [(t.token, t.logprob) for t in c.logprobs.content])
+                         for c in whole.choices],
+                "streamed": {i: ("".join(c.delta.content or "" for c in cs), [c.finish_reason for c in cs if c.finish_reason],
+                                 [(t.token, t.logprob) for c in cs if c.logprobs for t in c.logprobs.content or []])
+                             for i, cs in sorted(streamed.items())},
+                "completion": (completion.choices[0].text, completion.choices[0].finish_reason,
+                               completion.choices[0].logprobs.tokens, completion.choices[0].logprobs.token_logprobs),
+            })
+    server.wait_idle()
+    return answers
+
+
+def _same(got, want, path: str = "") -> None:
+    """Equal, but for floats (logprobs) within rounding: a verification pass sums in
+    another order than the decode pass it stands for."""
+    if isinstance(want, float):
+        assert got == pytest.approx(want, abs=1e-4), path
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            _same(g, w, f"{path}[{i}]")
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), path
+        for k in want:
+            _same(got[k], want[k], f"{path}.{k}")
+    else:
+        assert got == want, path
+
+
+def test_the_openai_client_gets_the_same_answers_with_a_draft_model(demo_server: Server) -> None:
+    """The demo model and its draft, drafting whenever it can (several tokens a step, so a
+    stop string can end a step's run of kept tokens part way): every text, finish reason,
+    token and logprob the client sees equals the plain server's."""
+    questions = [p.question for p in take("heldout", 2, seed=3)]
+    want = _client_answers(demo_server, questions)
+    with running_server(DEMO_MODEL_PATH, "--speculative-algorithm", "draft", "--speculative-draft-model-path",
+                        str(DEMO_MODEL_PATH.parent / "draft"), "--speculative-pass-costs", "1,0,0,0,0,0,0") as spec:
+        got = _client_answers(spec, questions)
+        accept_length = _metric(spec.get("/metrics").text, "sprig_spec_accept_length")
+    _same(got, want)
+    assert all(c[1] == "stop" and c[0] for a in want for c in a["chat"])  # each cut by a stop string
+    assert accept_length > 1.5  # most steps kept drafts
