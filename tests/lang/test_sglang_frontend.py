@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from server_helpers import Server, running_server
 
+import sprig
+from sprig.runtime.demo.tasks import take
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 HERE = Path(__file__).parent
@@ -90,3 +92,45 @@ def test_sprig_frontend_runs_sglang_programs(server: Server, site_packages: Path
     _check(table)
     assert table["test_stream_logprobs"]["attempts"] == 1  # sprig's own iterator does not race
     server.wait_idle()
+
+
+# SGLang's frontend renders role tags itself, with the template its registry matches to the
+# server's model path; none matches the demo model's, so a program registers it (README).
+SGLANG_ON_THE_DEMO_MODEL = """
+import json, sys
+import sglang as sgl
+from sglang.lang.chat_template import ChatTemplate, register_chat_template
+
+register_chat_template(ChatTemplate(name="sprig-demo", default_system_prompt=None, stop_str=("<|end|>",),
+    role_prefix_and_suffix={r: (f"<|{r}|>\\n", "<|end|>\\n") for r in ("system", "user", "assistant")}))
+
+@sgl.function
+def solve(s, question):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=96, temperature=0))
+
+backend = sgl.RuntimeEndpoint(sys.argv[1], chat_template_name=sys.argv[2])
+print(json.dumps([solve.run(question=q, backend=backend)["answer"] for q in json.loads(sys.argv[3])]))
+"""
+
+
+@sprig.function
+def _solve(s, question: str) -> None:
+    s += sprig.user(question)
+    s += sprig.assistant(sprig.gen("answer", max_tokens=96, temperature=0))
+
+
+def test_sglang_frontend_on_the_demo_model_with_its_roles_registered(demo_server: Server) -> None:
+    """With the demo's roles registered, SGLang's frontend answers as sprig's own (which
+    asks the server for its roles); with SGLang's fallback template the answers differ."""
+    questions = [p.question for p in take("heldout", 3, seed=4)]
+    want = [_solve.run(question=q, backend=sprig.RuntimeEndpoint(demo_server.url))["answer"] for q in questions]
+    got = {}
+    for template in ("sprig-demo", "default"):
+        done = subprocess.run([str(PYTHON), "-c", SGLANG_ON_THE_DEMO_MODEL, demo_server.url, template,
+                               json.dumps(questions)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        got[template] = json.loads(done.stdout.splitlines()[-1])
+    assert got["sprig-demo"] == want and all("Answer: " in a for a in want)
+    assert got["default"] != want
+    demo_server.wait_idle()
