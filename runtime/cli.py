@@ -168,8 +168,10 @@ def _optional(kind: type) -> Any:
 
 def _speculative_algorithm(text: str) -> str:
     """`--speculative-algorithm`: a drafter's name in any case, SGLang's names of the same
-    drafters (NGRAM, STANDALONE) included. Their other flags are SGLang's own: its
-    `--speculative-num-draft-tokens` counts a token tree's nodes, sprig's the drafts of a path."""
+    drafters (NGRAM, STANDALONE) included. SGLang's other speculative flags are not taken
+    (`--speculative-num-steps`, `--speculative-eagle-topk`), and its
+    `--speculative-num-draft-tokens` counts the tokens a step verifies per request, the
+    last kept one included, where sprig's bounds the drafts alone."""
     name = SGLANG_SPECULATIVE_ALGORITHMS.get(text.upper(), text.lower())
     if name not in SPECULATIVE_ALGORITHMS:
         raise argparse.ArgumentTypeError(
