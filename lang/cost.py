@@ -23,6 +23,15 @@ class Cost:
     `wall_s` is elapsed time: for a single call the two are equal, for calls that ran
     concurrently `latency_s` exceeds `wall_s`, which a strategy measures around itself
     (`with_wall`). Addition adds every field (sequential composition).
+
+    With speculative decoding on the server, `verify_passes` counts the target's decode
+    passes that emitted the completions' tokens (each pass emits the drafts it keeps plus
+    one token of its own; the first token of each completion comes from its prefill),
+    `drafts_proposed` the drafted tokens the target verified and `drafts_accepted` those
+    it kept: SGLang's `spec_verify_ct`, `spec_num_proposed_drafts` and
+    `spec_num_correct_drafts`. All three are 0 without speculation, where each completion
+    token after the first takes a decode pass of its own. Over the OpenAI API only the
+    drafts are known (`usage.completion_tokens_details`), not the passes.
     """
 
     calls: int = 0
@@ -31,6 +40,9 @@ class Cost:
     completion_tokens: int = 0
     latency_s: float = 0.0
     wall_s: float = 0.0
+    verify_passes: int = 0
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
 
     @classmethod
     def of_call(cls, metas: Mapping[str, Any] | Iterable[Mapping[str, Any]], waited_s: float) -> Cost:
@@ -45,6 +57,9 @@ class Cost:
             completion_tokens=sum(int(m.get("completion_tokens", 0)) for m in items),
             latency_s=latency,
             wall_s=latency,
+            verify_passes=sum(int(m.get("spec_verify_ct", 0)) for m in items),
+            drafts_proposed=sum(int(m.get("spec_num_proposed_drafts", 0)) for m in items),
+            drafts_accepted=sum(int(m.get("spec_num_correct_drafts", 0)) for m in items),
         )
 
     def __add__(self, other: Cost) -> Cost:
@@ -60,6 +75,11 @@ class Cost:
     def cache_hit_rate(self) -> float:
         """Fraction of prompt tokens served from the prefix cache (0 when no prompt)."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def draft_accept_rate(self) -> float:
+        """Fraction of drafted tokens the target kept (0 when none was drafted)."""
+        return self.drafts_accepted / self.drafts_proposed if self.drafts_proposed else 0.0
 
 
 def total(costs: Iterable[Cost]) -> Cost:

@@ -93,6 +93,24 @@ class OutputDecoder:
         return [[lp, tok, texts[i] if texts else None] for i, (lp, tok) in enumerate(pairs)]
 
 
+def spec_meta(histogram: Sequence[int], drafted: int, completion_tokens: int) -> dict[str, Any]:
+    """A request's speculative decoding counts in SGLang's `meta_info` names, from the
+    passes that emitted its tokens counted by drafts kept (`histogram[k]`: passes that kept
+    k drafts; not empty) and the drafts verified for it. `spec_accept_length` is tokens per
+    pass, the first token (from prefill) and each pass's own target token included;
+    `spec_accept_rate` is drafts kept over drafts verified (0.0 when none was drafted)."""
+    passes = sum(histogram)
+    kept = sum(k * n for k, n in enumerate(histogram))
+    return {
+        "spec_verify_ct": passes,
+        "spec_accept_length": completion_tokens / passes,
+        "spec_num_proposed_drafts": drafted,
+        "spec_num_correct_drafts": kept,
+        "spec_accept_rate": kept / drafted if drafted else 0.0,
+        "spec_correct_drafts_histogram": list(histogram),
+    }
+
+
 class ResponseState:
     """The cumulative `/generate` response of one request. `meta_info` carries the logprob
     lists only when `return_logprob`; `snapshot()` is a copy safe to hand out."""
@@ -130,9 +148,8 @@ class ResponseState:
             e2e_latency=elapsed,
             finish_reason=out.finish_reason,
         )
-        if out.spec_verify_ct:  # SGLang's: target passes, and tokens per pass
-            meta["spec_verify_ct"] = out.spec_verify_ct
-            meta["spec_accept_length"] = out.completion_tokens / out.spec_verify_ct
+        if out.spec_accept_histogram:
+            meta.update(spec_meta(out.spec_accept_histogram, out.spec_drafted, out.completion_tokens))
         if "output_token_logprobs" in meta:
             meta["output_token_logprobs"] += out.output_logprobs
             meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])

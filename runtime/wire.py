@@ -39,7 +39,8 @@ class TokenOutput:
     completion_tokens: int
     cached_tokens: int
     jump_forward_tokens: int = 0
-    spec_verify_ct: int = 0  # speculative verification passes so far (0: none)
+    spec_accept_histogram: list[int] = field(default_factory=list)  # speculative passes by drafts kept
+    spec_drafted: int = 0  # drafts verified for it so far
     finish_reason: dict[str, Any] | None = None
     output_logprobs: list[list[Any]] = field(default_factory=list)
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)

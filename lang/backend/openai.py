@@ -29,14 +29,21 @@ _PASSED = ("n", "temperature", "top_p", "frequency_penalty", "presence_penalty",
 
 
 def _usage_meta(answer: dict[str, Any]) -> dict[str, Any]:
+    """The `meta_info` counts an OpenAI `usage` holds (drafted tokens kept and rejected,
+    where a speculating server reports them as predicted tokens)."""
     usage = answer.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
-    return {
+    drafts = usage.get("completion_tokens_details") or {}
+    kept, rejected = drafts.get("accepted_prediction_tokens") or 0, drafts.get("rejected_prediction_tokens") or 0
+    meta = {
         "id": answer.get("id"),
         "prompt_tokens": usage.get("prompt_tokens", 0),
         "completion_tokens": usage.get("completion_tokens", 0),
         "cached_tokens": details.get("cached_tokens") or 0,
     }
+    if kept or rejected:
+        meta.update(spec_num_correct_drafts=kept, spec_num_proposed_drafts=kept + rejected)
+    return meta
 
 
 def _output_logprobs(choice: dict[str, Any]) -> list[list[Any]]:

@@ -16,7 +16,8 @@ def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool, text: str
         completion_tokens=len(req.output_ids),
         cached_tokens=req.cached_tokens,
         jump_forward_tokens=req.jump_forward_tokens,
-        spec_verify_ct=req.spec_verify_ct,
+        spec_accept_histogram=list(req.spec_accept_histogram),
+        spec_drafted=req.spec_drafted,
         finish_reason=req.finish.to_json() if req.finish else None,
         text_delta=text,
     )

@@ -63,7 +63,10 @@ class Req:
     finish: FinishReason | None = None
     retractions: int = 0
     jump_forward_tokens: int = 0
-    spec_verify_ct: int = 0  # speculative verification passes that emitted its tokens
+    # speculative decoding: the verification passes that emitted its tokens, counted by how
+    # many drafts each accepted (index k: passes that kept k drafts), and the drafts verified
+    spec_accept_histogram: list[int] = field(default_factory=list)
+    spec_drafted: int = 0
     arrival: float = field(default_factory=time.monotonic)
     # logprobs gathered so far; entries are (logprob, token_id)
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
@@ -106,6 +109,14 @@ class Req:
     @property
     def finished(self) -> bool:
         return self.finish is not None
+
+    def count_verification(self, drafted: int, kept: int) -> None:
+        """Count a speculative verification pass that emitted this request's tokens:
+        `drafted` drafts verified for it (a token tree's each once), `kept` of them emitted."""
+        hist = self.spec_accept_histogram
+        hist.extend([0] * (kept + 1 - len(hist)))
+        hist[kept] += 1
+        self.spec_drafted += drafted
 
     @property
     def wants_input_logprobs(self) -> bool:

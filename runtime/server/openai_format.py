@@ -104,16 +104,25 @@ class Piece:
 
 def usage(responses: list[dict[str, Any]], n: int) -> dict[str, Any]:
     """Token counts of a call: each prompt counted once (its first sample's counts),
-    every completion counted."""
-    firsts = [r["meta_info"] for r in responses[::n]]
+    every completion counted. With speculative decoding, `completion_tokens_details` says
+    how many drafted tokens were kept and how many rejected, in OpenAI's names for
+    predicted tokens (as SGLang reports them); rejected ones are not in the completion."""
+    metas = [r["meta_info"] for r in responses]
+    firsts = metas[::n]
     prompt = sum(m["prompt_tokens"] for m in firsts)
-    completion = sum(r["meta_info"]["completion_tokens"] for r in responses)
-    return {
+    completion = sum(m["completion_tokens"] for m in metas)
+    out = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)},
     }
+    if any("spec_num_proposed_drafts" in m for m in metas):
+        kept = sum(m.get("spec_num_correct_drafts", 0) for m in metas)
+        drafted = sum(m.get("spec_num_proposed_drafts", 0) for m in metas)
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": kept,
+                                            "rejected_prediction_tokens": drafted - kept}
+    return out
 
 
 def completion_logprobs(entries: list[list[Any]], tops: list[Any], offset: int, text: str,

@@ -150,7 +150,7 @@ class SpeculativeDecoder:
         sched.decode_plain((lambda s: self.scales.observe("decode", self.costs.decode.at(len(batch)), s * 1e3))
                            if self.measured else None)
         for req in batch:
-            req.spec_verify_ct += 1
+            req.count_verification(0, 0)
         self.stats.verify_steps += 1
         self.stats.request_steps += len(batch)
         self.stats.emitted += len(batch)
@@ -312,12 +312,13 @@ class SpeculativeDecoder:
             emitted += 1
             if req.finished:
                 break
-        req.spec_verify_ct += 1
+        kept = min(accepted, emitted)
+        req.count_verification(tree, kept)
         self.stats.request_steps += 1
         self.stats.emitted += emitted
+        self.stats.drafted += tree
+        self.stats.accepted += kept
         if path:
-            self.stats.drafted += tree
-            self.stats.accepted += min(accepted, emitted)
             self.lengths[req.rid].update(len(path), accepted)
             self.prior.update(len(path), accepted)
         if not req.finished:

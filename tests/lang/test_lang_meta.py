@@ -140,6 +140,15 @@ def test_cost_adds_up() -> None:
     assert sgl.Cost is meta.Cost
 
 
+def test_cost_counts_what_speculation_reports() -> None:
+    spec = {"completion_tokens": 9, "spec_verify_ct": 4, "spec_num_proposed_drafts": 10, "spec_num_correct_drafts": 4}
+    one = Cost.of_call([spec, {"completion_tokens": 3}], waited_s=1.0)  # a prompt that finished without drafting
+    assert (one.verify_passes, one.drafts_proposed, one.drafts_accepted) == (4, 10, 4)
+    both = one + Cost.of_call(spec | {"spec_num_correct_drafts": 6}, waited_s=1.0)
+    assert (both.verify_passes, both.drafts_proposed, both.drafts_accepted) == (8, 20, 10)
+    assert both.draft_accept_rate == 0.5 and Cost().draft_accept_rate == 0.0
+
+
 @pytest.mark.parametrize("strategy", ["best_of_n", "self_consistency", "tree_search"])
 def test_sampling_parameters_reach_every_generation(strategy: str) -> None:
     backend = ScriptedBackend(lambda text, params: "Answer: 4")

@@ -64,11 +64,26 @@ def test_greedy_equals_transformers(arch, algorithm, tiny_checkpoints, reference
         assert ids(warm) == references[arch]
         stats = engine.scheduler.speculative.stats
         assert stats.accepted > 0 and stats.mean_accept_length > 1.0
-        passes = sum(o["meta_info"]["spec_verify_ct"] for o in cold + warm)
+        metas = [o["meta_info"] for o in cold + warm]
+        passes = sum(m["spec_verify_ct"] for m in metas)
         assert passes < 2 * len(PROMPTS) * (MAX_NEW - 1)  # fewer target passes per request than plain decoding
-        meta = warm[0]["meta_info"]
-        assert 0 < meta["spec_verify_ct"] <= MAX_NEW - 1
-        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+        for meta in metas:
+            assert_spec_counts(meta)
+        assert sum(m["spec_num_correct_drafts"] for m in metas) == stats.accepted
+        assert sum(m["spec_num_proposed_drafts"] for m in metas) == stats.drafted
+
+
+def assert_spec_counts(meta: dict) -> None:
+    """A request's speculative counts in `meta_info` agree with each other and with its
+    tokens: the first from prefill, then each pass's kept drafts and its own token."""
+    hist = meta["spec_correct_drafts_histogram"]
+    kept = sum(k * n for k, n in enumerate(hist))
+    assert meta["spec_verify_ct"] == sum(hist) > 0
+    assert meta["spec_num_correct_drafts"] == kept <= meta["spec_num_proposed_drafts"]
+    assert meta["completion_tokens"] == 1 + meta["spec_verify_ct"] + kept  # never cut short: ignore_eos, no stops
+    assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+    drafted = meta["spec_num_proposed_drafts"]
+    assert meta["spec_accept_rate"] == pytest.approx(kept / drafted if drafted else 0.0)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -90,6 +105,8 @@ def test_a_step_without_drafts_is_the_plain_decode_step(algorithm, tiny_checkpoi
     for g, w in zip(got, want, strict=True):
         assert g["meta_info"]["output_token_logprobs"] == w["meta_info"]["output_token_logprobs"]
         assert g["meta_info"]["spec_verify_ct"] == MAX_NEW - 1
+        assert g["meta_info"]["spec_correct_drafts_histogram"] == [MAX_NEW - 1]
+        assert g["meta_info"]["spec_num_proposed_drafts"] == 0 and g["meta_info"]["spec_accept_rate"] == 0.0
     assert stats.drafted == 0 and stats.request_steps == stats.emitted == len(PROMPTS) * (MAX_NEW - 1)
 
 
@@ -202,6 +219,11 @@ def test_radix_token_trees_keep_seeded_outputs(options, tiny_checkpoints) -> Non
         got = [outputs(engine, None, sp, input_ids=p, return_logprob=True) for p, sp in requests]
         stats = engine.scheduler.speculative.stats
         assert stats.alternatives_kept > 0 and stats.alternatives >= stats.alternatives_kept
+    metas = [o["meta_info"] for outs in got for o in outs]
+    for meta in metas:
+        assert_spec_counts(meta)
+    assert sum(m["spec_num_proposed_drafts"] for m in metas) == stats.drafted  # a tree's paths counted
+    assert sum(m["spec_num_correct_drafts"] for m in metas) == stats.accepted
     for g, w in zip([o for outs in got for o in outs], [o for outs in want for o in outs], strict=True):
         assert g["output_ids"] == w["output_ids"]
         got_lp, want_lp = g["meta_info"]["output_token_logprobs"], w["meta_info"]["output_token_logprobs"]

@@ -13,6 +13,7 @@ import pytest
 from draft_checkpoints import truncated_draft
 from server_helpers import Server, running_server
 
+import sprig as sgl
 from sprig.runtime.demo import DEMO_MODEL_PATH
 from sprig.runtime.demo.tasks import take
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
@@ -29,7 +30,9 @@ def _metric(text: str, name: str) -> float:
 
 def test_speculative_server_reports_acceptance(tiny_llama: Path, server) -> None:
     plain = server.generate(BODY)
-    assert "spec_verify_ct" not in plain["meta_info"]
+    assert not any(key.startswith("spec_") for key in plain["meta_info"])
+    plain_completion = {"prompt": PROMPT, "max_tokens": 4}
+    assert "completion_tokens_details" not in server.post("/v1/completions", plain_completion).json()["usage"]
     # pass costs given, not timed: on a busy CPU the timed ones can rule drafting out
     with running_server(tiny_llama, "--speculative-algorithm", "radix", "--speculative-num-draft-tokens", "6",
                         "--speculative-pass-costs", "1,0,0,0,0,0,0") as spec:
@@ -39,10 +42,44 @@ def test_speculative_server_reports_acceptance(tiny_llama: Path, server) -> None
         meta = second["meta_info"]
         assert meta["spec_verify_ct"] < first["meta_info"]["spec_verify_ct"]
         assert meta["spec_accept_length"] == meta["completion_tokens"] / meta["spec_verify_ct"]
+        hist, kept = meta["spec_correct_drafts_histogram"], meta["spec_num_correct_drafts"]
+        assert sum(hist) == meta["spec_verify_ct"] and sum(k * n for k, n in enumerate(hist)) == kept > 0
+        assert meta["completion_tokens"] == 1 + meta["spec_verify_ct"] + kept
+        assert meta["spec_accept_rate"] == kept / meta["spec_num_proposed_drafts"]
+        completion = {"prompt": [PROMPT, PROMPT], "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        usage = spec.post("/v1/completions", completion).json()["usage"]
+        details = usage["completion_tokens_details"]  # drafts kept and rejected, as SGLang reports them
+        assert 0 < details["accepted_prediction_tokens"] <= usage["completion_tokens"] - 2
+        assert details["rejected_prediction_tokens"] >= 0
+        events = spec.stream("/v1/completions", completion | {"stream": True, "stream_options": {"include_usage": True}})
+        streamed = events[-2]["usage"]  # the stream's usage chunk
+        assert streamed["completion_tokens"] == usage["completion_tokens"]
+        assert streamed["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+        _frontend_costs_count_drafts(spec)
         spec.wait_idle()
         metrics = spec.get("/metrics").text
         assert _metric(metrics, "sprig_spec_accept_length") > 1.0
         assert 0.0 < _metric(metrics, "sprig_spec_accept_rate") <= 1.0
+
+
+@sgl.function
+def _three_calls(s):
+    for i in range(3):
+        s += PROMPT + sgl.gen(f"out{i}", max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def _frontend_costs_count_drafts(spec: Server) -> None:
+    """`state.cost()` of a program adds up the counts each of its calls reports (native
+    API), and the drafts a completion's usage reports (OpenAI API)."""
+    state = _three_calls.run(backend=sgl.RuntimeEndpoint(spec.url))
+    metas = [state.get_meta_info(f"out{i}") for i in range(3)]
+    cost = state.cost()
+    assert cost.verify_passes == sum(m["spec_verify_ct"] for m in metas) < cost.completion_tokens - 3
+    assert cost.drafts_accepted == sum(m["spec_num_correct_drafts"] for m in metas) > 0
+    assert cost.drafts_proposed == sum(m["spec_num_proposed_drafts"] for m in metas)
+    assert cost.draft_accept_rate == cost.drafts_accepted / cost.drafts_proposed
+    state = _three_calls.run(backend=sgl.OpenAI("tiny", base_url=spec.url + "/v1", api_key="unused"))
+    assert state.cost().drafts_accepted > 0 and state.cost().verify_passes == 0  # passes are not in usage
 
 
 def test_a_draft_model_server_gives_the_same_tokens(tiny_llama: Path, server, tmp_path) -> None:
