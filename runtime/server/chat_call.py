@@ -5,6 +5,7 @@ is read back in. `/v1/chat/completions` and `/v1/responses` both build calls her
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,20 @@ async def collect(call: Call, request: Request, constraint: Constraint | None) -
         return await call.collect(functools.partial(client_gone, request))
     except RequestFailed as e:
         raise named(e, constraint) from None
+
+
+async def reasoning_tokens(st: ServerState, fmt: AnswerFormat, texts: list[str]) -> int | None:
+    """How many tokens the reasoning of the outputs `texts` took, tokenized on the request
+    pool (the reasoning as `reasoning_content` holds it, without its markers and the blanks
+    around them); None when the answers' reasoning is not split off."""
+    if fmt.reasoning is None:
+        return None
+    reasonings = [r for r in (fmt.split_reasoning(t, True)[0] for t in texts) if r]
+    if not reasonings:
+        return 0
+    tokenizer = st.builder.tokenizer
+    count = lambda: sum(len(tokenizer.encode(r, add_special_tokens=False)) for r in reasonings)  # noqa: E731
+    return await asyncio.get_running_loop().run_in_executor(st.pool, count)
 
 
 def named(e: RequestFailed, constraint: Constraint | None) -> RequestFailed | ApiError:

@@ -102,11 +102,13 @@ class Piece:
         return entries, tops + [None] * (len(entries) - len(tops))
 
 
-def usage(responses: list[dict[str, Any]], n: int) -> dict[str, Any]:
+def usage(responses: list[dict[str, Any]], n: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
     """Token counts of a call: each prompt counted once (its first sample's counts),
-    every completion counted. With speculative decoding, `completion_tokens_details` says
-    how many drafted tokens were kept and how many rejected, in OpenAI's names for
-    predicted tokens (as SGLang reports them); rejected ones are not in the completion."""
+    every completion counted. `completion_tokens_details` holds `reasoning_tokens` when
+    given (the completions' reasoning, split off by a reasoning parser) and, with
+    speculative decoding, how many drafted tokens were kept and how many rejected, in
+    OpenAI's names for predicted tokens (as SGLang reports them; rejected ones are not in
+    the completion)."""
     metas = [r["meta_info"] for r in responses]
     firsts = metas[::n]
     prompt = sum(m["prompt_tokens"] for m in firsts)
@@ -117,11 +119,15 @@ def usage(responses: list[dict[str, Any]], n: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)},
     }
+    details: dict[str, int] = {}
+    if reasoning_tokens is not None:
+        details["reasoning_tokens"] = reasoning_tokens
     if any("spec_num_proposed_drafts" in m for m in metas):
         kept = sum(m.get("spec_num_correct_drafts", 0) for m in metas)
         drafted = sum(m.get("spec_num_proposed_drafts", 0) for m in metas)
-        out["completion_tokens_details"] = {"accepted_prediction_tokens": kept,
-                                            "rejected_prediction_tokens": drafted - kept}
+        details.update(accepted_prediction_tokens=kept, rejected_prediction_tokens=drafted - kept)
+    if details:
+        out["completion_tokens_details"] = details
     return out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from sprig.runtime.server.chat_call import (
     collect,
     contract_requests,
     named,
+    reasoning_tokens,
     sampling_for,
 )
 from sprig.runtime.server.constraints import Constraint, request_constraint
@@ -127,11 +128,14 @@ async def completions(request: Request) -> Response:
             return []
         return [{"index": index, "text": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}]
 
+    async def usage_of(outs: list[dict[str, Any]]) -> dict[str, Any]:
+        return usage(outs, req.n)
+
     if req.stream:
-        return _stream(call, env, choice, req, constraint)
+        return _stream(call, env, choice, req, usage_of, constraint)
     outs = await collect(call, request, constraint)
     choices = [c for i, r in enumerate(outs) for c in choice(i, Piece.of_response(r))]
-    return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
+    return json_response(env.wrap(choices=choices, usage=await usage_of(outs)))
 
 
 @router.post("/v1/chat/completions")
@@ -163,9 +167,12 @@ async def chat_completions(request: Request) -> Response:
                         "matched_stop": matched})
         return out
 
+    async def usage_of(outs: list[dict[str, Any]]) -> dict[str, Any]:
+        return usage(outs, req.n, await reasoning_tokens(st, fmt, [r["text"] for r in outs]))
+
     if req.stream:
         return _stream(call, _Envelope(env.id, "chat.completion.chunk", env.created, env.model), delta, req,
-                       constraint)
+                       usage_of, constraint)
     outs = await collect(call, request, constraint)
     choices = []
     for i, r in enumerate(outs):
@@ -174,10 +181,11 @@ async def chat_completions(request: Request) -> Response:
         lp = chat_logprobs(*Piece.of_response(r).entries(with_input=False)) if req.logprobs else None
         choices.append({"index": i, "message": message, "logprobs": lp,
                         "finish_reason": "tool_calls" if called else reason, "matched_stop": matched})
-    return json_response(env.wrap(choices=choices, usage=usage(outs, req.n)))
+    return json_response(env.wrap(choices=choices, usage=await usage_of(outs)))
 
 
 def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionRequest | ChatCompletionRequest,
+            usage_of: Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]],
             constraint: Constraint | None) -> Response:
     include_usage = req.stream_options is not None and req.stream_options.include_usage
 
@@ -188,7 +196,7 @@ def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionReques
                 for c in choices(update.index, Piece.of_outputs(update.outputs)):
                     yield sse(env.wrap(choices=[c], **extra))
             if include_usage:
-                yield sse(env.wrap(choices=[], usage=usage(call.responses(), req.n)))
+                yield sse(env.wrap(choices=[], usage=await usage_of(call.responses())))
         except RequestFailed as e:
             yield error_event(named(e, constraint))
         yield SSE_DONE

@@ -7,7 +7,6 @@ carry a conversation on through `previous_response_id`."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
-from sprig.runtime.server.chat_call import ChatCall, chat_call, collect, named
+from sprig.runtime.server.chat_call import ChatCall, chat_call, collect, named, reasoning_tokens
 from sprig.runtime.server.errors import ApiError, error_type, parse
 from sprig.runtime.server.http_io import (
     ServerState,
@@ -101,7 +100,7 @@ async def create_response(request: Request) -> Response:
     logprobs = chat_logprobs(*Piece.of_response(out).entries(with_input=False))["content"] \
         if job.req.wants_logprobs else None
     reason, _ = finish_reason(out["meta_info"]["finish_reason"])
-    usage = response_usage(out["meta_info"], await _reasoning_tokens(st, message.get("reasoning_content")))
+    usage = response_usage(out["meta_info"], await reasoning_tokens(st, job.chat.fmt, [out["text"]]) or 0)
     response = job.response(st.model_name, output_items(message, logprobs), usage, "tool_calls" if called else reason)
     _keep(st, job, response, client)
     return json_response(response)
@@ -155,8 +154,8 @@ async def _events(st: ServerState, job: _Job, updates: AsyncIterator[Update],
         out.finish()
         for kind, fields in _drain(out):
             yield writer.write(kind, fields)
-        reasoning = "".join(i["content"][0]["text"] for i in out.items if i["type"] == "reasoning")
-        usage = response_usage(responses()[0]["meta_info"], await _reasoning_tokens(st, reasoning))
+        last = responses()[0]
+        usage = response_usage(last["meta_info"], await reasoning_tokens(st, fmt, [last["text"]]) or 0)
         response = job.response(st.model_name, out.items, usage, finish)
         _keep(st, job, response, client)
         done = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
@@ -188,12 +187,3 @@ def _drain(out: OutputStream) -> list[tuple[str, dict[str, Any]]]:
 def _keep(st: ServerState, job: _Job, response: dict[str, Any], client: int | None) -> None:
     if job.stored:
         st.responses.put(client, response, job.inputs)
-
-
-async def _reasoning_tokens(st: ServerState, reasoning: str | None) -> int:
-    """How many tokens the reasoning took (tokenized on the request pool)."""
-    if not reasoning:
-        return 0
-    tokenizer = st.builder.tokenizer
-    loop = asyncio.get_running_loop()
-    return len(await loop.run_in_executor(st.pool, lambda: tokenizer.encode(reasoning, add_special_tokens=False)))

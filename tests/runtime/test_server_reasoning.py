@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 from scripted_checkpoint import ANSWER, OPEN_THINK_TEMPLATE, REASONING, build_thinking_checkpoint
 from server_helpers import Server, running_server
+from transformers import AutoTokenizer
 
 MESSAGES = [{"role": "user", "content": "where is it sunny?"}]
 SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
@@ -114,3 +115,34 @@ def test_a_prompt_that_closes_the_think_block_is_constrained_at_once(qwen3: Serv
     jsonschema.validate(json.loads(message["content"]), SCHEMA)
     assert chat(qwen3, chat_template_kwargs={"enable_thinking": False})["message"]["content"].startswith("<think>")
     qwen3.wait_idle()
+
+
+@pytest.mark.parametrize("which", ["qwen3", "r1"])
+def test_usage_counts_the_reasoning_tokens(request: pytest.FixtureRequest, which: str, model: Path,
+                                           server: Server) -> None:
+    """`completion_tokens_details.reasoning_tokens`, as SGLang and vLLM report it: the
+    tokens of `reasoning_content`, summed over the choices, whole and streamed, and the same
+    in the Responses API's `output_tokens_details`; absent where nothing is split off."""
+    thinking = request.getfixturevalue(which)
+    want = len(AutoTokenizer.from_pretrained(model).encode(REASONING, add_special_tokens=False))
+    body = {"messages": MESSAGES, "max_tokens": 200, "temperature": 0}
+    one = thinking.post("/v1/chat/completions", body).json()["usage"]
+    assert one["completion_tokens_details"] == {"reasoning_tokens": want} and one["completion_tokens"] > want
+    two = thinking.post("/v1/chat/completions", body | {"n": 2}).json()["usage"]
+    assert two["completion_tokens_details"] == {"reasoning_tokens": 2 * want}
+    events = thinking.stream("/v1/chat/completions", body | {"stream": True, "stream_options": {"include_usage": True}})
+    streamed = events[-2]["usage"]
+    assert (streamed["completion_tokens"], streamed["completion_tokens_details"]) == (one["completion_tokens"],
+                                                                                     one["completion_tokens_details"])
+    unsplit = thinking.post("/v1/chat/completions", body | {"separate_reasoning": False}).json()["usage"]
+    assert "completion_tokens_details" not in unsplit
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url=thinking.url + "/v1", api_key="unused", max_retries=0) as client:
+        responses = {"model": "m", "input": MESSAGES[0]["content"], "max_output_tokens": 200, "temperature": 0}
+        whole = client.responses.create(**responses).usage
+        [done] = [e.response.usage for e in client.responses.create(**responses, stream=True)
+                  if e.type == "response.completed"]
+    assert whole.output_tokens_details.reasoning_tokens == done.output_tokens_details.reasoning_tokens == want
+    assert whole.output_tokens == done.output_tokens
+    assert "completion_tokens_details" not in server.post("/v1/chat/completions", body).json()["usage"]
+    thinking.wait_idle()
