@@ -385,7 +385,24 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
     kv = sched.kv
     assert kv.allocator.available() + kv.cache.evictable_size() == kv.allocator.size
     assert kv.cache.protected_size() == 0 and kv.table.available() == kv.table.size
+    if sched.speculative is not None:
+        for req in reqs.values():
+            _check_spec_counts(req)
     return {rid: Outcome.of(req) for rid, req in reqs.items()}
+
+
+def _check_spec_counts(req: Req) -> None:
+    """With speculation on, a request's counts (what `meta_info` reports) agree with its
+    tokens: every decode step it took part in is a pass that emitted the drafts it kept and
+    one token of the target's (the last may end on a kept draft), each prefill that
+    completed emitted one (the first, and at most one after each retraction), and
+    jump-forward tokens took no pass."""
+    hist = req.spec_accept_histogram
+    passes, kept = sum(hist), sum(k * n for k, n in enumerate(hist))
+    decoded = len(req.output_ids) - req.jump_forward_tokens
+    counts = f"request {req.rid}: {decoded} tokens decoded, passes by drafts kept {hist}, {req.spec_drafted} drafted"
+    assert kept <= req.spec_drafted, counts
+    assert (not passes or passes + kept <= decoded) and decoded <= passes + kept + 1 + req.retractions, counts
 
 
 class Reference:
