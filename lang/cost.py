@@ -67,6 +67,16 @@ class Cost:
             return NotImplemented
         return Cost(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
 
+    def __str__(self) -> str:
+        text = (f"{self.calls:,} calls: {self.prompt_tokens:,} prompt tokens ({self.cached_tokens:,} cached), "
+                f"{self.completion_tokens:,} completion tokens; {self.latency_s:.2f} s of latency in "
+                f"{self.wall_s:.2f} s wall")
+        if self.verify_passes or self.drafts_proposed:
+            drafts = (f"{self.drafts_accepted:,} of {self.drafts_proposed:,} drafts kept ({self.draft_accept_rate:.0%})"
+                      if self.drafts_proposed else "nothing drafted")
+            text += f"; speculation: {self.verify_passes:,} decode passes, {drafts}"
+        return text
+
     def with_wall(self, wall_s: float) -> Cost:
         """This cost with `wall_s` replaced by a measured elapsed time."""
         return dataclasses.replace(self, wall_s=wall_s)

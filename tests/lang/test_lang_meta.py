@@ -147,6 +147,10 @@ def test_cost_counts_what_speculation_reports() -> None:
     both = one + Cost.of_call(spec | {"spec_num_correct_drafts": 6}, waited_s=1.0)
     assert (both.verify_passes, both.drafts_proposed, both.drafts_accepted) == (8, 20, 10)
     assert both.draft_accept_rate == 0.5 and Cost().draft_accept_rate == 0.0
+    assert str(both).endswith("; speculation: 8 decode passes, 10 of 20 drafts kept (50%)")
+    assert str(Cost(verify_passes=3)).endswith("; speculation: 3 decode passes, nothing drafted")
+    assert str(Cost(calls=2, prompt_tokens=1200, cached_tokens=7, completion_tokens=3, latency_s=1.5, wall_s=1)) == (
+        "2 calls: 1,200 prompt tokens (7 cached), 3 completion tokens; 1.50 s of latency in 1.00 s wall")
 
 
 @pytest.mark.parametrize("strategy", ["best_of_n", "self_consistency", "tree_search"])
