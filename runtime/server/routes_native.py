@@ -29,6 +29,7 @@ from sprig.runtime.server.http_io import (
 )
 from sprig.runtime.server.protocol import AbortRequest, GenerateRequest
 from sprig.runtime.server.request_manager import Call, RequestFailed
+from sprig.runtime.wire import StatsReport
 
 router = APIRouter()
 HEALTH_GENERATE_TIMEOUT_S = 20.0
@@ -136,6 +137,7 @@ async def server_info(request: Request) -> Response:
             "scheduler": dataclasses.asdict(st.engine.scheduler),
             "model": st.model_info,
             "stats": None if stats is None else dataclasses.asdict(stats),
+            "internal_states": [_internal_state(st.engine.scheduler.speculative_algorithm is not None, stats)],
             "last_idle_integrity": "unchecked" if stats is None else stats.integrity,
             "healthy": manager.dead is None,
             "error": manager.dead,
@@ -144,6 +146,16 @@ async def server_info(request: Request) -> Response:
             "uptime_s": time.monotonic() - st.started,
         }
     )
+
+
+def _internal_state(speculative: bool, stats: StatsReport | None) -> dict[str, Any]:
+    """SGLang's `internal_states` entry, which its benchmark scripts read: the decode
+    throughput of the last stats window and, with speculation on, the tokens per request
+    per verification pass since start (`avg_spec_accept_length`)."""
+    state: dict[str, Any] = {"last_gen_throughput": stats.gen_throughput if stats else 0.0}
+    if speculative:
+        state["avg_spec_accept_length"] = stats.spec_accept_length if stats and stats.spec_accept_length else None
+    return state
 
 
 @router.get("/health_generate")

@@ -60,6 +60,11 @@ def test_speculative_server_reports_acceptance(tiny_llama: Path, server) -> None
         metrics = spec.get("/metrics").text
         assert _metric(metrics, "sprig_spec_accept_length") > 1.0
         assert 0.0 < _metric(metrics, "sprig_spec_accept_rate") <= 1.0
+        [state] = spec.info()["internal_states"]  # where SGLang's benchmark scripts read the accept length
+        assert state["avg_spec_accept_length"] == _metric(metrics, "sprig_spec_accept_length")
+        assert state["last_gen_throughput"] >= 0.0
+    [state] = server.info()["internal_states"]
+    assert "avg_spec_accept_length" not in state and state["last_gen_throughput"] >= 0.0
 
 
 @sgl.function
