@@ -98,7 +98,10 @@ async def reasoning_tokens(st: ServerState, fmt: AnswerFormat, texts: list[str])
     if not reasonings:
         return 0
     tokenizer = st.builder.tokenizer
-    count = lambda: sum(len(tokenizer.encode(r, add_special_tokens=False)) for r in reasonings)  # noqa: E731
+
+    def count() -> int:
+        return sum(len(tokenizer.encode(r, add_special_tokens=False)) for r in reasonings)
+
     return await asyncio.get_running_loop().run_in_executor(st.pool, count)
 
 
