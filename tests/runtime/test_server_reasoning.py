@@ -144,5 +144,8 @@ def test_usage_counts_the_reasoning_tokens(request: pytest.FixtureRequest, which
                   if e.type == "response.completed"]
     assert whole.output_tokens_details.reasoning_tokens == done.output_tokens_details.reasoning_tokens == want
     assert whole.output_tokens == done.output_tokens
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(base_url=thinking.url + "/v1", api_key="unused", model="m", temperature=0)
+    assert llm.invoke(MESSAGES[0]["content"]).usage_metadata["output_token_details"]["reasoning"] == want
     assert "completion_tokens_details" not in server.post("/v1/chat/completions", body).json()["usage"]
     thinking.wait_idle()
