@@ -32,6 +32,10 @@ class Cost:
     `spec_num_correct_drafts`. All three are 0 without speculation, where each completion
     token after the first takes a decode pass of its own. Over the OpenAI API only the
     drafts are known (`usage.completion_tokens_details`), not the passes.
+
+    `retractions` counts the times the server took a request's KV slots back to make room
+    for others (SGLang's `num_retractions`): each one recomputes the request's context
+    later, work the token counts do not show. It stays 0 over the OpenAI API.
     """
 
     calls: int = 0
@@ -43,6 +47,7 @@ class Cost:
     verify_passes: int = 0
     drafts_proposed: int = 0
     drafts_accepted: int = 0
+    retractions: int = 0
 
     @classmethod
     def of_call(cls, metas: Mapping[str, Any] | Iterable[Mapping[str, Any]], waited_s: float) -> Cost:
@@ -60,6 +65,7 @@ class Cost:
             verify_passes=sum(int(m.get("spec_verify_ct", 0)) for m in items),
             drafts_proposed=sum(int(m.get("spec_num_proposed_drafts", 0)) for m in items),
             drafts_accepted=sum(int(m.get("spec_num_correct_drafts", 0)) for m in items),
+            retractions=sum(int(m.get("num_retractions", 0)) for m in items),
         )
 
     def __add__(self, other: Cost) -> Cost:
@@ -75,6 +81,8 @@ class Cost:
             drafts = (f"{self.drafts_accepted:,} of {self.drafts_proposed:,} drafts kept ({self.draft_accept_rate:.0%})"
                       if self.drafts_proposed else "nothing drafted")
             text += f"; speculation: {self.verify_passes:,} decode passes, {drafts}"
+        if self.retractions:
+            text += f"; {self.retractions:,} retraction{'s' if self.retractions != 1 else ''} to free KV slots"
         return text
 
     def with_wall(self, wall_s: float) -> Cost:

@@ -123,6 +123,7 @@ class ResponseState:
             "completion_tokens": 0,
             "cached_tokens": 0,
             "jump_forward_tokens": 0,
+            "num_retractions": 0,
             "e2e_latency": 0.0,
         }
         if return_logprob:
@@ -144,6 +145,7 @@ class ResponseState:
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
             jump_forward_tokens=out.jump_forward_tokens,
+            num_retractions=out.retractions,
             prompt_tokens=out.prompt_tokens,
             e2e_latency=elapsed,
             finish_reason=out.finish_reason,

@@ -41,6 +41,7 @@ class TokenOutput:
     jump_forward_tokens: int = 0
     spec_accept_histogram: list[int] = field(default_factory=list)  # speculative passes by drafts kept
     spec_drafted: int = 0  # drafts verified for it so far
+    retractions: int = 0  # times it was retracted to free KV slots, so far
     finish_reason: dict[str, Any] | None = None
     output_logprobs: list[list[Any]] = field(default_factory=list)
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)

@@ -18,6 +18,7 @@ def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool, text: str
         jump_forward_tokens=req.jump_forward_tokens,
         spec_accept_histogram=list(req.spec_accept_histogram),
         spec_drafted=req.spec_drafted,
+        retractions=req.retractions,
         finish_reason=req.finish.to_json() if req.finish else None,
         text_delta=text,
     )

@@ -12,6 +12,7 @@ from sprig.runtime.wire import StatsReport
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+RETRACTION_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
 
 
 class Metrics:
@@ -38,6 +39,12 @@ class Metrics:
         self.prompt_tokens = Counter("sprig_prompt_tokens", "Prompt tokens computed.", registry=r)
         self.cached_tokens = Counter("sprig_cached_tokens", "Prompt tokens reused from the cache.", registry=r)
         self.generation_tokens = Counter("sprig_generation_tokens", "Tokens generated.", registry=r)
+        self.retractions = Counter(
+            "sprig_retractions", "Requests retracted to free KV slots (their work is redone).", registry=r
+        )
+        self.request_retractions = Histogram(
+            "sprig_num_retractions", "Retractions per finished request.", buckets=RETRACTION_BUCKETS, registry=r
+        )
         self.ttft = Histogram(
             "sprig_time_to_first_token_seconds", "Time to first token.", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -58,9 +65,10 @@ class Metrics:
         for _ in range(n_new):
             self.itl.observe((now - last_token) / n_new)
 
-    def observe_finished(self, finish_reason: dict[str, Any], latency: float) -> None:
+    def observe_finished(self, finish_reason: dict[str, Any], latency: float, retractions: int) -> None:
         self.requests_finished.labels(finish_reason.get("type", "unknown")).inc()
         self.e2e.observe(latency)
+        self.request_retractions.observe(retractions)
 
     def observe_stats(self, s: StatsReport) -> None:
         self.running.set(s.running)
@@ -77,6 +85,7 @@ class Metrics:
             (self.prompt_tokens, s.prefill_tokens, last.prefill_tokens if last else 0),
             (self.cached_tokens, s.cached_tokens, last.cached_tokens if last else 0),
             (self.generation_tokens, s.decode_tokens, last.decode_tokens if last else 0),
+            (self.retractions, s.retractions, last.retractions if last else 0),
         ):
             counter.inc(max(now - before, 0))
         self._last = s

@@ -282,7 +282,7 @@ class RequestManager:
                 if out.new_ids:
                     track.last_token = now
                 if out.finish_reason is not None:
-                    self.metrics.observe_finished(out.finish_reason, now - track.created)
+                    self.metrics.observe_finished(out.finish_reason, now - track.created, out.retractions)
                 track.updates.put_nowait(out.rid)
         elif isinstance(msg, RequestError):
             self.aborting.discard(msg.rid)

@@ -153,6 +153,15 @@ def test_cost_counts_what_speculation_reports() -> None:
         "2 calls: 1,200 prompt tokens (7 cached), 3 completion tokens; 1.50 s of latency in 1.00 s wall")
 
 
+def test_cost_counts_retractions() -> None:
+    retracted = Cost.of_call([{"completion_tokens": 5, "num_retractions": 2}, {"completion_tokens": 3}], waited_s=1.0)
+    assert retracted.retractions == 2
+    assert (retracted + Cost.of_call({"num_retractions": 1}, waited_s=1.0)).retractions == 3
+    assert str(retracted).endswith("1.00 s wall; 2 retractions to free KV slots")
+    assert str(Cost(retractions=1)).endswith("; 1 retraction to free KV slots")
+    assert "retraction" not in str(Cost(calls=1))
+
+
 @pytest.mark.parametrize("strategy", ["best_of_n", "self_consistency", "tree_search"])
 def test_sampling_parameters_reach_every_generation(strategy: str) -> None:
     backend = ScriptedBackend(lambda text, params: "Answer: 4")

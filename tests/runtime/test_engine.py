@@ -213,10 +213,12 @@ def test_a_request_mid_chunked_prefill_is_retracted_when_decode_needs_its_slots(
         logprobs = {"return_logprob": True, "logprob_start_len": 0}
         both = small.generate(input_ids=prompts, sampling_params=params, **logprobs)
         assert small.scheduler.stats.retractions > 0
+        assert sum(o["meta_info"]["num_retractions"] for o in both) == small.scheduler.stats.retractions
         assert_idle_and_intact(small)
         small.flush_cache()
         alone = [small.generate(input_ids=p, sampling_params=params[0], **logprobs) for p in prompts]
     assert [o["output_ids"] for o in both] == [o["output_ids"] for o in alone]
+    assert [o["meta_info"]["num_retractions"] for o in alone] == [0, 0]
     for got, want, prompt in zip(both, alone, prompts, strict=True):
         got_input, want_input = got["meta_info"]["input_token_logprobs"], want["meta_info"]["input_token_logprobs"]
         assert [t for _, t, _ in got_input] == prompt == [t for _, t, _ in want_input]
