@@ -64,19 +64,22 @@ class Engine:
         sampling_params: SamplingArg = None,
         *,
         input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] = -1,
+        top_logprobs_num: int | list[int] = 0,
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back) or a batch (a list, n outputs per prompt in
         order). `stream=True` returns an iterator of partial outputs with cumulative text,
-        the last of which is final. An invalid argument raises `InvalidRequest` (a
-        `ValueError`) naming it: the checks are the server's (`request_contract`)."""
+        the last of which is final. `return_logprob`, `logprob_start_len` and
+        `top_logprobs_num` each take one value for every prompt or a list with one per
+        prompt. An invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the
+        checks are the server's (`request_contract`)."""
         batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
-        logprobs = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+        logprobs = LogprobOptions.per_prompt(len(prompts), return_logprob, logprob_start_len, top_logprobs_num,
+                                             return_text_in_logprobs)
         requests = build_requests(
             prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
             new_rid=lambda: f"{uuid.uuid4().hex[:12]}-{next(self._ids)}",

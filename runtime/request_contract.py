@@ -60,6 +60,24 @@ class LogprobOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidRequest(f"{name} must be an integer >= {low}; got {value!r}", name)
 
+    @classmethod
+    def per_prompt(cls, prompts: int, return_logprob: Any = False, logprob_start_len: Any = -1,
+                   top_logprobs_num: Any = 0, return_text_in_logprobs: bool = False) -> list[LogprobOptions]:
+        """One `LogprobOptions` for each of a call's `prompts`, as SGLang's `/generate` takes
+        them: each of `return_logprob`, `logprob_start_len` and `top_logprobs_num` is one
+        value for every prompt or a list with one per prompt (a prompt's `n` samples share
+        its entry). Raises `InvalidRequest` naming a list of the wrong length or a bad value."""
+        columns = []
+        for name, value in (("return_logprob", return_logprob), ("logprob_start_len", logprob_start_len),
+                            ("top_logprobs_num", top_logprobs_num)):
+            if not isinstance(value, list | tuple):
+                columns.append([value] * prompts)
+            elif len(value) != prompts:
+                raise InvalidRequest(f"{name} has {len(value)} entries for {prompts} prompts", name)
+            else:
+                columns.append(list(value))
+        return [cls(*row, return_text_in_logprobs) for row in zip(*columns, strict=True)]
+
 
 @dataclass(frozen=True)
 class TokenizedRequest:
@@ -99,13 +117,15 @@ def prompt_rows(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *
 
 
 def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: ModelLimits, *,
-                   rid: Any = None, new_rid: Callable[[], str], logprobs: LogprobOptions = LogprobOptions(),
+                   rid: Any = None, new_rid: Callable[[], str],
+                   logprobs: LogprobOptions | Sequence[LogprobOptions] = LogprobOptions(),
                    stream: bool = False, prompt_field: str = "input_ids") -> list[TokenizedRequest]:
     """Every sequence of one call in output order: prompt by prompt, `n` samples each
     (sample j of n > 1 has rid `f"{rid}-{j}"` and seed `seed + j`). `sampling`: one
-    `SamplingParams` or dict for all prompts, or a list with one per prompt; `rid`: one
-    string per prompt (or None: `new_rid()` each). `prompt_field` names the prompts in
-    errors. Raises `InvalidRequest` naming the field at fault."""
+    `SamplingParams` or dict for all prompts, or a list with one per prompt; `logprobs`
+    likewise (`LogprobOptions.per_prompt`); `rid`: one string per prompt (or None:
+    `new_rid()` each). `prompt_field` names the prompts in errors. Raises `InvalidRequest`
+    naming the field at fault."""
     for row in prompts:
         _check_prompt(row, limits, prompt_field)
     params = _params_per_prompt(sampling, len(prompts), limits)
@@ -116,17 +136,20 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
                 f"context length {limits.context_len}",
                 "max_new_tokens",
             )
-    if logprobs.top_logprobs_num > limits.vocab_size:
+    options = [logprobs] * len(prompts) if isinstance(logprobs, LogprobOptions) else list(logprobs)
+    if len(options) != len(prompts):
+        raise InvalidRequest(f"logprob options for {len(options)} prompts, not {len(prompts)}", "return_logprob")
+    if any(o.top_logprobs_num > limits.vocab_size for o in options):
         raise InvalidRequest(f"top_logprobs_num must be <= {limits.vocab_size}", "top_logprobs_num")
     rids = _rids_per_prompt(rid, len(prompts), new_rid)
     out = []
-    for r, ids, p in zip(rids, prompts, params, strict=True):
+    for r, ids, p, lp in zip(rids, prompts, params, options, strict=True):
         for j in range(p.n):
             try:
                 seq_params = p if p.n == 1 or p.seed is None else replace(p, seed=p.seed + j)
             except ValueError as e:  # a seed + sample index out of range
                 raise InvalidRequest(str(e), "sampling_params") from None
-            out.append(TokenizedRequest(f"{r}-{j}" if p.n > 1 else r, tuple(ids), seq_params, logprobs, stream))
+            out.append(TokenizedRequest(f"{r}-{j}" if p.n > 1 else r, tuple(ids), seq_params, lp, stream))
     if len({s.rid for s in out}) < len(out):
         raise InvalidRequest("the request ids of one call must be distinct", "rid")
     return out

@@ -19,14 +19,16 @@ class _Body(BaseModel):
 
 
 class GenerateRequest(_Body):
-    """SGLang's native `/generate`: exactly one of `text` and `input_ids`."""
+    """SGLang's native `/generate`: exactly one of `text` and `input_ids`. The logprob
+    options take one value for every prompt or a list with one per prompt (their bounds are
+    checked with the request, `LogprobOptions`)."""
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    return_logprob: bool = False
-    logprob_start_len: int = Field(-1, ge=-1)
-    top_logprobs_num: int = Field(0, ge=0)
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None

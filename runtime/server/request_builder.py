@@ -100,7 +100,16 @@ class RequestBuilder:
             raise ApiError(400, str(e), param) from None
 
     # ------------------------------------------------------------------ requests
-    def requests(self, prompts: list[list[int]], sampling: SamplingArg, rid: Any, logprobs: LogprobOptions, *,
+    @staticmethod
+    def logprob_options(prompts: int, *options: Any) -> list[LogprobOptions]:
+        """`LogprobOptions.per_prompt`, its `InvalidRequest` as a 400 naming the field."""
+        try:
+            return LogprobOptions.per_prompt(prompts, *options)
+        except InvalidRequest as e:
+            raise ApiError(400, str(e), e.field) from None
+
+    def requests(self, prompts: list[list[int]], sampling: SamplingArg, rid: Any,
+                 logprobs: LogprobOptions | list[LogprobOptions], *,
                  stream: bool, prompt_field: str = "input_ids") -> list[TokenizedRequest]:
         """One `TokenizedRequest` per sequence (n per prompt, in output order): the request
         contract's `build_requests`, its `InvalidRequest` as a 400 naming the field."""

@@ -42,8 +42,8 @@ async def generate(request: Request) -> Response:
     def build(body: Any) -> tuple[GenerateRequest, bool, list[TokenizedRequest]]:
         req: GenerateRequest = parse(GenerateRequest, body)
         batch, prompts = st.builder.prompts(req.text, req.input_ids)
-        logprobs = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
-                                  req.return_text_in_logprobs)
+        logprobs = st.builder.logprob_options(len(prompts), req.return_logprob, req.logprob_start_len,
+                                              req.top_logprobs_num, req.return_text_in_logprobs)
         return req, batch, st.builder.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
                                               prompt_field="text" if req.text is not None else "input_ids")
 

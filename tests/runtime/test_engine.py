@@ -142,6 +142,22 @@ def test_without_partial_output_a_request_reports_once_everything(engine) -> Non
     assert [lp for lp, _ in reports[0].output_logprobs] == [e[0] for e in full["meta_info"]["output_token_logprobs"]]
 
 
+def test_logprob_options_may_differ_per_prompt(engine) -> None:
+    greedy = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    outs = engine.generate([PROMPT, PROMPT], greedy, return_logprob=[True, False], top_logprobs_num=[2, 0],
+                           logprob_start_len=[0, -1])
+    alone = engine.generate(PROMPT, greedy, return_logprob=True, top_logprobs_num=2, logprob_start_len=0)
+    got, want = outs[0]["meta_info"]["output_top_logprobs"], alone["meta_info"]["output_top_logprobs"]
+    assert [[t for _, t, _ in row] for row in got] == [[t for _, t, _ in row] for row in want]
+    assert [e[0] for row in got for e in row] == pytest.approx([e[0] for row in want for e in row], abs=1e-5)
+    assert len(outs[0]["meta_info"]["input_token_logprobs"]) == alone["meta_info"]["prompt_tokens"]
+    assert "output_token_logprobs" not in outs[1]["meta_info"]
+    with pytest.raises(InvalidRequest, match="top_logprobs_num has 3 entries for 2 prompts") as e:
+        engine.generate([PROMPT, PROMPT], greedy, return_logprob=True, top_logprobs_num=[1, 1, 1])
+    assert e.value.field == "top_logprobs_num"
+    assert_idle_and_intact(engine)
+
+
 def test_abandoned_stream_aborts_and_frees(engine) -> None:
     stream = engine.generate(PROMPT, {"max_new_tokens": 50, "ignore_eos": True}, stream=True)
     next(stream)

@@ -64,6 +64,10 @@ def sp(**params) -> dict:
         ({"text": ["a", "b"], "rid": ["x", "x"]}, "distinct"),
         ({"text": "a", "logprob_start_len": -5}, "logprob_start_len"),
         ({"text": "a", "top_logprobs_num": -1}, "top_logprobs_num"),
+        ({"text": ["a", "b"], "return_logprob": [True]}, "return_logprob has 1 entries for 2 prompts"),
+        ({"text": ["a", "b"], "top_logprobs_num": [1, -1]}, "top_logprobs_num"),
+        ({"text": ["a", "b"], "logprob_start_len": [0, "1"]}, "logprob_start_len"),
+        ({"text": "a", "top_logprobs_num": 100000}, "top_logprobs_num must be <= 512"),
     ],
 )
 def test_bad_generate_input_is_a_400(server: Server, body: object, needle: str) -> None:

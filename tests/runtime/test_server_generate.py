@@ -76,6 +76,27 @@ def test_logprobs(server: Server) -> None:
     assert outputs[0][0] == pytest.approx(meta["output_top_logprobs"][0][0][0])  # greedy: the top token
 
 
+def test_logprob_options_per_prompt(server: Server) -> None:
+    """SGLang's /generate takes each logprob option as one value or a list with one per
+    prompt; each prompt's samples share its entry, and its logprobs equal those it gets
+    asked alone."""
+    params = GREEDY | {"n": 2}
+    both = server.generate({"text": PROMPTS[:2], "sampling_params": params, "return_logprob": [False, True],
+                            "logprob_start_len": [-1, 1], "top_logprobs_num": [0, 3]})
+    assert len(both) == 4
+    assert not any("output_token_logprobs" in out["meta_info"] for out in both[:2])
+    alone = server.generate({"text": PROMPTS[1], "sampling_params": GREEDY, "return_logprob": True,
+                             "logprob_start_len": 1, "top_logprobs_num": 3})["meta_info"]
+    for out in both[2:]:
+        meta = out["meta_info"]
+        assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"] - 1
+        assert all(len(row) == 3 for row in meta["output_top_logprobs"])
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            assert [t for _, t, _ in meta[key]] == [t for _, t, _ in alone[key]]
+            assert [lp for lp, _, _ in meta[key]] == pytest.approx([lp for lp, _, _ in alone[key]], abs=1e-5)
+    server.wait_idle()
+
+
 def test_stream_sends_cumulative_text_then_done(server: Server) -> None:
     body = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
     events = server.stream("/generate", {**body, "stream": True})
