@@ -3,8 +3,11 @@
 The frontend language follows SGLang's, so an SGLang program runs with
 `import sprig as sgl`: `@function` programs append text, `gen`, `select` and role
 expressions to a state `s`, fork it, and run on a backend (`RuntimeEndpoint`,
-`Runtime`, `OpenAI`). Importing `sprig` does not import `sprig.runtime`.
+`Runtime`, `OpenAI`). `sprig.Engine` is the offline engine (`sprig.runtime.Engine`, as
+`sglang.Engine`), imported on first use: importing `sprig` does not import `sprig.runtime`.
 """
+
+from typing import Any
 
 from sprig.api import (
     assistant,
@@ -38,6 +41,22 @@ from sprig.state import ProgramState, ProgramStateGroup
 
 __version__ = "0.1.0"
 
+_NOT_HERE = {
+    "image": "sprig serves text-only models; a program with sgl.image needs a vision model's server",
+    "video": "sprig serves text-only models; a program with sgl.video needs a vision model's server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from sprig.runtime.engine import Engine
+
+        return Engine
+    if name in _NOT_HERE:
+        raise AttributeError(f"sprig has no {name}: {_NOT_HERE[name]}")
+    raise AttributeError(f"module 'sprig' has no attribute {name!r}")
+
+
 __all__ = [
     "REGEX_BOOL",
     "REGEX_FLOAT",
@@ -46,6 +65,7 @@ __all__ = [
     "Backend",
     "ChatTemplate",
     "Cost",
+    "Engine",
     "OpenAI",
     "Program",
     "ProgramState",

@@ -3,6 +3,7 @@
     from sprig.runtime import Engine
     with Engine(model_path="path/to/checkpoint", dtype="float32") as engine:
         out = engine.generate("The capital of France is", {"max_new_tokens": 16, "temperature": 0})
+        out = await engine.async_generate(...)  # from many coroutines at once: they batch
 
 Outputs follow SGLang's `/generate` response schema.
 """
@@ -13,13 +14,14 @@ import gc
 import itertools
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import torch
 
 from sprig.runtime.distributed.runner import make_runner
 from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.engine_driver import EngineDriver, add_all
 from sprig.runtime.request_contract import (
     LogprobOptions,
     ModelLimits,
@@ -36,7 +38,10 @@ Prompt = str | list[str] | None
 
 
 class Engine:
-    """Generation on one model in this process. Not thread-safe: one call at a time.
+    """Generation on one model in this process. `generate` runs one call at a time and is
+    not thread-safe; `async_generate` serves any number of concurrent calls from one event
+    loop, batched together. The two do not mix: `generate` refuses to run while async
+    calls are in flight.
 
     Keyword arguments are `RunnerConfig`, `SchedulerConfig` and `DistConfig` fields (dtype,
     device, attention_backend, page_size, max_total_tokens, chunked_prefill_size,
@@ -56,14 +61,15 @@ class Engine:
         self.scheduler = Scheduler(self.config.scheduler, self.runner, self.tokenizer)
         self._ids = itertools.count()
         self.limits = ModelLimits(self.scheduler.context_len, self.scheduler.vocab_size)
+        self._driver = EngineDriver(self.scheduler)
 
     # ------------------------------------------------------------------ API
     def generate(
         self,
         prompt: Prompt = None,
         sampling_params: SamplingArg = None,
-        *,
         input_ids: list[int] | list[list[int]] | None = None,
+        *,
         return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] = -1,
         top_logprobs_num: int | list[int] = 0,
@@ -77,18 +83,11 @@ class Engine:
         `top_logprobs_num` each take one value for every prompt or a list with one per
         prompt. An invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the
         checks are the server's (`request_contract`)."""
-        batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
-        logprobs = LogprobOptions.per_prompt(len(prompts), return_logprob, logprob_start_len, top_logprobs_num,
-                                             return_text_in_logprobs)
-        requests = build_requests(
-            prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
-            new_rid=lambda: f"{uuid.uuid4().hex[:12]}-{next(self._ids)}",
-            prompt_field="prompt" if prompt is not None else "input_ids",
-        )
-        reqs = [Req.of(r) for r in requests]
-        builder = ResponseBuilder(
-            self.tokenizer, reqs, return_text_in_logprobs=return_text_in_logprobs, stream=stream
-        )
+        if self._driver.busy:
+            raise RuntimeError("Engine.generate cannot run while async_generate calls are in flight: "
+                               "await them first, or use async_generate")
+        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
+                                             logprob_start_len, top_logprobs_num, return_text_in_logprobs)
         self._submit(reqs)
         updated = self._run(reqs, builder, partial=stream)
         if stream:
@@ -98,14 +97,44 @@ class Engine:
         outs = builder.responses()
         return outs if batch or len(outs) > 1 else outs[0]
 
+    async def async_generate(
+        self,
+        prompt: Prompt = None,
+        sampling_params: SamplingArg = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        *,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] = -1,
+        top_logprobs_num: int | list[int] = 0,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        """`generate` for many concurrent callers, as SGLang's `Engine.async_generate`: the
+        requests of every call in flight run in one batch, and each call's outputs equal
+        what `generate` returns for it. With `stream=True` it returns an async iterator of
+        partial outputs (cumulative text; the last is final), whose requests start when
+        iteration does. A call cancelled, or a stream closed, before its end aborts its
+        requests and frees their KV slots. Invalid arguments raise as in `generate`."""
+        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
+                                             logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+        if stream:
+            return self._stream(reqs, builder)
+        async for _ in self._driver.run(reqs, builder):
+            pass
+        outs = builder.responses()
+        return outs if batch or len(outs) > 1 else outs[0]
+
     def flush_cache(self) -> bool:
         """Empty the radix cache; False (nothing done) while requests are in flight."""
-        return self.scheduler.flush_cache()
+        return not self._driver.busy and self._driver.call(self.scheduler.flush_cache)
 
     def check_integrity(self) -> None:
-        self.scheduler.check_integrity()
+        """The KV invariants (`Scheduler.check_integrity`), checked between scheduler steps."""
+        self._driver.call(self.scheduler.check_integrity)
 
     def shutdown(self) -> None:
+        self._driver.close()
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.abort(req.rid)
         on_cuda = self.runner is not None and self.runner.device.type == "cuda"
@@ -124,15 +153,29 @@ class Engine:
         self.shutdown()
 
     # ------------------------------------------------------------------ internals
+    def _prepare(self, prompt: Prompt, input_ids: Any, sampling_params: SamplingArg, rid: Any, stream: bool,
+                 *logprob_options: Any) -> tuple[bool, list[Req], ResponseBuilder]:
+        """(is_batch, the call's requests, their response builder), every check done."""
+        batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
+        logprobs = LogprobOptions.per_prompt(len(prompts), *logprob_options)
+        requests = build_requests(
+            prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
+            new_rid=lambda: f"{uuid.uuid4().hex[:12]}-{next(self._ids)}",
+            prompt_field="prompt" if prompt is not None else "input_ids",
+        )
+        reqs = [Req.of(r) for r in requests]
+        builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=logprobs[0].return_text_in_logprobs,
+                                  stream=stream)
+        return batch, reqs, builder
+
+    async def _stream(self, reqs: list[Req], builder: ResponseBuilder) -> AsyncIterator[dict[str, Any]]:
+        async for rid in self._driver.run(reqs, builder):
+            yield builder.partial(rid)
+
     def _submit(self, reqs: list[Req]) -> None:
-        added: list[Req] = []
         try:
-            for req in reqs:
-                self.scheduler.add_request(req)
-                added.append(req)
+            add_all(self.scheduler, reqs)
         except Exception:
-            for req in added:
-                self.scheduler.abort(req.rid)
             while self.scheduler.has_work:
                 self.scheduler.step()
             raise
