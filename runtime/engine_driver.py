@@ -48,9 +48,9 @@ class _Call:
 class EngineDriver:
     """Runs calls' requests on `scheduler` from an event loop. Invariants: a request id is
     owned by the first call that asked for it (`_owners`), from just before its request is
-    added until it finishes or that call ends;
-    the stepping task runs while `_owners` is not empty or the scheduler has work (aborted
-    requests still to be retired), so the scheduler is idle when the task is gone."""
+    added until it finishes or that call ends; the stepping task runs while `_owners` is
+    not empty or the scheduler has work (aborted requests still to be retired), so the
+    scheduler is idle when the task is gone."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
