@@ -73,6 +73,7 @@ class Engine:
         return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] = -1,
         top_logprobs_num: int | list[int] = 0,
+        token_ids_logprob: int | list[int] | list[list[int]] | None = None,
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
@@ -81,13 +82,16 @@ class Engine:
         order). `stream=True` returns an iterator of partial outputs with cumulative text,
         the last of which is final. `return_logprob`, `logprob_start_len` and
         `top_logprobs_num` each take one value for every prompt or a list with one per
-        prompt. An invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the
+        prompt; with `return_logprob`, `token_ids_logprob` (ids, or a list of ids per
+        prompt) adds those tokens' logprobs at each position, as SGLang's does
+        (`LogprobOptions.per_prompt`). An invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the
         checks are the server's (`request_contract`)."""
         if self._driver.busy:
             raise RuntimeError("Engine.generate cannot run while async_generate calls are in flight: "
                                "await them first, or use async_generate")
         batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
-                                             logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+                                             logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+                                             token_ids_logprob)
         self._submit(reqs)
         updated = self._run(reqs, builder, partial=stream)
         if stream:
@@ -106,6 +110,7 @@ class Engine:
         return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] = -1,
         top_logprobs_num: int | list[int] = 0,
+        token_ids_logprob: int | list[int] | list[list[int]] | None = None,
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
@@ -117,7 +122,8 @@ class Engine:
         iteration does. A call cancelled, or a stream closed, before its end aborts its
         requests and frees their KV slots. Invalid arguments raise as in `generate`."""
         batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
-                                             logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+                                             logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+                                             token_ids_logprob)
         if stream:
             return self._stream(reqs, builder)
         async for _ in self._driver.run(reqs, builder):

@@ -40,16 +40,22 @@ class ModelLimits:
     vocab_size: int
 
 
+MAX_TOKEN_IDS_LOGPROB = 256
+
+
 @dataclass(frozen=True)
 class LogprobOptions:
     """Which logprobs a request reports: output tokens' with `return_logprob`, prompt
     tokens' from `logprob_start_len` on (-1: none), the `top_logprobs_num` most likely
-    tokens at each position, and the tokens' texts with `return_text_in_logprobs`."""
+    tokens at each position and the logprobs of the `token_ids_logprob` tokens there (in
+    the order given, at most `MAX_TOKEN_IDS_LOGPROB`), and the tokens' texts with
+    `return_text_in_logprobs`."""
 
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    token_ids_logprob: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("return_logprob", "return_text_in_logprobs"):
@@ -59,24 +65,46 @@ class LogprobOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidRequest(f"{name} must be an integer >= {low}; got {value!r}", name)
+        ids = self.token_ids_logprob
+        if not isinstance(ids, tuple) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InvalidRequest("token_ids_logprob must be a list of token ids", "token_ids_logprob")
+        if len(ids) > MAX_TOKEN_IDS_LOGPROB:
+            raise InvalidRequest(f"token_ids_logprob has {len(ids)} ids; at most {MAX_TOKEN_IDS_LOGPROB}",
+                                 "token_ids_logprob")
 
     @classmethod
     def per_prompt(cls, prompts: int, return_logprob: Any = False, logprob_start_len: Any = -1,
-                   top_logprobs_num: Any = 0, return_text_in_logprobs: bool = False) -> list[LogprobOptions]:
+                   top_logprobs_num: Any = 0, return_text_in_logprobs: bool = False,
+                   token_ids_logprob: Any = None) -> list[LogprobOptions]:
         """One `LogprobOptions` for each of a call's `prompts`, as SGLang's `/generate` takes
         them: each of `return_logprob`, `logprob_start_len` and `top_logprobs_num` is one
-        value for every prompt or a list with one per prompt (a prompt's `n` samples share
-        its entry). Raises `InvalidRequest` naming a list of the wrong length or a bad value."""
+        value for every prompt or a list with one per prompt; `token_ids_logprob` is None,
+        one id, one list of ids for every prompt or a list of such lists, one per prompt (a
+        prompt's `n` samples share its entry). Raises `InvalidRequest` naming a list of the
+        wrong length or a bad value."""
         columns = []
         for name, value in (("return_logprob", return_logprob), ("logprob_start_len", logprob_start_len),
-                            ("top_logprobs_num", top_logprobs_num)):
-            if not isinstance(value, list | tuple):
+                            ("top_logprobs_num", top_logprobs_num),
+                            ("token_ids_logprob", _token_ids_per_prompt(token_ids_logprob))):
+            if not isinstance(value, list):  # one value (for token_ids_logprob, one tuple) for all
                 columns.append([value] * prompts)
             elif len(value) != prompts:
                 raise InvalidRequest(f"{name} has {len(value)} entries for {prompts} prompts", name)
             else:
                 columns.append(list(value))
-        return [cls(*row, return_text_in_logprobs) for row in zip(*columns, strict=True)]
+        return [cls(lp, start, top, return_text_in_logprobs, ids) for lp, start, top, ids in zip(*columns, strict=True)]
+
+
+def _token_ids_per_prompt(value: Any) -> tuple[int, ...] | list[Any]:
+    """SGLang's shapes of `token_ids_logprob`: the ids for every prompt as a tuple, or the
+    list with one entry per prompt (each a tuple when it is a list)."""
+    if value is None or (isinstance(value, list | tuple) and not value):
+        return ()
+    if not isinstance(value, list | tuple):
+        return (value,)
+    if not any(isinstance(v, list | tuple) for v in value):
+        return tuple(value)
+    return [tuple(v) if isinstance(v, list | tuple) else v for v in value]
 
 
 @dataclass(frozen=True)
@@ -141,6 +169,9 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
         raise InvalidRequest(f"logprob options for {len(options)} prompts, not {len(prompts)}", "return_logprob")
     if any(o.top_logprobs_num > limits.vocab_size for o in options):
         raise InvalidRequest(f"top_logprobs_num must be <= {limits.vocab_size}", "top_logprobs_num")
+    if bad := [t for o in options for t in o.token_ids_logprob if not 0 <= t < limits.vocab_size]:
+        raise InvalidRequest(f"token_ids_logprob has token ids outside [0, {limits.vocab_size}): {bad[:5]}",
+                             "token_ids_logprob")
     rids = _rids_per_prompt(rid, len(prompts), new_rid)
     out = []
     for r, ids, p, lp in zip(rids, prompts, params, options, strict=True):
@@ -194,5 +225,5 @@ def _rids_per_prompt(rid: Any, n: int, new_rid: Callable[[], str]) -> list[str]:
     return rids
 
 
-wire.register(LogprobOptions)
+wire.register(LogprobOptions, tuples=frozenset({"token_ids_logprob"}))
 wire.register(TokenizedRequest, tuples=frozenset({"prompt_ids"}))

@@ -26,7 +26,10 @@ from sprig.runtime.wire import DetokenizedOutput, TokenOutput
 if TYPE_CHECKING:
     from sprig.runtime.scheduler.request import Req
 
-LOGPROB_FIELDS = frozenset({"output_logprobs", "output_top_logprobs", "input_logprobs", "input_top_logprobs"})
+LOGPROB_FIELDS = frozenset({"output_logprobs", "output_top_logprobs", "input_logprobs", "input_top_logprobs",
+                            "output_token_ids_logprobs", "input_token_ids_logprobs"})
+# meta_info lists that a streamed /generate event holds only the new tokens' entries of
+STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
 _DECODED = LOGPROB_FIELDS | {"text_delta"}  # the fields `OutputDecoder.decode` rewrites
 
 
@@ -68,9 +71,13 @@ class OutputDecoder:
             output_logprobs=entries(out.output_logprobs),
             output_top_logprobs=[entries(row) for row in out.output_top_logprobs],
             input_logprobs=None if out.input_logprobs is None else entries(out.input_logprobs),
-            input_top_logprobs=None if out.input_top_logprobs is None
-            else [None if row is None else entries(row) for row in out.input_top_logprobs],
+            input_top_logprobs=self._rows(out.input_top_logprobs),
+            output_token_ids_logprobs=[entries(row) for row in out.output_token_ids_logprobs],
+            input_token_ids_logprobs=self._rows(out.input_token_ids_logprobs),
         )
+
+    def _rows(self, rows: list[Any] | None) -> list[Any] | None:
+        return None if rows is None else [None if row is None else self._entries(row) for row in rows]
 
     def _text(self, out: TokenOutput) -> str:
         if out.text_delta is not None:
@@ -113,9 +120,10 @@ def spec_meta(histogram: Sequence[int], drafted: int, completion_tokens: int) ->
 
 class ResponseState:
     """The cumulative `/generate` response of one request. `meta_info` carries the logprob
-    lists only when `return_logprob`; `snapshot()` is a copy safe to hand out."""
+    lists only when `return_logprob`, the `token_ids_logprob` ones only when it asked for
+    some; `snapshot()` is a copy safe to hand out."""
 
-    def __init__(self, rid: str, prompt_tokens: int, *, return_logprob: bool) -> None:
+    def __init__(self, rid: str, prompt_tokens: int, *, return_logprob: bool, token_ids_logprob: bool = False) -> None:
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": None,
@@ -131,6 +139,8 @@ class ResponseState:
                 input_token_logprobs=[], output_token_logprobs=[], input_top_logprobs=[], output_top_logprobs=[],
                 output_token_logprobs_length=0,
             )
+            if token_ids_logprob:
+                meta.update(input_token_ids_logprobs=[], output_token_ids_logprobs=[])
         self.response: dict[str, Any] = {"text": "", "output_ids": [], "meta_info": meta}
 
     @property
@@ -156,10 +166,14 @@ class ResponseState:
             meta["output_token_logprobs"] += out.output_logprobs
             meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
             meta["output_top_logprobs"] += out.output_top_logprobs
+            if "output_token_ids_logprobs" in meta:
+                meta["output_token_ids_logprobs"] += out.output_token_ids_logprobs
             if out.input_logprobs is not None:
                 meta["input_token_logprobs"] = out.input_logprobs
                 if out.input_top_logprobs is not None:
                     meta["input_top_logprobs"] = out.input_top_logprobs
+                if out.input_token_ids_logprobs is not None:
+                    meta["input_token_ids_logprobs"] = out.input_token_ids_logprobs
 
     def snapshot(self) -> dict[str, Any]:
         st = self.response
@@ -185,7 +199,9 @@ class ResponseBuilder:
             for r in reqs
         }
         self.state = {
-            r.rid: ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.return_logprob) for r in reqs
+            r.rid: ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.return_logprob,
+                                 token_ids_logprob=bool(r.token_ids_logprob))
+            for r in reqs
         }
 
     def add(self, out: TokenOutput, elapsed: float) -> None:

@@ -47,6 +47,8 @@ class TokenOutput:
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
     input_logprobs: list[list[Any]] | None = None
     input_top_logprobs: list[list[list[Any]] | None] | None = None
+    output_token_ids_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[list[Any]] | None] | None = None
     text_delta: str | None = None
 
 

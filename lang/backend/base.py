@@ -50,7 +50,7 @@ class Generation:
     cost: Cost
 
 
-STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
+STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ Computed as `logit - logsumexp` so no `[N, V]` log-softmax tensor is materialize
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,3 +37,22 @@ def token_logprobs(
         return chosen[:, 0], None
     values, ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)  # [N, K]
     return chosen[:, 0], TopLogprobs(values=values - lse, ids=ids)
+
+
+def picked_logprobs(
+    logits: torch.Tensor,  # [N, V]
+    token_ids: list[Sequence[int]],  # N lists of ids, each possibly empty
+) -> list[list[float]]:
+    """For each row i, the logprobs of `token_ids[i]` under `log_softmax(logits[i])`, in
+    that order; rows with no ids cost nothing."""
+    rows = [i for i, ids in enumerate(token_ids) if ids]
+    out: list[list[float]] = [[] for _ in token_ids]
+    if not rows:
+        return out
+    width = max(len(token_ids[i]) for i in rows)
+    sub = logits[rows].float()  # [R, V]
+    index = torch.tensor([list(token_ids[i]) + [0] * (width - len(token_ids[i])) for i in rows], device=logits.device)
+    values = (sub.gather(1, index) - torch.logsumexp(sub, dim=-1, keepdim=True)).tolist()
+    for j, i in enumerate(rows):
+        out[i] = values[j][: len(token_ids[i])]
+    return out

@@ -8,18 +8,21 @@ from dataclasses import dataclass
 import torch
 
 from sprig.runtime.sampling import SamplingBatch, sample
+from sprig.runtime.sampling.logprobs import picked_logprobs
 from sprig.runtime.scheduler.grammar import Grammars
 from sprig.runtime.scheduler.request import Req
 
 
 @dataclass(frozen=True)
 class Drawn:
-    """One sampling call's tokens, their raw logprobs and top logprobs, per row."""
+    """One sampling call's tokens, their raw logprobs and top logprobs, per row, and the
+    raw logprobs of each row's request's `token_ids_logprob` (empty when it asked none)."""
 
     ids: list[int]
     logprobs: list[float]
     top: tuple[list[list[float]], list[list[int]]] | None
     top_n: list[int]
+    picked: list[list[float]]
 
 
 def draw_tokens(
@@ -46,4 +49,5 @@ def draw_tokens(
     out = sample(logits, batch, top_logprobs_num=top_n, logprobs=wanted, generator=generator)
     logprobs = out.logprobs.tolist() if out.logprobs is not None else []
     top = (out.top_logprobs.values.tolist(), out.top_logprobs.ids.tolist()) if out.top_logprobs else None
-    return Drawn(out.next_ids.tolist(), logprobs, top, top_n)
+    picked = picked_logprobs(logits, [r.token_ids_logprob if r.return_logprob else () for r in reqs])
+    return Drawn(out.next_ids.tolist(), logprobs, top, top_n, picked)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sprig.runtime.sampling.logprobs import token_logprobs
+from sprig.runtime.sampling.logprobs import picked_logprobs, token_logprobs
 from sprig.runtime.scheduler.admission import Extend
 from sprig.runtime.scheduler.request import Req
 
@@ -26,6 +26,8 @@ def record_input_logprobs(req: Req, rows: torch.Tensor, first_pos: int) -> None:
     if start == 0 and not req.input_logprobs:
         req.input_logprobs.append((None, prompt[0]))
         req.input_top_logprobs.append(None)
+        if req.token_ids_logprob:
+            req.input_token_ids_logprobs.append(None)
     positions = [first_pos + i for i in range(rows.shape[0])]
     keep = [i for i, pos in enumerate(positions) if max(start, 1) <= pos + 1 < len(prompt)]
     if not keep:
@@ -33,6 +35,10 @@ def record_input_logprobs(req: Req, rows: torch.Tensor, first_pos: int) -> None:
     targets = torch.tensor([prompt[positions[i] + 1] for i in keep], device=rows.device)
     chosen, top = token_logprobs(rows[keep], targets, top_k=req.top_logprobs_num)
     top_vals = (top.values.tolist(), top.ids.tolist()) if top is not None else None
+    ids = req.token_ids_logprob
+    picked = picked_logprobs(rows[keep], [ids] * len(keep)) if ids else None
     for j, (lp, tok) in enumerate(zip(chosen.tolist(), targets.tolist(), strict=True)):
         req.input_logprobs.append((lp, tok))
         req.input_top_logprobs.append(list(zip(top_vals[0][j], top_vals[1][j], strict=True)) if top_vals else None)
+        if picked is not None:
+            req.input_token_ids_logprobs.append(list(zip(picked[j], ids, strict=True)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sprig.runtime.scheduler.request import Req
 from sprig.runtime.wire import TokenOutput
 
@@ -25,11 +27,18 @@ def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool, text: str
     if req.return_logprob:
         out.output_logprobs = [list(e) for e in req.output_logprobs[sent_ids:]]
         if req.top_logprobs_num:
-            out.output_top_logprobs = [[list(e) for e in row] for row in req.output_top_logprobs[sent_ids:]]
+            out.output_top_logprobs = _rows(req.output_top_logprobs[sent_ids:])
+        if req.token_ids_logprob:
+            out.output_token_ids_logprobs = _rows(req.output_token_ids_logprobs[sent_ids:])
         if req.input_logprobs_done and not sent_input_logprobs and req.logprob_start_len >= 0:
             out.input_logprobs = [list(e) for e in req.input_logprobs]
             if req.top_logprobs_num:
-                out.input_top_logprobs = [
-                    None if row is None else [list(e) for e in row] for row in req.input_top_logprobs
-                ]
+                out.input_top_logprobs = _rows(req.input_top_logprobs)
+            if req.token_ids_logprob:
+                out.input_token_ids_logprobs = _rows(req.input_token_ids_logprobs)
     return out
+
+
+def _rows(rows: list[Any]) -> list[Any]:
+    """Per-position lists of (logprob, token_id) pairs as lists (None rows kept)."""
+    return [None if row is None else [list(e) for e in row] for row in rows]

@@ -52,6 +52,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: tuple[int, ...] = ()
     stop_ids: frozenset[int] = frozenset()
     output_ids: list[int] = field(default_factory=list)
     row: int | None = None
@@ -73,6 +74,9 @@ class Req:
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # with `token_ids_logprob`: those tokens' logprobs at each position, in its order
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs_done: bool = False
     grammar: Any = None  # the request's grammar matcher (constrained decoding), once compiled
 
@@ -82,7 +86,7 @@ class Req:
         lp = request.logprobs
         return cls(rid=request.rid, prompt_ids=list(request.prompt_ids), params=request.params,
                    return_logprob=lp.return_logprob, logprob_start_len=lp.logprob_start_len,
-                   top_logprobs_num=lp.top_logprobs_num)
+                   top_logprobs_num=lp.top_logprobs_num, token_ids_logprob=lp.token_ids_logprob)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -293,6 +293,7 @@ class Scheduler:
         if not req.input_logprobs_done:
             req.input_logprobs.clear()
             req.input_top_logprobs.clear()
+            req.input_token_ids_logprobs.clear()
         self.kv.release(req)
         req.retractions += 1
         self.waiting.append(req)
@@ -325,6 +326,8 @@ class Scheduler:
             top, n = drawn.top, drawn.top_n[b]
             if top is not None and n:
                 req.output_top_logprobs.append(list(zip(top[0][b][:n], top[1][b][:n], strict=True)))
+            if req.token_ids_logprob:
+                req.output_token_ids_logprobs.append(list(zip(drawn.picked[b], req.token_ids_logprob, strict=True)))
         self._check_stop(req, token)
 
     def _check_stop(self, req: Req, token: int) -> None:

@@ -29,6 +29,7 @@ class GenerateRequest(_Body):
     return_logprob: bool | list[bool] = False
     logprob_start_len: int | list[int] = -1
     top_logprobs_num: int | list[int] = 0
+    token_ids_logprob: int | list[int] | list[list[int]] | None = None
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None

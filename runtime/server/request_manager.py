@@ -96,7 +96,8 @@ class Call:
         self.rids = [r.rid for r in reqs]
         self.updates: asyncio.Queue[str | None] = asyncio.Queue()  # None: the client is gone
         self.tracks = {
-            r.rid: _Track(i, ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.logprobs.return_logprob), self.updates, client)
+            r.rid: _Track(i, ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.logprobs.return_logprob,
+                                          token_ids_logprob=bool(r.logprobs.token_ids_logprob)), self.updates, client)
             for i, r in enumerate(reqs)
         }
 

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
+from sprig.runtime.response import STREAMED_LOGPROB_KEYS
 from sprig.runtime.sampling import SamplingParams
 from sprig.runtime.server.errors import ApiError, error_response, parse
 from sprig.runtime.server.http_io import (
@@ -43,7 +44,8 @@ async def generate(request: Request) -> Response:
         req: GenerateRequest = parse(GenerateRequest, body)
         batch, prompts = st.builder.prompts(req.text, req.input_ids)
         logprobs = st.builder.logprob_options(len(prompts), req.return_logprob, req.logprob_start_len,
-                                              req.top_logprobs_num, req.return_text_in_logprobs)
+                                              req.top_logprobs_num, req.return_text_in_logprobs,
+                                              req.token_ids_logprob)
         return req, batch, st.builder.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
                                               prompt_field="text" if req.text is not None else "input_ids")
 
@@ -54,9 +56,6 @@ async def generate(request: Request) -> Response:
         return SSEResponse(_events(call, many), call.close)
     outs = await call.collect(functools.partial(client_gone, request))
     return json_response(outs if many else outs[0])
-
-
-_STREAMED_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
 
 
 async def _events(call: Call, many: bool) -> AsyncIterator[bytes]:
@@ -79,7 +78,7 @@ async def _events(call: Call, many: bool) -> AsyncIterator[bytes]:
             if many:
                 response["index"] = index
             if "output_token_logprobs" in meta:
-                response["meta_info"] = meta | {k: meta[k][entries_sent:] for k in _STREAMED_LOGPROBS}
+                response["meta_info"] = meta | {k: meta[k][entries_sent:] for k in STREAMED_LOGPROB_KEYS if k in meta}
             sent[index] = (len(response["text"]), len(meta.get("output_token_logprobs", ())))
             yield sse(response)
     except RequestFailed as e:

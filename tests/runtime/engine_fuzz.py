@@ -99,6 +99,7 @@ class Request:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: tuple[int, ...] = ()
     arrival: int = 0
     abort_at: int | None = None
 
@@ -174,6 +175,8 @@ class Outcome:
     top: list[list[tuple[float, int]]]
     input_logprobs: list[tuple[float | None, int]]
     input_top: list[list[tuple[float, int]] | None]
+    picked: list[list[tuple[float, int]]]  # token_ids_logprob's, per output position
+    input_picked: list[list[tuple[float, int]] | None]
 
     @staticmethod
     def of(req: Req) -> Outcome:
@@ -181,6 +184,7 @@ class Outcome:
             req.params, list(req.output_ids), req.finish.to_json() if req.finish else None,
             [lp for lp, _ in req.output_logprobs], [list(row) for row in req.output_top_logprobs],
             list(req.input_logprobs), list(req.input_top_logprobs),
+            [list(row) for row in req.output_token_ids_logprobs], list(req.input_token_ids_logprobs),
         )
 
     @property
@@ -200,6 +204,7 @@ class Stats:
     constrained: int = 0  # of the sequences, those under a regex (from the start or a trigger)
     context_free: int = 0  # of those, the ones whose regex went to llguidance as a Lark grammar
     guided: int = 0  # of those, the ones whose regex llguidance compiled itself (`grammar_backend`)
+    picked: int = 0  # of the sequences, those whose token_ids_logprob entries were compared
     by_backend: dict[str, int] = field(default_factory=dict)
     by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
@@ -215,7 +220,7 @@ class Stats:
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.constrained} of the "
             f"requests constrained ({self.context_free} by llguidance as Lark, {self.guided} as regexes); "
-            f"{self.aborted} aborted, "
+            f"{self.picked} with token_ids_logprob; {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
             f"alternative paths verified, {self.alternatives_kept} followed"
         )
@@ -244,9 +249,11 @@ def make_workload(
             head = rng.choice(prefixes) if prefixes and rng.random() < 0.7 else []
             prompts.append(head + ids(rng.randint(1, 8 if small else 30)))
     requests = []
+    picks = random.Random(f"token_ids_logprob {seed}")  # apart from `rng`: older seeds replay unchanged
     for i, prompt in enumerate(prompts):
         params = _params(rng, constraints, vocab, small)
         logprob = rng.random() < 0.3
+        picked = tuple(picks.sample(range(vocab), picks.randint(1, 4))) if logprob and picks.random() < 0.5 else ()
         requests.append(Request(
             rid=f"r{i}",
             prompt=tuple(prompt),
@@ -254,6 +261,7 @@ def make_workload(
             return_logprob=logprob,
             logprob_start_len=rng.choice([-1, 0, rng.randrange(len(prompt))]) if logprob else -1,
             top_logprobs_num=rng.choice([0, 0, 1, 3]) if logprob else 0,
+            token_ids_logprob=picked,
             arrival=rng.choice([0, 0, rng.randint(0, 12)]),
             abort_at=rng.randint(0, 16) if rng.random() < 0.1 else None,
         ))
@@ -363,7 +371,8 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
         for r in requests:
             if r.arrival != step:
                 continue
-            logprobs = LogprobOptions(r.return_logprob, r.logprob_start_len, r.top_logprobs_num)
+            logprobs = LogprobOptions(r.return_logprob, r.logprob_start_len, r.top_logprobs_num,
+                                      token_ids_logprob=r.token_ids_logprob)
             for seq in build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs):
                 req = Req.of(seq)
                 sched.add_request(req)
@@ -446,8 +455,10 @@ class Reference:
         with torch.inference_mode():
             return self.hf[key](torch.tensor([ids])).logits[0].float()
 
-    def kv_rounding_effect(self, ids: list[int], key: ReferenceKey, rounded: torch.Tensor, top: int = 0) -> float:
-        """The most the int8 KV cache's rounding moves a logprob of `ids`, or with `top`
+    def kv_rounding_effect(self, ids: list[int], key: ReferenceKey, rounded: torch.Tensor, top: int = 0,
+                           also: tuple[int, ...] = ()) -> float:
+        """The most the int8 KV cache's rounding moves a logprob of `ids`, of the tokens
+        `also` at each position (where token_ids_logprob's are compared), or with `top`
         of any of the `top + 1` likeliest tokens at each position too (where top logprobs
         are compared: the rounding can move another token's logprob several times as far
         as the sampled one's, 1.2e-2 against 2.2e-3 at fuzz seed 60980): transformers'
@@ -467,6 +478,8 @@ class Reference:
         float_key = tuple(kv for kv in key if kv[0] != "kv_cache_dtype")
         with_rounding, exact = (torch.log_softmax(logits[:-1], -1) for logits in (rounded, self.logits(ids, float_key)))
         compared = torch.tensor(ids[1:])[:, None]
+        if also:
+            compared = torch.cat([compared, torch.tensor(also).expand(len(ids) - 1, -1)], 1)
         if top:
             compared = torch.cat([compared, with_rounding.topk(min(top + 1, with_rounding.shape[-1]), -1).indices], 1)
         return (with_rounding.gather(1, compared) - exact.gather(1, compared)).abs().max().item()
@@ -590,14 +603,18 @@ def _check_sequence(
         stats.aborted += 1
     elif got.ids != want.ids or got.finish != want.finish:
         raise Mismatch(f"{where}\nbatched {got.ids} {got.finish}\nalone   {want.ids} {want.finish}")
-    tol = tol_top = LOGPROB_TOL
+    tol = tol_top = tol_picked = LOGPROB_TOL
     if ("kv_cache_dtype", "int8") in key:
         tol = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits))
         if request.top_logprobs_num:
             tol_top = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits, request.top_logprobs_num))
+        if request.token_ids_logprob:
+            tol_picked = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits,
+                                                         also=request.token_ids_logprob))
     _close(got.logprobs[:n], want.logprobs[:n], f"{where}\noutput logprobs", tol)
     for a, b in zip(got.top[:n], want.top[:n], strict=True):
         _close_top(a, b, f"{where}\noutput top logprobs", tol_top)
+    _close_picked(got.picked[:n], want.picked[:n], request, f"{where}\noutput token_ids logprobs", tol_picked)
     if not got.aborted:
         assert [t for _, t in got.input_logprobs] == [t for _, t in want.input_logprobs], where
         _close([lp for lp, _ in got.input_logprobs], [lp for lp, _ in want.input_logprobs], f"{where}\ninput logprobs", tol)
@@ -605,8 +622,10 @@ def _check_sequence(
             assert (a is None) == (b is None), where
             if a is not None:
                 _close_top(a, b, f"{where}\ninput top logprobs", tol_top)
+        _close_picked(got.input_picked, want.input_picked, request, f"{where}\ninput token_ids logprobs", tol_picked)
     stats.requests += 1
     stats.tokens += n
+    stats.picked += bool(request.token_ids_logprob)
 
 
 def _check_against_transformers(
@@ -641,6 +660,18 @@ def _close(got: list[float | None], want: list[float | None], what: str, tol: fl
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if (a is None) != (b is None) or (a is not None and abs(a - b) > tol):
             raise Mismatch(f"{what}: entry {i} is {a}, alone {b}")
+
+
+def _close_picked(got: list[list[tuple[float, int]] | None], want: list[list[tuple[float, int]] | None],
+                  request: Request, what: str, tol: float) -> None:
+    """`token_ids_logprob`'s entries agree: at each position the requested ids in their
+    order (None where the prompt's first token has no prediction), values within `tol`."""
+    assert len(got) == len(want), f"{what}: {len(got)} positions, alone {len(want)}"
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None), what
+        if a is not None:
+            assert [t for _, t in a] == [t for _, t in b] == list(request.token_ids_logprob), what
+            _close([lp for lp, _ in a], [lp for lp, _ in b], what, tol)
 
 
 def _close_top(got: list[tuple[float, int]], want: list[tuple[float, int]], what: str, tol: float) -> None:

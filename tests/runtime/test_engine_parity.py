@@ -72,13 +72,17 @@ def test_chunked_prefill_is_cached_chunk_by_chunk(tiny_llama) -> None:
         assert_idle_and_intact(engine)
 
 
+PICKED = [9, 2, 300, 41]  # token_ids_logprob: any ids, in any order
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_logprobs_equal_transformers_log_softmax(arch, tiny_checkpoints) -> None:
     path = tiny_checkpoints[arch]
     with Engine(path, dtype="float32") as engine:
         engine.generate(PROMPTS[0], GREEDY)  # warm the cache: input logprobs must still be computed
         out = engine.generate(
-            PROMPTS[0], GREEDY, return_logprob=True, logprob_start_len=0, top_logprobs_num=3
+            PROMPTS[0], GREEDY, return_logprob=True, logprob_start_len=0, top_logprobs_num=3,
+            token_ids_logprob=PICKED,
         )
         assert_idle_and_intact(engine)
     meta = out["meta_info"]
@@ -96,6 +100,12 @@ def test_logprobs_equal_transformers_log_softmax(arch, tiny_checkpoints) -> None
         ref_top = ref[pos - 1].topk(3)
         assert [t[1] for t in top] == ref_top.indices.tolist()
         assert [t[0] for t in top] == pytest.approx(ref_top.values.tolist(), abs=1e-4)
+    assert meta["input_token_ids_logprobs"][0] is None
+    picked = meta["input_token_ids_logprobs"][1:] + meta["output_token_ids_logprobs"]
+    assert len(picked) == len(full) - 1
+    for pos, row in enumerate(picked):  # the prediction after token pos, in PICKED's order
+        assert [t for _, t, _ in row] == PICKED
+        assert [lp for lp, _, _ in row] == pytest.approx(ref[pos, PICKED].tolist(), abs=1e-4)
 
 
 def test_logprob_start_len_limits_input_logprobs(tiny_llama) -> None:

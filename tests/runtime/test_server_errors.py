@@ -68,6 +68,11 @@ def sp(**params) -> dict:
         ({"text": ["a", "b"], "top_logprobs_num": [1, -1]}, "top_logprobs_num"),
         ({"text": ["a", "b"], "logprob_start_len": [0, "1"]}, "logprob_start_len"),
         ({"text": "a", "top_logprobs_num": 100000}, "top_logprobs_num must be <= 512"),
+        ({"text": "a", "token_ids_logprob": [3, 99999]}, "token_ids_logprob has token ids outside [0, 512)"),
+        ({"text": "a", "token_ids_logprob": list(range(300))}, "at most 256"),
+        ({"text": ["a", "b"], "token_ids_logprob": [[1], [2], [3]]}, "token_ids_logprob has 3 entries for 2"),
+        ({"text": "a", "token_ids_logprob": ["x"]}, "token_ids_logprob"),
+        ({"text": ["a", "b"], "token_ids_logprob": [[1], 2]}, "token_ids_logprob"),
     ],
 )
 def test_bad_generate_input_is_a_400(server: Server, body: object, needle: str) -> None:

@@ -82,11 +82,12 @@ def test_logprob_options_per_prompt(server: Server) -> None:
     asked alone."""
     params = GREEDY | {"n": 2}
     both = server.generate({"text": PROMPTS[:2], "sampling_params": params, "return_logprob": [False, True],
-                            "logprob_start_len": [-1, 1], "top_logprobs_num": [0, 3]})
+                            "logprob_start_len": [-1, 1], "top_logprobs_num": [0, 3],
+                            "token_ids_logprob": [[4], [8, 2]]})
     assert len(both) == 4
     assert not any("output_token_logprobs" in out["meta_info"] for out in both[:2])
     alone = server.generate({"text": PROMPTS[1], "sampling_params": GREEDY, "return_logprob": True,
-                             "logprob_start_len": 1, "top_logprobs_num": 3})["meta_info"]
+                             "logprob_start_len": 1, "top_logprobs_num": 3, "token_ids_logprob": [8, 2]})["meta_info"]
     for out in both[2:]:
         meta = out["meta_info"]
         assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"] - 1
@@ -94,6 +95,10 @@ def test_logprob_options_per_prompt(server: Server) -> None:
         for key in ("input_token_logprobs", "output_token_logprobs"):
             assert [t for _, t, _ in meta[key]] == [t for _, t, _ in alone[key]]
             assert [lp for lp, _, _ in meta[key]] == pytest.approx([lp for lp, _, _ in alone[key]], abs=1e-5)
+        for key in ("input_token_ids_logprobs", "output_token_ids_logprobs"):
+            assert [[t for _, t, _ in row] for row in meta[key]] == [[8, 2]] * len(alone[key])
+            assert [e[0] for row in meta[key] for e in row] == pytest.approx(
+                [e[0] for row in alone[key] for e in row], abs=1e-5)
     server.wait_idle()
 
 
@@ -153,7 +158,7 @@ def test_stop_regex_ends_at_the_match(server: Server) -> None:
 
 def test_streamed_logprobs_hold_each_events_new_tokens(server: Server) -> None:
     body = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True, "top_logprobs_num": 2}
+            "return_logprob": True, "top_logprobs_num": 2, "token_ids_logprob": [5, 6]}
     final = server.generate(body)["meta_info"]
     events = server.stream("/generate", {**body, "stream": True})[:-1]
     assert len(events) > 2
@@ -161,13 +166,16 @@ def test_streamed_logprobs_hold_each_events_new_tokens(server: Server) -> None:
     for event in events:
         meta = event["meta_info"]
         assert meta["output_token_logprobs_length"] == meta["completion_tokens"] == len(event["output_ids"])
-        assert len(meta["output_token_logprobs"]) == len(meta["output_top_logprobs"]) == meta["completion_tokens"] - seen
+        assert (len(meta["output_token_logprobs"]) == len(meta["output_top_logprobs"])
+                == len(meta["output_token_ids_logprobs"]) == meta["completion_tokens"] - seen)
         seen = meta["completion_tokens"]
     texts = [e["text"] for e in events]
     assert texts[0] and all(len(a) < len(b) for a, b in itertools.pairwise(texts[:-1]))  # each brings text
     assert [e for ev in events for e in ev["meta_info"]["output_token_logprobs"]] == final["output_token_logprobs"]
-    assert [r for ev in events for r in ev["meta_info"]["output_top_logprobs"]] == final["output_top_logprobs"]
+    for key in ("output_top_logprobs", "output_token_ids_logprobs"):
+        assert [r for ev in events for r in ev["meta_info"][key]] == final[key]
     assert final["output_token_logprobs_length"] == 12
+    assert [[t for _, t, _ in row] for row in final["output_token_ids_logprobs"]] == [[5, 6]] * 12
 
 
 def test_abort_request_ends_a_running_request(server: Server) -> None:

@@ -175,15 +175,15 @@ def test_seeded_outputs_do_not_depend_on_speculation(algorithm, params, tiny_che
     path = tiny_checkpoints["llama"]
     sp = {"max_new_tokens": MAX_NEW, "ignore_eos": True, **params}
     with Engine(path, dtype="float32") as plain:
-        want = outputs(plain, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
-        want_warm = outputs(plain, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
+        want = outputs(plain, PROMPTS, sp, return_logprob=True, top_logprobs_num=3, token_ids_logprob=[7, 3])
+        want_warm = outputs(plain, PROMPTS, sp, return_logprob=True, top_logprobs_num=3, token_ids_logprob=[7, 3])
     with _spec_engine(path, "ngram" if algorithm == "oracle" else algorithm) as engine:
         stats = engine.scheduler.speculative.stats
         if algorithm == "oracle":
             known = [engine.tokenizer.encode(p) + o["output_ids"] for p in PROMPTS for o in want]
             engine.scheduler.speculative.drafter = ContextDrafts(CorruptedOracle(known))
-        got = outputs(engine, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
-        got_warm = outputs(engine, PROMPTS, sp, return_logprob=True, top_logprobs_num=3)
+        got = outputs(engine, PROMPTS, sp, return_logprob=True, top_logprobs_num=3, token_ids_logprob=[7, 3])
+        got_warm = outputs(engine, PROMPTS, sp, return_logprob=True, top_logprobs_num=3, token_ids_logprob=[7, 3])
         if algorithm == "oracle":  # drafts accepted in part: every acceptance length is exercised
             assert 0 < stats.accepted < stats.drafted
         if algorithm == "radix":  # the warm run's drafts are the cold run's outputs
@@ -195,8 +195,10 @@ def test_seeded_outputs_do_not_depend_on_speculation(algorithm, params, tiny_che
         got_lp, want_lp = g["meta_info"]["output_token_logprobs"], w["meta_info"]["output_token_logprobs"]
         assert [t for _, t, _ in got_lp] == [t for _, t, _ in want_lp]
         assert [lp for lp, _, _ in got_lp] == pytest.approx([lp for lp, _, _ in want_lp], abs=1e-5)
-        for a, b in zip(g["meta_info"]["output_top_logprobs"], w["meta_info"]["output_top_logprobs"], strict=True):
-            assert [e[0] for e in a] == pytest.approx([e[0] for e in b], abs=1e-5)
+        for key in ("output_top_logprobs", "output_token_ids_logprobs"):
+            for a, b in zip(g["meta_info"][key], w["meta_info"][key], strict=True):
+                assert [e[0] for e in a] == pytest.approx([e[0] for e in b], abs=1e-5)
+        assert len(g["meta_info"]["output_token_ids_logprobs"]) == len(g["output_ids"])
 
 
 @pytest.mark.parametrize("options", [{}, {"max_total_tokens": 200, "chunked_prefill_size": 8}])
