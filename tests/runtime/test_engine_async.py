@@ -93,6 +93,24 @@ def test_a_cancelled_call_or_a_closed_stream_frees_its_slots(engine: Engine) -> 
     assert_idle_and_intact(engine)
 
 
+def test_calls_left_behind_when_the_event_loop_ends_are_aborted(engine: Engine) -> None:
+    """A stream left without closing it and a call never awaited, when `asyncio.run`
+    returns: the engine aborts their requests, and `generate` runs after."""
+    prompt = make_prompts(1, seed=7)[0]
+
+    async def main() -> None:
+        stream = await engine.async_generate(prompt, LONG, stream=True)
+        async for chunk in stream:
+            if chunk["meta_info"]["completion_tokens"] >= 3:
+                break
+        asyncio.create_task(engine.async_generate(prompt, LONG))
+        await asyncio.sleep(0.1)
+
+    asyncio.run(main())
+    assert engine.generate(prompt, GREEDY)["meta_info"]["completion_tokens"] == 16
+    assert_idle_and_intact(engine)
+
+
 def test_bad_calls_raise_and_leave_nothing_running(engine: Engine) -> None:
     async def main() -> None:
         with pytest.raises(InvalidRequest, match="temperature") as e:
