@@ -103,8 +103,9 @@ def test_calls_left_behind_when_the_event_loop_ends_are_aborted(engine: Engine) 
         async for chunk in stream:
             if chunk["meta_info"]["completion_tokens"] >= 3:
                 break
-        asyncio.create_task(engine.async_generate(prompt, LONG))
+        never_awaited = asyncio.create_task(engine.async_generate(prompt, LONG))
         await asyncio.sleep(0.1)
+        assert not never_awaited.done()
 
     asyncio.run(main())
     assert engine.generate(prompt, GREEDY)["meta_info"]["completion_tokens"] == 16
@@ -164,3 +165,28 @@ def test_sglang_offline_engine_style(tiny_llama: Path) -> None:
 
     assert asyncio.run(main()) == [o["text"] for o in outputs]
     llm.shutdown()
+
+
+@pytest.mark.gpu
+def test_async_calls_on_cuda_capture_and_replay_graphs_from_the_worker_thread(tiny_llama: Path) -> None:
+    """On CUDA the model runs on the engine's worker thread: decode graphs captured there
+    (first use async) or on the caller's thread (first use `generate`) replay to the same
+    tokens."""
+    prompts = make_prompts(6, seed=9)
+    outs = {}
+    for first in ("async", "sync"):
+        with Engine(str(tiny_llama), device="cuda", dtype="float32") as eng:
+            async def together(eng: Engine = eng) -> list:
+                return await asyncio.gather(*(eng.async_generate(p, GREEDY, return_logprob=True) for p in prompts))
+
+            if first == "async":
+                outs[first] = asyncio.run(together())
+            else:
+                outs[first] = [eng.generate(p, GREEDY, return_logprob=True) for p in prompts]
+                assert [o["output_ids"] for o in asyncio.run(together())] == [o["output_ids"] for o in outs[first]]
+            assert eng.runner.graphs is not None and eng.runner.graphs.captured
+            assert_idle_and_intact(eng)
+    for a, b in zip(outs["async"], outs["sync"], strict=True):
+        assert a["output_ids"] == b["output_ids"]
+        got = [e[0] for e in a["meta_info"]["output_token_logprobs"]]
+        assert got == pytest.approx([e[0] for e in b["meta_info"]["output_token_logprobs"]], abs=1e-4)
