@@ -104,7 +104,7 @@ def test_calls_left_behind_when_the_event_loop_ends_are_aborted(engine: Engine) 
             if chunk["meta_info"]["completion_tokens"] >= 3:
                 break
         never_awaited = asyncio.create_task(engine.async_generate(prompt, LONG))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.01)
         assert not never_awaited.done()
 
     asyncio.run(main())
