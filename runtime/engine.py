@@ -80,7 +80,8 @@ class Engine:
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back) or a batch (a list, n outputs per prompt in
         order). `stream=True` returns an iterator of partial outputs with cumulative text,
-        the last of which is final. `return_logprob`, `logprob_start_len` and
+        the last of each sequence's final (in a batch, or with `n > 1`, each with its place
+        among the outputs as "index"). `return_logprob`, `logprob_start_len` and
         `top_logprobs_num` each take one value for every prompt or a list with one per
         prompt; with `return_logprob`, `token_ids_logprob` (ids, or a list of ids per
         prompt) adds those tokens' logprobs at each position, as SGLang's does
@@ -171,7 +172,7 @@ class Engine:
         )
         reqs = [Req.of(r) for r in requests]
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=logprobs[0].return_text_in_logprobs,
-                                  stream=stream)
+                                  stream=stream, indexed=batch or len(reqs) > 1)
         return batch, reqs, builder
 
     async def _stream(self, reqs: list[Req], builder: ResponseBuilder) -> AsyncIterator[dict[str, Any]]:

@@ -42,7 +42,8 @@ class _Call:
     builder: ResponseBuilder
     pending: set[str]
     start: float = field(default_factory=time.monotonic)
-    updates: asyncio.Queue[str | BaseException] = field(default_factory=asyncio.Queue)
+    # rids whose responses grew, then None once every request finished; or the error that ended them
+    updates: asyncio.Queue[str | BaseException | None] = field(default_factory=asyncio.Queue)
 
 
 class EngineDriver:
@@ -78,8 +79,7 @@ class EngineDriver:
         try:
             self._ensure_stepping()
             await asyncio.get_running_loop().run_in_executor(self._pool, self._add, reqs)
-            while call.pending:
-                update = await call.updates.get()
+            while (update := await call.updates.get()) is not None:
                 if isinstance(update, BaseException):
                     raise update
                 yield update
@@ -149,3 +149,5 @@ class EngineDriver:
                 call.pending.discard(out.rid)
                 del self._owners[out.rid]
             call.updates.put_nowait(out.rid)
+            if not call.pending:
+                call.updates.put_nowait(None)

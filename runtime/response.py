@@ -185,9 +185,11 @@ class ResponseBuilder:
     Unless `stream`, text is decoded once per request, when it finishes."""
 
     def __init__(
-        self, tokenizer, reqs: list[Req], *, return_text_in_logprobs: bool = False, stream: bool
+        self, tokenizer, reqs: list[Req], *, return_text_in_logprobs: bool = False, stream: bool,
+        indexed: bool = False,
     ) -> None:
         self.order = [r.rid for r in reqs]
+        self.index = {rid: i for i, rid in enumerate(self.order)} if indexed else None
         self.decoders = {
             r.rid: OutputDecoder(
                 tokenizer,
@@ -208,7 +210,12 @@ class ResponseBuilder:
         self.state[out.rid].add(self.decoders[out.rid].decode(out), elapsed)
 
     def partial(self, rid: str) -> dict[str, Any]:
-        return self.state[rid].snapshot()
+        """`rid`'s response so far; with `indexed`, with its place in the call's outputs
+        as "index" (as SGLang's engine and /generate stream a batch)."""
+        out = self.state[rid].snapshot()
+        if self.index is not None:
+            out["index"] = self.index[rid]
+        return out
 
     def responses(self) -> list[dict[str, Any]]:
         return [self.state[rid].response for rid in self.order]

@@ -72,6 +72,21 @@ def test_a_stream_yields_cumulative_text_ending_in_the_whole_output(engine: Engi
     assert_idle_and_intact(engine)
 
 
+def test_a_batch_streams_each_output_with_its_index(engine: Engine) -> None:
+    prompts = make_prompts(2, seed=8)
+    whole = engine.generate(prompts, GREEDY | {"n": 2})
+
+    async def stream() -> list:
+        return [chunk async for chunk in await engine.async_generate(prompts, GREEDY | {"n": 2}, stream=True)]
+
+    for chunks in (list(engine.generate(prompts, GREEDY | {"n": 2}, stream=True)), asyncio.run(stream())):
+        last = {c["index"]: c for c in chunks}
+        assert sorted(last) == [0, 1, 2, 3]
+        assert [last[i]["output_ids"] for i in range(4)] == [o["output_ids"] for o in whole]
+    assert "index" not in next(iter(engine.generate(prompts[0], GREEDY, stream=True)))
+    assert_idle_and_intact(engine)
+
+
 def test_a_cancelled_call_or_a_closed_stream_frees_its_slots(engine: Engine) -> None:
     prompt = make_prompts(1, seed=6)[0]
 
