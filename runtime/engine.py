@@ -90,6 +90,7 @@ class Engine:
         if self._driver.busy:
             raise RuntimeError("Engine.generate cannot run while async_generate calls are in flight: "
                                "await them first, or use async_generate")
+        self._driver.call(lambda: None)  # the worker thread may still be retiring what async calls left
         batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
                                              logprob_start_len, top_logprobs_num, return_text_in_logprobs,
                                              token_ids_logprob)

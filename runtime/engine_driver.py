@@ -41,6 +41,7 @@ def add_all(scheduler: Scheduler, reqs: list[Req]) -> None:
 class _Call:
     builder: ResponseBuilder
     pending: set[str]
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     start: float = field(default_factory=time.monotonic)
     # rids whose responses grew, then None once every request finished; or the error that ended them
     updates: asyncio.Queue[str | BaseException | None] = field(default_factory=asyncio.Queue)
@@ -58,6 +59,7 @@ class EngineDriver:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sprig-engine")
         self._owners: dict[str, _Call] = {}
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def busy(self) -> bool:
@@ -73,6 +75,8 @@ class EngineDriver:
         running), then yield the id of each request whose response in `builder` grew,
         until all have finished. A call that ends early (cancelled, or its iterator closed)
         aborts its requests still running."""
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
         call = _Call(builder, {r.rid for r in reqs})
         for req in reqs:  # a rid another call owns stays its: the scheduler rejects the duplicate
             self._owners.setdefault(req.rid, call)
@@ -92,10 +96,19 @@ class EngineDriver:
                 self._ensure_stepping()
 
     def close(self) -> None:
-        """Abort every request and stop the worker thread (the engine is shutting down)."""
-        self._owners.clear()
+        """Abort every request, end the calls in flight with a RuntimeError and stop the
+        worker thread (the engine is shutting down). Safe from any thread."""
+        self._closed = True
+        self._fail_all(RuntimeError("the engine shut down"))
         self._pool.submit(self._abort_all)
         self._pool.shutdown(wait=True)
+
+    def _fail_all(self, error: Exception) -> None:
+        """End every call in flight with `error`, from whatever thread."""
+        for call in {id(c): c for c in self._owners.values()}.values():
+            if not call.loop.is_closed():
+                call.loop.call_soon_threadsafe(call.updates.put_nowait, error)
+        self._owners.clear()
 
     # ------------------------------------------------------------------ worker thread
     def _add(self, reqs: list[Req]) -> None:
@@ -129,11 +142,10 @@ class EngineDriver:
                 outs, has_work = await loop.run_in_executor(self._pool, self._step)
                 self._dispatch(outs)
         except BaseException as e:
-            for call in {id(c): c for c in self._owners.values()}.values():
-                call.updates.put_nowait(e if isinstance(e, Exception) else RuntimeError("the engine stopped stepping"))
-            self._owners.clear()
-            with contextlib.suppress(RuntimeError):  # the engine shut down
-                self._pool.submit(self._abort_all)
+            if self._closed:  # `close` ended the calls
+                return
+            self._fail_all(e if isinstance(e, Exception) else RuntimeError("the engine stopped stepping"))
+            self._pool.submit(self._abort_all)
             raise
         finally:
             self._task = None

@@ -161,6 +161,23 @@ def test_generate_refuses_to_run_beside_async_calls(engine: Engine) -> None:
     assert_idle_and_intact(engine)
 
 
+def test_shutdown_ends_the_calls_in_flight(tiny_llama: Path) -> None:
+    eng = Engine(tiny_llama, dtype="float32")
+
+    async def main() -> None:
+        call = asyncio.create_task(eng.async_generate("the cat", LONG))
+        stream = await eng.async_generate("the dog", LONG, stream=True)
+        await anext(stream)
+        eng.shutdown()
+        for pending in (call, anext(stream)):
+            with pytest.raises(RuntimeError, match="the engine shut down"):
+                await pending
+        with pytest.raises(RuntimeError, match="the engine is shut down"):
+            await eng.async_generate("a fox", GREEDY)
+
+    asyncio.run(main())
+
+
 def test_sglang_offline_engine_style(tiny_llama: Path) -> None:
     """SGLang's offline-engine quick start, with `import sprig as sgl`."""
     assert sgl.Engine is Engine
