@@ -40,8 +40,8 @@ Prompt = str | list[str] | None
 class Engine:
     """Generation on one model in this process. `generate` runs one call at a time and is
     not thread-safe; `async_generate` serves any number of concurrent calls from one event
-    loop, batched together. The two do not mix: `generate` refuses to run while async
-    calls are in flight.
+    loop at a time, batched together. The two do not mix: `generate` refuses to run while
+    async calls are in flight.
 
     Keyword arguments are `RunnerConfig`, `SchedulerConfig` and `DistConfig` fields (dtype,
     device, attention_backend, page_size, max_total_tokens, chunked_prefill_size,
