@@ -62,6 +62,7 @@ class Engine:
         self._ids = itertools.count()
         self.limits = ModelLimits(self.scheduler.context_len, self.scheduler.vocab_size)
         self._driver = EngineDriver(self.scheduler)
+        self._sync_calls = 0  # `generate` calls stepping the scheduler on the caller's thread
 
     # ------------------------------------------------------------------ API
     def generate(
@@ -85,8 +86,8 @@ class Engine:
         `top_logprobs_num` each take one value for every prompt or a list with one per
         prompt; with `return_logprob`, `token_ids_logprob` (ids, or a list of ids per
         prompt) adds those tokens' logprobs at each position, as SGLang's does
-        (`LogprobOptions.per_prompt`). An invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the
-        checks are the server's (`request_contract`)."""
+        (`LogprobOptions.per_prompt`). An invalid argument raises `InvalidRequest` (a
+        `ValueError`) naming it: the checks are the server's (`request_contract`)."""
         if self._driver.busy:
             raise RuntimeError("Engine.generate cannot run while async_generate calls are in flight: "
                                "await them first, or use async_generate")
@@ -94,7 +95,6 @@ class Engine:
         batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
                                              logprob_start_len, top_logprobs_num, return_text_in_logprobs,
                                              token_ids_logprob)
-        self._submit(reqs)
         updated = self._run(reqs, builder, partial=stream)
         if stream:
             return (builder.partial(rid) for rid in updated)
@@ -123,6 +123,9 @@ class Engine:
         partial outputs (cumulative text; the last is final), whose requests start when
         iteration does. A call cancelled, or a stream closed, before its end aborts its
         requests and frees their KV slots. Invalid arguments raise as in `generate`."""
+        if self._sync_calls:
+            raise RuntimeError("Engine.async_generate cannot run while a generate stream is being read: "
+                               "finish or close it first")
         batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
                                              logprob_start_len, top_logprobs_num, return_text_in_logprobs,
                                              token_ids_logprob)
@@ -189,11 +192,14 @@ class Engine:
             raise
 
     def _run(self, reqs: list[Req], builder: ResponseBuilder, *, partial: bool) -> Iterator[str]:
-        """Step the scheduler until every request of this call is finished, yielding the
+        """Add `reqs`, then step the scheduler until every one is finished, yielding the
         id of each request whose response just grew (callers snapshot only if streaming);
-        without `partial`, a response grows once, when its request finishes."""
+        without `partial`, a response grows once, when its request finishes. Nothing runs
+        until the first `next()`: a stream never read leaves nothing in the scheduler."""
+        self._submit(reqs)
         start = time.monotonic()
         pending = {r.rid for r in reqs}
+        self._sync_calls += 1
         try:
             while pending:
                 for out in self.scheduler.step(partial=partial):
@@ -207,3 +213,4 @@ class Engine:
                 self.scheduler.abort(rid)
             while self.scheduler.has_work:
                 self.scheduler.step()
+            self._sync_calls -= 1

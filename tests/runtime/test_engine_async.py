@@ -161,6 +161,23 @@ def test_generate_refuses_to_run_beside_async_calls(engine: Engine) -> None:
     assert_idle_and_intact(engine)
 
 
+def test_async_generate_refuses_to_run_beside_a_generate_stream(engine: Engine) -> None:
+    unread = engine.generate("the cat", GREEDY, stream=True)
+    assert not engine.scheduler.has_work  # a stream starts its requests when read
+    stream = engine.generate("the cat", GREEDY, stream=True)
+    next(stream)
+
+    async def call() -> dict:
+        return await engine.async_generate("the dog", GREEDY)
+
+    with pytest.raises(RuntimeError, match="a generate stream is being read"):
+        asyncio.run(call())
+    stream.close()
+    unread.close()
+    assert asyncio.run(call())["meta_info"]["completion_tokens"] == 16
+    assert_idle_and_intact(engine)
+
+
 def test_shutdown_ends_the_calls_in_flight(tiny_llama: Path) -> None:
     eng = Engine(tiny_llama, dtype="float32")
 
