@@ -2,8 +2,9 @@
 
 While any call is in flight, one task on the event loop steps the scheduler; the calls'
 requests batch together as a server's do. Every touch of the scheduler (adding, aborting,
-stepping) runs on one worker thread, in the order asked: the event loop never blocks on a
-model step, and no two threads touch the scheduler at once.
+stepping, flushing the cache, checking integrity) runs on one worker thread, in the order
+asked: the event loop never blocks on a model step, and no two threads touch the scheduler
+at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sprig.runtime.scheduler.scheduler import Scheduler
 from sprig.runtime.wire import TokenOutput
 
 T = TypeVar("T")
+
 
 def add_all(scheduler: Scheduler, reqs: list[Req]) -> None:
     """Add every one of `reqs` to `scheduler`, or none: if one is refused, those added
