@@ -117,13 +117,11 @@ def throughput(model: str, args: argparse.Namespace) -> tuple[list[tuple[str, fl
                     for i, n in enumerate(lengths)]
             secs, outs, steps = timed_generate(eng, texts, free)
             keep("unconstrained, same token counts", secs, sum(o["meta_info"]["completion_tokens"] for o in outs), steps)
-        eng.scheduler.close()
     with Engine(model, dtype="float32", enable_jump_forward=True, max_running_requests=args.batch) as eng:
         eng.generate(texts[:1], constrained[:1])
         for _ in range(args.repeats):
             secs, outs, steps = timed_generate(eng, texts, constrained)
             keep("json_schema, jump on", secs, sum(o["meta_info"]["completion_tokens"] for o in outs), steps)
-        eng.scheduler.close()
     return [(name, *v) for name, v in best.items()], mask_s
 
 
@@ -161,7 +159,6 @@ def jump_steps(model: str, args: argparse.Namespace) -> dict[bool, tuple[int, in
                 assert set(json.loads(o["text"])) == set(FIXED_KEYS["properties"]), o["text"]
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             result[jump] = (steps, tokens, eng.scheduler.stats.jump_forward_tokens - jumped, secs)
-            eng.scheduler.close()
     return result
 
 

@@ -145,9 +145,12 @@ class Engine:
         self._driver.call(self.scheduler.check_integrity)
 
     def shutdown(self) -> None:
+        """Abort every request and free the model, its KV pool and the grammar compile
+        worker processes."""
         self._driver.close()
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.abort(req.rid)
+        self.scheduler.close()
         on_cuda = self.runner is not None and self.runner.device.type == "cuda"
         if self.runner is not None:
             self.runner.close()

@@ -30,7 +30,6 @@ from sprig.runtime import Engine
 with Engine(sys.argv[1], dtype="float32", device="cpu", attention_backend="torch") as engine:
     out = engine.generate("the cat", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
     constrained = engine.generate("n:", {"max_new_tokens": 8, "regex": "[0-9]{3}"})
-    engine.scheduler.close()
 print(json.dumps({"triton": "triton" in sys.modules, "ids": out["output_ids"], "digits": constrained["text"]}))
 """
 

@@ -16,13 +16,14 @@ from sprig.runtime.scheduler.request import Req
 @dataclass(frozen=True)
 class Drawn:
     """One sampling call's tokens, their raw logprobs and top logprobs, per row, and the
-    raw logprobs of each row's request's `token_ids_logprob` (empty when it asked none)."""
+    raw logprobs of each row's request's `token_ids_logprob` (None when no row's request
+    asked for any; else empty for those that did not)."""
 
     ids: list[int]
     logprobs: list[float]
     top: tuple[list[list[float]], list[list[int]]] | None
     top_n: list[int]
-    picked: list[list[float]]
+    picked: list[list[float]] | None
 
 
 def draw_tokens(
@@ -49,5 +50,6 @@ def draw_tokens(
     out = sample(logits, batch, top_logprobs_num=top_n, logprobs=wanted, generator=generator)
     logprobs = out.logprobs.tolist() if out.logprobs is not None else []
     top = (out.top_logprobs.values.tolist(), out.top_logprobs.ids.tolist()) if out.top_logprobs else None
-    picked = picked_logprobs(logits, [r.token_ids_logprob if r.return_logprob else () for r in reqs])
+    asked = [r.token_ids_logprob if r.return_logprob else () for r in reqs] if wanted else []
+    picked = picked_logprobs(logits, asked) if any(asked) else None
     return Drawn(out.next_ids.tolist(), logprobs, top, top_n, picked)

@@ -5,11 +5,14 @@ their request only."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 
 import jsonschema
 import pytest
 from engine_helpers import assert_idle_and_intact
+from server_helpers import descendants, pid_alive
 
 from sprig.runtime import Engine
 
@@ -19,7 +22,6 @@ def engine(request, tiny_llama):
     with Engine(tiny_llama, dtype="float32", check_integrity=True, grammar_compile_timeout_s=20,
                 grammar_backend=request.param) as eng:
         yield eng
-        eng.scheduler.close()
 
 
 def sampled(engine: Engine, n: int, **params) -> list[dict]:
@@ -122,5 +124,18 @@ def test_jump_forward_appends_forced_text_in_fewer_steps(tiny_llama) -> None:
             assert (stats.jump_forward_tokens > 0) == jump
             assert sum(o["meta_info"]["jump_forward_tokens"] for o in outs) == stats.jump_forward_tokens
             assert_idle_and_intact(eng)
-            eng.scheduler.close()
     assert steps[True] < steps[False]
+
+
+def test_shutdown_stops_the_grammar_compile_workers(tiny_llama) -> None:
+    """A compile runs in a worker process that the engine keeps for the next compile;
+    `shutdown` (the end of a `with` block) stops it."""
+    before = descendants(os.getpid())
+    with Engine(tiny_llama, dtype="float32") as eng:
+        assert re.fullmatch("[0-9]+", eng.generate("n:", {"max_new_tokens": 6, "regex": "[0-9]+"})["text"])
+        workers = descendants(os.getpid()) - before
+        assert workers
+    deadline = time.monotonic() + 10
+    while alive := [pid for pid in workers if pid_alive(pid)]:
+        assert time.monotonic() < deadline, f"compile workers outlived the engine: {alive}"
+        time.sleep(0.05)

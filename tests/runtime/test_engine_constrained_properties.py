@@ -42,7 +42,6 @@ def engines(tiny_llama):
             for name, (backend, jump) in SETUPS.items()}
     yield made
     for eng in made.values():
-        eng.scheduler.close()
         eng.shutdown()
 
 

@@ -117,7 +117,6 @@ def engine(request, tiny_llama):
     with Engine(tiny_llama, dtype="float32", check_integrity=True, enable_jump_forward=request.param,
                 grammar_compile_timeout_s=20) as eng:
         yield eng
-        eng.scheduler.close()
 
 
 def sampled(engine: Engine, n: int, **params) -> list[dict]:
@@ -159,7 +158,6 @@ def test_jump_forward_appends_forced_text_without_steps(tiny_llama) -> None:
                 assert jumped >= 3 and steps <= tokens - jumped, (out, steps, jumped)
             else:
                 assert jumped == 0 and steps == tokens - 1, (out, steps)  # the first token comes from the prefill
-            eng.scheduler.close()
 
 
 @pytest.mark.parametrize(
