@@ -22,6 +22,7 @@ import torch
 from sprig.runtime.distributed.runner import make_runner
 from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.engine_driver import EngineDriver, add_all
+from sprig.runtime.label_scores import SCORE_SAMPLING, score_call
 from sprig.runtime.request_contract import (
     LogprobOptions,
     ModelLimits,
@@ -135,6 +136,29 @@ class Engine:
             pass
         outs = builder.responses()
         return outs if batch or len(outs) > 1 else outs[0]
+
+    def score(self, query: str | list[int] | None = None, items: str | list[str] | list[list[int]] | None = None,
+              label_token_ids: list[int] | None = None, apply_softmax: bool = False,
+              item_first: bool = False) -> list[list[float]]:
+        """SGLang's `Engine.score`: for each item, the probability of each label token as the
+        next token after `query + item` (`item + query` with `item_first`), in the order of
+        `label_token_ids`; with `apply_softmax`, renormalized over the labels (each row then
+        sums to 1). `query` and `items` are both text or both token ids
+        (`sprig.runtime.label_scores`). Invalid arguments raise `InvalidRequest` naming them."""
+        call = score_call(query, items, label_token_ids, apply_softmax, item_first, limits=self.limits,
+                          encode=self.tokenizer.encode)
+        return call.scores(self.generate(input_ids=call.prompts, sampling_params=SCORE_SAMPLING,
+                                         return_logprob=True, token_ids_logprob=list(call.labels)))
+
+    async def async_score(self, query: str | list[int] | None = None,
+                          items: str | list[str] | list[list[int]] | None = None,
+                          label_token_ids: list[int] | None = None, apply_softmax: bool = False,
+                          item_first: bool = False) -> list[list[float]]:
+        """`score` for concurrent callers, batched with every `async_generate` call in flight."""
+        call = score_call(query, items, label_token_ids, apply_softmax, item_first, limits=self.limits,
+                          encode=self.tokenizer.encode)
+        return call.scores(await self.async_generate(input_ids=call.prompts, sampling_params=SCORE_SAMPLING,
+                                                     return_logprob=True, token_ids_logprob=list(call.labels)))
 
     def flush_cache(self) -> bool:
         """Empty the radix cache; False (nothing done) while requests are in flight."""

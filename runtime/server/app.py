@@ -1,6 +1,6 @@
 """The FastAPI application: the API-key / body-size guard, error handlers, the health,
 OpenAPI and metrics routes, and the routers of `routes_native`, `routes_openai`, `routes_responses`,
-`routes_worker` and `routes_info` (which share `http_io`)."""
+`routes_score`, `routes_worker` and `routes_info` (which share `http_io`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from sprig.runtime.server import (
     routes_native,
     routes_openai,
     routes_responses,
+    routes_score,
     routes_worker,
 )
 from sprig.runtime.server.errors import ApiError, error_response
@@ -120,6 +121,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_native.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_responses.router)
+    app.include_router(routes_score.router)
     app.include_router(routes_worker.router)
     app.include_router(routes_info.router)
     return app

@@ -16,6 +16,7 @@ from sprig.runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    ScoringRequest,
 )
 from sprig.runtime.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
 from sprig.runtime.server.responses_protocol import ResponsesRequest
@@ -26,6 +27,7 @@ BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's mod
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/responses": ResponsesRequest,
+    "/v1/score": ScoringRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
 }

@@ -145,3 +145,15 @@ class ChatCompletionRequest(_OpenAISampling):
     continue_final_message: bool = False
     reasoning_effort: str | None = None
     separate_reasoning: bool = True
+
+
+class ScoringRequest(_Body):
+    """SGLang's `/v1/score` (`sprig.runtime.label_scores`): `query` and `items` both text or
+    both token ids; the other checks are `score_call`'s."""
+
+    model: str | None = None
+    query: str | list[int] | None = None
+    items: str | list[str] | list[list[int]] | None = None
+    label_token_ids: list[int] | None = None
+    apply_softmax: bool = False
+    item_first: bool = False
