@@ -72,7 +72,7 @@ HELP = {
     "page_size": "tokens per KV page",
     "max_total_tokens": "KV pool size in tokens (default: from free GPU memory, or the bytes of 16384 float tokens on CPU)",
     "mem_fraction_static": "share of free GPU memory for the KV pool when --max-total-tokens is not given",
-    "seed": "seed of the sampling RNG for unseeded requests",
+    "random_seed": "seed of the sampling RNG for unseeded requests (SGLang's --random-seed)",
     "cpu_threads": "torch threads of the scheduler process (default: one per core on CPU, 1 on CUDA)",
     "disable_cuda_graph": "run every decode step eagerly instead of replaying captured CUDA graphs",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger batches run eagerly",

@@ -83,7 +83,7 @@ class ModelRunner:
         self.backend = make_backend(
             self.attention_backend, local, self.kv_cache, shadow=config.shadow_attention
         )
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.random_seed)
         self.graphs = (
             DecodeGraphs(
                 self.model, self.backend, self.kv_cache, max_bs=config.cuda_graph_max_bs,

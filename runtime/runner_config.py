@@ -56,7 +56,7 @@ class RunnerConfig:
     page_size: int = 1
     max_total_tokens: int | None = None
     mem_fraction_static: float = 0.85
-    seed: int = 0
+    random_seed: int = 0
     cpu_threads: int | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256

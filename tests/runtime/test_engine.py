@@ -244,3 +244,15 @@ def test_a_request_mid_chunked_prefill_is_retracted_when_decode_needs_its_slots(
 def test_unknown_engine_argument(tiny_llama) -> None:
     with pytest.raises(TypeError, match="unknown engine argument 'max_tokens'"):
         Engine(tiny_llama, max_tokens=3)
+
+
+def test_random_seed_fixes_unseeded_sampling(tiny_llama) -> None:
+    """`random_seed` (SGLang's name, `--random-seed` on the server) seeds the draws of
+    requests that give no seed of their own: the same seed repeats a run, another differs."""
+    hot = {"max_new_tokens": 24, "temperature": 1.5}
+
+    def run(random_seed: int) -> list[list[int]]:
+        with Engine(tiny_llama, dtype="float32", random_seed=random_seed) as engine:
+            return [o["output_ids"] for o in engine.generate(["the cat", "a dog"], hot)]
+
+    assert run(7) == run(7) != run(8)
