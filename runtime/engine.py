@@ -27,6 +27,7 @@ from sprig.runtime.request_contract import (
     LogprobOptions,
     ModelLimits,
     SamplingArg,
+    build_embedding_requests,
     build_requests,
     prompt_rows,
 )
@@ -137,6 +138,36 @@ class Engine:
         outs = builder.responses()
         return outs if batch or len(outs) > 1 else outs[0]
 
+    def encode(self, prompt: Prompt = None, input_ids: list[int] | list[list[int]] | None = None, *,
+               rid: str | list[str] | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+        """SGLang's `Engine.encode`: the embedding of one prompt (a dict back) or of each of
+        a batch (a list), `{"embedding": [...], "meta_info": {...}}`. The embedding is the
+        final-norm hidden state of the prompt's last token, L2-normalized (last-token
+        pooling, as causal embedding models such as Qwen3-Embedding and e5-mistral pool);
+        the prompt's KV joins the radix cache like any prompt's. Invalid arguments raise
+        `InvalidRequest` naming them."""
+        if self._driver.busy:
+            raise RuntimeError("Engine.encode cannot run while async_generate calls are in flight: "
+                               "await them first, or use async_encode")
+        self._driver.call(lambda: None)  # the worker thread may still be retiring what async calls left
+        batch, reqs, builder = self._prepare_embedding(prompt, input_ids, rid)
+        for _ in self._run(reqs, builder, partial=False):
+            pass
+        outs = builder.responses()
+        return outs if batch else outs[0]
+
+    async def async_encode(self, prompt: Prompt = None, input_ids: list[int] | list[list[int]] | None = None, *,
+                           rid: str | list[str] | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+        """`encode` for concurrent callers, batched with every async call in flight."""
+        if self._sync_calls:
+            raise RuntimeError("Engine.async_encode cannot run while a generate stream is being read: "
+                               "finish or close it first")
+        batch, reqs, builder = self._prepare_embedding(prompt, input_ids, rid)
+        async for _ in self._driver.run(reqs, builder):
+            pass
+        outs = builder.responses()
+        return outs if batch else outs[0]
+
     def score(self, query: str | list[int] | None = None, items: str | list[str] | list[list[int]] | None = None,
               label_token_ids: list[int] | None = None, apply_softmax: bool = False,
               item_first: bool = False) -> list[list[float]]:
@@ -198,13 +229,23 @@ class Engine:
         logprobs = LogprobOptions.per_prompt(len(prompts), *logprob_options)
         requests = build_requests(
             prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
-            new_rid=lambda: f"{uuid.uuid4().hex[:12]}-{next(self._ids)}",
+            new_rid=self._new_rid,
             prompt_field="prompt" if prompt is not None else "input_ids",
         )
         reqs = [Req.of(r) for r in requests]
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=logprobs[0].return_text_in_logprobs,
                                   stream=stream, indexed=batch or len(reqs) > 1)
         return batch, reqs, builder
+
+    def _prepare_embedding(self, prompt: Prompt, input_ids: Any, rid: Any) -> tuple[bool, list[Req], ResponseBuilder]:
+        batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
+        requests = build_embedding_requests(prompts, self.limits, rid=rid, new_rid=self._new_rid,
+                                            prompt_field="prompt" if prompt is not None else "input_ids")
+        reqs = [Req.of(r) for r in requests]
+        return batch, reqs, ResponseBuilder(self.tokenizer, reqs, stream=False)
+
+    def _new_rid(self) -> str:
+        return f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
 
     async def _stream(self, reqs: list[Req], builder: ResponseBuilder) -> AsyncIterator[dict[str, Any]]:
         async for rid in self._driver.run(reqs, builder):

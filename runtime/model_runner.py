@@ -110,22 +110,34 @@ class ModelRunner:
         context in kv_indices); the slots of the cached prefix must already hold that
         prefix's K/V.
         """
+        self._check_context(step)
+        bucket = self.graphs.bucket(step) if self.graphs is not None else None
+        if bucket is not None:
+            with torch.inference_mode():
+                hidden = self.graphs.run(step, bucket)  # [B, H]: decode has one row each
+                return self.model.compute_logits(hidden)
+        return self._eager(step)[0]
+
+    def forward_with_hidden(self, step: ForwardStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s logits and the final-norm hidden states they came from, `[R, H]`
+        (the same rows; run eagerly, as extend steps always are)."""
+        self._check_context(step)
+        return self._eager(step)
+
+    def _check_context(self, step: ForwardStep) -> None:
         longest = max(step.kv_lens)
         if longest > self.model_config.context_len:
             raise ValueError(
                 f"a context of {longest} tokens exceeds the model's context_len "
                 f"{self.model_config.context_len}"
             )
-        bucket = self.graphs.bucket(step) if self.graphs is not None else None
-        if bucket is not None:
-            with torch.inference_mode():
-                hidden = self.graphs.run(step, bucket)  # [B, H]: decode has one row each
-                return self.model.compute_logits(hidden)
+
+    def _eager(self, step: ForwardStep) -> tuple[torch.Tensor, torch.Tensor]:
         batch, logit_rows = build_forward_batch(step, self.kv_cache, self.device)
         with torch.inference_mode():
             self.backend.begin_step(batch)
-            hidden = self.model(batch, self.backend)  # [T, H]
-            return self.model.compute_logits(hidden[logit_rows])  # [R, V]
+            hidden = self.model(batch, self.backend)[logit_rows]  # [R, H]
+            return self.model.compute_logits(hidden), hidden  # [R, V], [R, H]
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -41,6 +41,7 @@ class ModelLimits:
 
 
 MAX_TOKEN_IDS_LOGPROB = 256
+EMBED_PARAMS = SamplingParams(max_new_tokens=0)  # an embedding request's: it ends after its prefill
 
 
 @dataclass(frozen=True)
@@ -112,13 +113,15 @@ class TokenizedRequest:
     """One sequence to generate, valid for the model it was built for: a non-empty prompt
     of ids in the vocabulary, prompt + `params.max_new_tokens` within the context, sampling
     parameters (constraints included) checked against the vocabulary. Only a `stream`ed
-    request's text is decoded step by step."""
+    request's text is decoded step by step. An `embed` request generates nothing
+    (`max_new_tokens` 0, no logprobs, not streamed): it reports its prompt's embedding."""
 
     rid: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     logprobs: LogprobOptions = LogprobOptions()
     stream: bool = False
+    embed: bool = False
 
 
 def prompt_rows(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *,
@@ -184,6 +187,18 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
     if len({s.rid for s in out}) < len(out):
         raise InvalidRequest("the request ids of one call must be distinct", "rid")
     return out
+
+
+def build_embedding_requests(prompts: list[list[int]], limits: ModelLimits, *, rid: Any = None,
+                             new_rid: Callable[[], str], prompt_field: str = "input_ids") -> list[TokenizedRequest]:
+    """One `embed` request per prompt, in order (`rid` as in `build_requests`). Raises
+    `InvalidRequest` naming the field at fault."""
+    for row in prompts:
+        _check_prompt(row, limits, prompt_field)
+    rids = _rids_per_prompt(rid, len(prompts), new_rid)
+    if len(set(rids)) < len(rids):
+        raise InvalidRequest("the request ids of one call must be distinct", "rid")
+    return [TokenizedRequest(r, tuple(ids), EMBED_PARAMS, embed=True) for r, ids in zip(rids, prompts, strict=True)]
 
 
 def _check_prompt(row: list[int], limits: ModelLimits, field: str) -> None:

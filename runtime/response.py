@@ -121,9 +121,11 @@ def spec_meta(histogram: Sequence[int], drafted: int, completion_tokens: int) ->
 class ResponseState:
     """The cumulative `/generate` response of one request. `meta_info` carries the logprob
     lists only when `return_logprob`, the `token_ids_logprob` ones only when it asked for
-    some; `snapshot()` is a copy safe to hand out."""
+    some; an `embed` request's response is SGLang's `/encode` one, `{"embedding",
+    "meta_info"}`. `snapshot()` is a copy safe to hand out."""
 
-    def __init__(self, rid: str, prompt_tokens: int, *, return_logprob: bool, token_ids_logprob: bool = False) -> None:
+    def __init__(self, rid: str, prompt_tokens: int, *, return_logprob: bool, token_ids_logprob: bool = False,
+                 embed: bool = False) -> None:
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": None,
@@ -141,7 +143,9 @@ class ResponseState:
             )
             if token_ids_logprob:
                 meta.update(input_token_ids_logprobs=[], output_token_ids_logprobs=[])
-        self.response: dict[str, Any] = {"text": "", "output_ids": [], "meta_info": meta}
+        self.response: dict[str, Any] = (
+            {"embedding": None, "meta_info": meta} if embed else {"text": "", "output_ids": [], "meta_info": meta}
+        )
 
     @property
     def finished(self) -> bool:
@@ -149,8 +153,11 @@ class ResponseState:
 
     def add(self, out: DetokenizedOutput, elapsed: float) -> None:
         st, meta = self.response, self.response["meta_info"]
-        st["text"] += out.text_delta
-        st["output_ids"].extend(out.new_ids)
+        if "embedding" in st:
+            st["embedding"] = out.embedding
+        else:
+            st["text"] += out.text_delta
+            st["output_ids"].extend(out.new_ids)
         meta.update(
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
@@ -177,6 +184,8 @@ class ResponseState:
 
     def snapshot(self) -> dict[str, Any]:
         st = self.response
+        if "embedding" in st:
+            return {"embedding": st["embedding"], "meta_info": dict(st["meta_info"])}
         return {"text": st["text"], "output_ids": list(st["output_ids"]), "meta_info": dict(st["meta_info"])}
 
 
@@ -202,7 +211,7 @@ class ResponseBuilder:
         }
         self.state = {
             r.rid: ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.return_logprob,
-                                 token_ids_logprob=bool(r.token_ids_logprob))
+                                 token_ids_logprob=bool(r.token_ids_logprob), embed=r.embed)
             for r in reqs
         }
 

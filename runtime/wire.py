@@ -50,6 +50,7 @@ class TokenOutput:
     output_token_ids_logprobs: list[list[list[Any]]] = field(default_factory=list)
     input_token_ids_logprobs: list[list[list[Any]] | None] | None = None
     text_delta: str | None = None
+    embedding: list[float] | None = None  # an embedding request's, in its last output
 
 
 @dataclass

@@ -5,10 +5,11 @@ time; then check that nothing failed on the server's side and nothing was left b
     python scripts/soak_server.py --url http://127.0.0.1:30000   # a server already running
 
 The mix: /generate (plain, batched, streamed), /v1/completions and /v1/chat/completions
-(streamed or not), short prompts and outputs; `--abort-share` of the requests are
-abandoned mid-stream by their client or aborted with /abort_request; `--hostile-share`
-are hostile (nesting past the bound, a prompt past the context, wrong types, a template
-in chat_template_kwargs, a batch past the in-flight bound, an unparseable body). It
+(streamed or not), short prompts and outputs, /v1/score and /v1/embeddings; `--abort-share` of the
+requests are abandoned mid-stream by their client or aborted with /abort_request;
+`--hostile-share` are hostile (nesting past the bound, a prompt past the context, wrong
+types, a template in chat_template_kwargs, a batch past the in-flight bound, scoring that
+would tokenize a long query for every item, an unparseable body). It
 passes when no answer is a 5xx, every hostile request got a 4xx, the KV integrity check
 is ok, and after /flush_cache the resident memory of every server process is within
 `--rss-slack` of what it was after the warm-up (the first `--warmup` requests). Exits 1
@@ -49,7 +50,7 @@ def nested(depth: int) -> Any:
 
 
 def hostile(rng: random.Random) -> tuple[str, dict[str, Any] | bytes]:
-    kind = rng.randrange(7)
+    kind = rng.randrange(8)
     if kind == 0:
         return "/generate", {"text": "a", "sampling_params": {"json_schema": nested(200)}}
     if kind == 1:
@@ -63,12 +64,14 @@ def hostile(rng: random.Random) -> tuple[str, dict[str, Any] | bytes]:
         return "/generate", {"text": ["a"] * 40, "sampling_params": {"n": 128, "max_new_tokens": 1}}
     if kind == 5:
         return "/v1/completions", {"prompt": "a", "max_tokens": -5, "logit_bias": {"x": "y"}}
+    if kind == 6:
+        return "/v1/score", {"query": "x" * 40_000, "items": ["a"] * 1000, "label_token_ids": [0]}
     return "/generate", b'{"text": "unterminated'
 
 
 def ordinary(rng: random.Random) -> tuple[str, dict[str, Any], bool]:
     """(path, body, streamed)."""
-    kind = rng.randrange(5)
+    kind = rng.randrange(7)
     stream = rng.random() < 0.4
     max_new = rng.randint(1, 16)
     if kind == 0:
@@ -81,6 +84,13 @@ def ordinary(rng: random.Random) -> tuple[str, dict[str, Any], bool]:
         return "/v1/completions", {"prompt": text(rng), "max_tokens": max_new, "stream": stream}, stream
     if kind == 3:
         return "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": max_new, "stream": stream}, stream
+    if kind == 5:
+        return "/v1/embeddings", {"input": [text(rng) for _ in range(rng.randint(1, 4))],
+                                  "encoding_format": rng.choice(["float", "base64"])}, False
+    if kind == 4:
+        return "/v1/score", {"query": text(rng), "items": [text(rng) for _ in range(rng.randint(1, 6))],
+                             "label_token_ids": rng.sample(range(64), rng.randint(1, 4)),
+                             "apply_softmax": rng.random() < 0.5}, False
     return "/generate", {"text": text(rng), "sampling_params": {"max_new_tokens": max_new, "regex": "(yes|no|maybe)"}}, False
 
 

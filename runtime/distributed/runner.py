@@ -73,6 +73,15 @@ class TPRunner:
 
     def forward(self, step: ForwardStep) -> torch.Tensor:
         """Logits `[R, vocab]` of `step` (see `ModelRunner.forward`), computed by every rank."""
+        return self._on_every_rank(step, self.runner.forward)
+
+    def forward_with_hidden(self, step: ForwardStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """`ModelRunner.forward_with_hidden` of `step`: the other ranks run `forward`, whose
+        eager path makes the same collectives; rank 0's hidden states are whole (every
+        layer ends in an all-reduce)."""
+        return self._on_every_rank(step, self.runner.forward_with_hidden)
+
+    def _on_every_rank(self, step: ForwardStep, run: Callable[[ForwardStep], Any]) -> Any:
         if self.failure is not None:
             raise RuntimeError(self.failure)
         longest = max(step.kv_lens)  # checked here as well: a step every rank refuses is never sent
@@ -82,7 +91,7 @@ class TPRunner:
             )
         try:
             send_step(self.group, step)
-            return self.runner.forward(step)
+            return run(step)
         except Exception as e:
             raise RuntimeError(self._fail(self._dead_rank(RANK_EXIT_WAIT_S) or f"the tensor-parallel group failed: {e}")) from e
 

@@ -23,6 +23,7 @@ def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool, text: str
         retractions=req.retractions,
         finish_reason=req.finish.to_json() if req.finish else None,
         text_delta=text,
+        embedding=req.embedding,
     )
     if req.return_logprob:
         out.output_logprobs = [list(e) for e in req.output_logprobs[sent_ids:]]

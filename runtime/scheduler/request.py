@@ -79,6 +79,8 @@ class Req:
     output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs_done: bool = False
     grammar: Any = None  # the request's grammar matcher (constrained decoding), once compiled
+    embed: bool = False  # ends after its prefill with `embedding` (max_new_tokens is 0)
+    embedding: list[float] | None = None  # the L2-normalized final hidden state of its last prompt token
 
     @classmethod
     def of(cls, request: TokenizedRequest) -> Req:
@@ -86,7 +88,8 @@ class Req:
         lp = request.logprobs
         return cls(rid=request.rid, prompt_ids=list(request.prompt_ids), params=request.params,
                    return_logprob=lp.return_logprob, logprob_start_len=lp.logprob_start_len,
-                   top_logprobs_num=lp.top_logprobs_num, token_ids_logprob=lp.token_ids_logprob)
+                   top_logprobs_num=lp.top_logprobs_num, token_ids_logprob=lp.token_ids_logprob,
+                   embed=request.embed)
 
     @property
     def fill_ids(self) -> list[int]:

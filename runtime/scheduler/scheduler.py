@@ -198,7 +198,10 @@ class Scheduler:
             kv_indices=self.kv.contexts([e.req for e in extends], ends),
             logits_from=firsts,
         )
-        logits = self.runner.forward(step)
+        if any(e.req.embed and e.completes for e in extends):
+            logits, hidden = self.runner.forward_with_hidden(step)
+        else:
+            logits, hidden = self.runner.forward(step), None
         if self.speculative is not None:
             self.speculative.mirror(step)
         to_sample: list[Req] = []
@@ -208,6 +211,8 @@ class Scheduler:
         for ext, first in zip(extends, firsts, strict=True):
             req, rows = ext.req, logits[offset : offset + ext.length - first]
             offset += ext.length - first
+            if req.embed and ext.completes:
+                req.embedding = torch.nn.functional.normalize(hidden[offset - 1].float(), dim=0).tolist()
             if req.wants_input_logprobs:
                 record_input_logprobs(req, rows, req.kv_len + first)
             self.stats.prefill_tokens += ext.length

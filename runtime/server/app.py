@@ -1,6 +1,6 @@
 """The FastAPI application: the API-key / body-size guard, error handlers, the health,
 OpenAPI and metrics routes, and the routers of `routes_native`, `routes_openai`, `routes_responses`,
-`routes_score`, `routes_worker` and `routes_info` (which share `http_io`)."""
+`routes_score`, `routes_embeddings`, `routes_worker` and `routes_info` (which share `http_io`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sprig.runtime.server import (
+    routes_embeddings,
     routes_info,
     routes_native,
     routes_openai,
@@ -122,6 +123,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_score.router)
+    app.include_router(routes_embeddings.router)
     app.include_router(routes_worker.router)
     app.include_router(routes_info.router)
     return app

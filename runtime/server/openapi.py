@@ -15,6 +15,8 @@ from sprig.runtime.server.protocol import (
     AbortRequest,
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
+    EncodeRequest,
     GenerateRequest,
     ScoringRequest,
 )
@@ -28,6 +30,8 @@ BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's mod
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/responses": ResponsesRequest,
     "/v1/score": ScoringRequest,
+    "/encode": EncodeRequest,
+    "/v1/embeddings": EmbeddingRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
 }

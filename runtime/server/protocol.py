@@ -157,3 +157,23 @@ class ScoringRequest(_Body):
     label_token_ids: list[int] | None = None
     apply_softmax: bool = False
     item_first: bool = False
+
+
+class EncodeRequest(_Body):
+    """SGLang's native `/encode`: exactly one of `text` and `input_ids`."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    rid: str | list[str] | None = None
+
+
+class EmbeddingRequest(_Body):
+    """OpenAI's `/v1/embeddings`. `dimensions` keeps the first components of each
+    embedding, normalized again (Matryoshka-trained models, e.g. Qwen3-Embedding, are
+    made for it)."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None

@@ -97,7 +97,8 @@ class Call:
         self.updates: asyncio.Queue[str | None] = asyncio.Queue()  # None: the client is gone
         self.tracks = {
             r.rid: _Track(i, ResponseState(r.rid, len(r.prompt_ids), return_logprob=r.logprobs.return_logprob,
-                                          token_ids_logprob=bool(r.logprobs.token_ids_logprob)), self.updates, client)
+                                          token_ids_logprob=bool(r.logprobs.token_ids_logprob), embed=r.embed),
+                         self.updates, client)
             for i, r in enumerate(reqs)
         }
 

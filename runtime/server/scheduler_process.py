@@ -229,6 +229,7 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         info = {
             "context_len": scheduler.context_len,
             "vocab_size": scheduler.vocab_size,
+            "hidden_size": runner.model_config.hidden_size,
             "kv_size": scheduler.kv.allocator.size,
             "device": str(runner.device),
             "dtype": str(runner.dtype).removeprefix("torch."),

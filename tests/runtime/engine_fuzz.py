@@ -8,7 +8,10 @@ different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, 
 text on (`constraint_trigger`), compiled by outlines-core, by llguidance (the engine's
 `grammar_backend`, in `GUIDED_SHARE` of workloads; their alone runs and reference masks use
 it too) or, as a Lark grammar holding it (as the server sends tools' grammars), by
-llguidance whatever the backend, arrivals spread over steps and aborts mid-flight — plus unseeded sampled requests that run beside them unchecked. It runs on an
+llguidance whatever the backend, arrivals spread over steps and aborts mid-flight, and
+embedding requests (`EMBED_SHARE`; `Engine.encode`'s, drawn by a generator of their own:
+in an older seed's workload some requests became embeddings, the rest are unchanged) — plus unseeded sampled requests that
+run beside them unchecked. It runs on an
 engine with random settings (chunk sizes, page sizes 1/4/16, pools small enough to
 retract, radix on or off, few or many running requests, each schedule policy, either
 attention backend, a float or an int8 KV cache, float or int4 weights, speculative
@@ -22,7 +25,7 @@ Checked for every request: its output ids equal the same request run alone on a 
 engine, its finish reason too, and its logprobs (output, top and input) agree within
 `LOGPROB_TOL` (with an int8 KV cache, within what the cache's rounding itself moves that
 sequence's logprobs: `Reference.kv_rounding_effect`); an aborted request's output is a
-prefix of the alone run's. Each token of
+prefix of the alone run's; an embedding agrees within `EMBED_TOL`. Each token of
 the alone run is what sprig's sampler picks from transformers' logits for the same
 context (greedy: the argmax; seeded: the same seeded draw), its logits masked by the
 request's grammar (a fresh matcher fed the run's tokens; a token the grammar forces, which
@@ -58,7 +61,12 @@ from sprig.runtime import Engine
 from sprig.runtime.constrained import Grammar, RoutedBackend, bitmask_width, spec_from_params
 from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.quantization.formats import OnlineFormat
-from sprig.runtime.request_contract import LogprobOptions, ModelLimits, build_requests
+from sprig.runtime.request_contract import (
+    LogprobOptions,
+    ModelLimits,
+    build_embedding_requests,
+    build_requests,
+)
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
 from sprig.runtime.scheduler.request import Req
 from sprig.runtime.scheduler.trigger_gate import Trigger, TriggerGate
@@ -66,6 +74,11 @@ from sprig.runtime.speculative.drafter import ContextDrafts
 from sprig.runtime.speculative.ngram import NgramDrafter
 
 LOGPROB_TOL = 1e-5
+# an embedding (a unit vector) batched vs alone, per component: float32 rounding of other
+# batch shapes; under the int8 KV cache, a K/V value rounded to the other side of an int8
+# step (a step is 1/127 of its token-head's largest value) moves it further
+EMBED_TOL = {"auto": 1e-5, "int8": 1e-3}
+EMBED_SHARE = 0.1
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' names (the EOS's too), whole, as text
@@ -102,11 +115,12 @@ class Request:
     token_ids_logprob: tuple[int, ...] = ()
     arrival: int = 0
     abort_at: int | None = None
+    embed: bool = False  # an embedding request (its params unused): its prompt's embedding
 
     @property
     def checked(self) -> bool:
-        """Whether its outputs are reproducible: greedy or seeded."""
-        return self.params.is_greedy or self.params.seed is not None
+        """Whether its outputs are reproducible: greedy, seeded or an embedding."""
+        return self.embed or self.params.is_greedy or self.params.seed is not None
 
 
 @dataclass(frozen=True)
@@ -177,6 +191,7 @@ class Outcome:
     input_top: list[list[tuple[float, int]] | None]
     picked: list[list[tuple[float, int]]]  # token_ids_logprob's, per output position
     input_picked: list[list[tuple[float, int]] | None]
+    embedding: list[float] | None
 
     @staticmethod
     def of(req: Req) -> Outcome:
@@ -185,6 +200,7 @@ class Outcome:
             [lp for lp, _ in req.output_logprobs], [list(row) for row in req.output_top_logprobs],
             list(req.input_logprobs), list(req.input_top_logprobs),
             [list(row) for row in req.output_token_ids_logprobs], list(req.input_token_ids_logprobs),
+            req.embedding,
         )
 
     @property
@@ -205,6 +221,8 @@ class Stats:
     context_free: int = 0  # of those, the ones whose regex went to llguidance as a Lark grammar
     guided: int = 0  # of those, the ones whose regex llguidance compiled itself (`grammar_backend`)
     picked: int = 0  # of the sequences, those whose token_ids_logprob entries were compared
+    embeddings: int = 0  # embedding requests compared with their alone runs
+    embed_diff: dict[str, float] = field(default_factory=dict)  # the largest difference, by KV cache dtype
     by_backend: dict[str, int] = field(default_factory=dict)
     by_kv_cache: dict[str, int] = field(default_factory=dict)  # workloads by kv_cache_dtype
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
@@ -220,7 +238,8 @@ class Stats:
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.constrained} of the "
             f"requests constrained ({self.context_free} by llguidance as Lark, {self.guided} as regexes); "
-            f"{self.picked} with token_ids_logprob; {self.aborted} aborted, "
+            f"{self.picked} with token_ids_logprob; {self.embeddings} embeddings (largest difference "
+            f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
             f"alternative paths verified, {self.alternatives_kept} followed"
         )
@@ -250,6 +269,7 @@ def make_workload(
             prompts.append(head + ids(rng.randint(1, 8 if small else 30)))
     requests = []
     picks = random.Random(f"token_ids_logprob {seed}")  # apart from `rng`: older seeds replay unchanged
+    embeds = random.Random(f"embed {seed}")  # likewise
     for i, prompt in enumerate(prompts):
         params = _params(rng, constraints, vocab, small)
         logprob = rng.random() < 0.3
@@ -264,6 +284,7 @@ def make_workload(
             token_ids_logprob=picked,
             arrival=rng.choice([0, 0, rng.randint(0, 12)]),
             abort_at=rng.randint(0, 16) if rng.random() < 0.1 else None,
+            embed=embeds.random() < EMBED_SHARE,
         ))
     options = _options(rng, requests, triton, int4_share, tp_share)
     if constraints.random() < GUIDED_SHARE:  # its own generator, as the requests' constraints
@@ -373,7 +394,9 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
                 continue
             logprobs = LogprobOptions(r.return_logprob, r.logprob_start_len, r.top_logprobs_num,
                                       token_ids_logprob=r.token_ids_logprob)
-            for seq in build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs):
+            seqs = (build_embedding_requests([list(r.prompt)], limits, rid=r.rid, new_rid=str) if r.embed else
+                    build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs))
+            for seq in seqs:
                 req = Req.of(seq)
                 sched.add_request(req)
                 reqs[seq.rid] = req
@@ -575,7 +598,30 @@ def check_workload(workload: Workload, got: dict[str, Outcome], ref: Reference, 
         runs = (alone or {}).get(request.rid) or ref.alone(request, key)
         for rid, want in runs.items():
             where = f"{workload.describe()}\nrequest {rid}: {request}"
-            _check_sequence(request, got[rid], want, ref, stats, where, key)
+            if request.embed:
+                _check_embedding(got[rid], want, stats, where, dict(key).get("kv_cache_dtype", "auto"))
+            else:
+                _check_sequence(request, got[rid], want, ref, stats, where, key)
+
+
+def _check_embedding(got: Outcome, want: Outcome, stats: Stats, where: str, kv: str) -> None:
+    """An embedding request ends after its prefill (or is aborted first, with none); its
+    embedding is its alone run's within `EMBED_TOL`."""
+    if want.embedding is None or want.ids or want.finish != {"type": "length", "length": 0}:
+        raise Mismatch(f"{where}\nthe embedding request alone ended {want.finish} with {want.ids}")
+    if got.aborted:
+        if got.embedding is not None or got.ids:
+            raise Mismatch(f"{where}\naborted, yet it reported {got.ids} and an embedding")
+        stats.aborted += 1
+        return
+    if got.ids or got.finish != want.finish or got.embedding is None or len(got.embedding) != len(want.embedding):
+        raise Mismatch(f"{where}\nbatched {got.finish} {got.ids}, alone {want.finish}")
+    diff = max(abs(a - b) for a, b in zip(got.embedding, want.embedding, strict=True))
+    if diff > EMBED_TOL[kv]:
+        raise Mismatch(f"{where}\nthe embedding differs from the alone run's by {diff:.2e} (at most {EMBED_TOL[kv]})")
+    stats.embed_diff[kv] = max(stats.embed_diff.get(kv, 0.0), diff)
+    stats.embeddings += 1
+    stats.requests += 1
 
 
 def _check_sequence(

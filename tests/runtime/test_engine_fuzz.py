@@ -52,6 +52,7 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], device: str,
                  device=device)
     print(stats.line())
     assert stats.requests > 0 and stats.tokens > 0 and stats.constrained > stats.context_free > 0 and stats.guided > 0
+    assert stats.embeddings > 0
     assert stats.by_backend.get("torch", 0) > 0
 
 
@@ -59,6 +60,12 @@ def test_workloads_are_a_function_of_their_seed() -> None:
     one: Workload = make_workload(7, "m", 512, triton=False)
     assert make_workload(7, "m", 512, triton=False) == one
     assert make_workload(8, "m", 512, triton=False) != one
+
+
+def test_workloads_draw_embedding_requests() -> None:
+    embeds = [sum(r.embed for r in make_workload(seed, "m", 512, triton=False).requests) for seed in range(8)]
+    assert sum(embeds) >= 2  # CI's first workloads include some
+    assert all(r.checked for seed in range(30) for r in make_workload(seed, "m", 512, triton=False).requests if r.embed)
 
 
 def test_workloads_run_on_float_and_int8_kv_caches() -> None:

@@ -243,13 +243,18 @@ def test_responses_behind_the_gateway_are_not_stored_so_never_continued_by_chanc
 
 @needs_gateway
 def test_scoring_goes_to_a_worker_since_the_gateway_does_not_route_it(dp_server: DataParallelServer) -> None:
-    """smg 1.13 has no `/v1/score` route (README, Data parallelism); a worker answers it."""
+    """smg 1.13 has no `/v1/score` route (README, Data parallelism); a worker answers it.
+    `/v1/embeddings` it routes."""
     body = {"model": "any", "query": "a b", "items": [" c", " d"], "label_token_ids": [5, 6]}
     r = httpx.post(dp_server.url + "/v1/score", json=body, headers=AUTH, timeout=TIMEOUT)
     assert r.status_code == 404 and "/v1/score" in r.text, r.text
     assert "does not route /v1/score" in dp_server.log.read_text()
     r = httpx.post(dp_server.workers[0] + "/v1/score", json=body, headers=AUTH, timeout=TIMEOUT)
     assert r.status_code == 200 and len(r.json()["scores"]) == 2, r.text
+    model = httpx.get(dp_server.url + "/v1/models", headers=AUTH, timeout=TIMEOUT).json()["data"][0]["id"]
+    r = httpx.post(dp_server.url + "/v1/embeddings", json={"model": model, "input": ["a b", "c"]}, headers=AUTH,
+                   timeout=TIMEOUT)  # embeddings it routes, by the model's name
+    assert r.status_code == 200 and [d["index"] for d in r.json()["data"]] == [0, 1], r.text
 
 
 @needs_gateway
