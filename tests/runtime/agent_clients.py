@@ -113,6 +113,11 @@ def text_completion() -> str:
     return r.choices[0].text
 
 
+def embedding() -> list[list[float]]:
+    r = litellm.embedding(input=[TEXT, QUESTION[0]["content"]], **LITELLM)
+    return [d["embedding"] for d in r.data]
+
+
 def concurrent() -> list[str]:
     async def all_at_once() -> list[Any]:
         return await asyncio.gather(*(
@@ -183,6 +188,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "litellm_tools_auto": lambda: completion(tools=[ADD], max_tokens=64),
     "litellm_text_completion": text_completion,
     "litellm_concurrent": concurrent,
+    "litellm_embedding": embedding,
     "agents_run": lambda: agent_run(streamed=False),
     "agents_run_streamed": lambda: agent_run(streamed=True),
     "agents_output_type": agent_output_type,

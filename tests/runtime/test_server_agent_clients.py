@@ -140,6 +140,15 @@ def test_litellm_text_completion(results: Results, direct: Direct) -> None:
     assert results["litellm_text_completion"] == r.choices[0].text
 
 
+def test_litellm_embeddings_equal_the_official_clients(results: Results, direct: Direct) -> None:
+    texts = ["Tara Costa is 29 years old. Tara lives in Oslo. Tara likes chess.", QUESTION[0]["content"]]  # the driver's
+    want = direct.client.embeddings.create(model=direct.model, input=texts)
+    got = results["litellm_embedding"]
+    assert len(got) == 2
+    for g, w in zip(got, want.data, strict=True):
+        assert g == pytest.approx(w.embedding, abs=1e-5)
+
+
 def test_litellm_concurrent_requests_each_equal_alone(results: Results, direct: Direct) -> None:
     alone = [direct.chat(messages=[{"role": "user", "content": f"What is {i} plus {i + 3}?"}])["content"]
              for i in range(4)]
