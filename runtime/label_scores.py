@@ -46,11 +46,10 @@ class ScoreCall:
 
     def scores(self, outputs: Sequence[dict[str, Any]]) -> list[list[float]]:
         """Each item's scores, in the order of the labels, from its request's response
-        (`/generate`'s schema; a logprob of minus infinity may read as None, JSON's null)."""
+        (`/generate`'s schema)."""
         out = []
         for response in outputs:
-            entries = response["meta_info"]["output_token_ids_logprobs"][0]
-            logprobs = [-math.inf if e[0] is None else e[0] for e in entries]
+            logprobs = [e[0] for e in response["meta_info"]["output_token_ids_logprobs"][0]]
             out.append(_softmax(logprobs) if self.apply_softmax else [math.exp(lp) for lp in logprobs])
         return out
 
