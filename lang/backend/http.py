@@ -57,14 +57,14 @@ class HttpClient:
 
     def get(self, path: str) -> Any:
         response = self._send("GET", path, None)
-        _check(path, response)
+        check_response(path, response)
         return response.json()
 
     def post(self, path: str, payload: dict[str, Any]) -> tuple[Any, float]:
         """The decoded JSON answer and the seconds the call took (retries included)."""
         start = time.perf_counter()
         response = self._send("POST", path, payload)
-        _check(path, response)
+        check_response(path, response)
         return response.json(), time.perf_counter() - start
 
     def stream(self, path: str, payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], float]]:
@@ -76,7 +76,7 @@ class HttpClient:
         try:
             if response.status_code >= 400:
                 response.read()
-            _check(path, response)
+            check_response(path, response)
             for line in response.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -110,7 +110,8 @@ class HttpClient:
         self._client.close()
 
 
-def _check(path: str, response: httpx.Response) -> None:
+def check_response(path: str, response: httpx.Response) -> None:
+    """Raise `ServerError` with the server's message if `response` (read) is an error."""
     if response.status_code < 400:
         return
     try:

@@ -1,4 +1,6 @@
-"""`Runtime`: start a sprig server as a subprocess and talk to it through `.endpoint`.
+"""`Runtime`: start a sprig server as a subprocess and talk to it through `.endpoint`, or
+through SGLang's `Runtime` methods (`generate`, `async_generate` / `add_request`, `encode`,
+`get_server_info`, `get_tokenizer`), which return what SGLang's do.
 
 The command is `<launcher> serve --model PATH --host HOST --port PORT [--flag value]...`
 with `launcher = (sys.executable, "-m", "sprig.runtime")` by default; each keyword
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -20,12 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any
 
 import httpx
 
+from sprig.backend.http import ServerError, check_response
 from sprig.backend.runtime_endpoint import RuntimeEndpoint
 
 DEFAULT_LAUNCHER = (sys.executable, "-m", "sprig.runtime")
@@ -77,6 +81,8 @@ class Runtime:
             from sprig.runtime.demo import ensure_demo_model
 
             model_path = str(ensure_demo_model())
+        self.model_path = str(model_path)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.command = server_command(model_path, host, self.port, launcher, **server_args)
@@ -144,3 +150,63 @@ class Runtime:
 
     def cache_prefix(self, prefix: str) -> None:
         self.endpoint.cache_prefix(prefix)
+
+    # ------------------------------------------------------------------ SGLang's `Runtime` calls
+    def generate(self, prompt: str | list[str], sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+                 return_logprob: bool | list[bool] = False, logprob_start_len: int | list[int] | None = None,
+                 top_logprobs_num: int | list[int] | None = None) -> str:
+        """One `/generate` call; its response (one prompt's, or a list for a batch) as JSON
+        text, as SGLang's `Runtime.generate` returns it. An error answer raises `ServerError`."""
+        payload = {"text": prompt, "sampling_params": sampling_params, "return_logprob": return_logprob,
+                   "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num}
+        return json.dumps(self.endpoint.http.post("/generate", _given(payload))[0])
+
+    async def async_generate(self, prompt: str, sampling_params: dict[str, Any] | None = None) -> AsyncIterator[str]:
+        """A streamed `/generate` of one prompt, yielding each piece of new text as it comes
+        (SGLang's `Runtime.async_generate`, also named `add_request`). An error answer, or
+        an error event mid-stream, raises `ServerError`."""
+        payload = _given({"text": prompt, "sampling_params": sampling_params, "stream": True})
+        sent = 0
+        async with (httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=None) as client,
+                    client.stream("POST", "/generate", json=payload) as response):
+            if response.status_code >= 400:
+                await response.aread()
+                check_response("/generate", response)
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    return
+                event = json.loads(data)
+                if "error" in event:
+                    raise ServerError("/generate", response.status_code, str(event["error"]))
+                piece = event["text"][sent:]
+                sent = len(event["text"])
+                if piece:
+                    yield piece
+
+    add_request = async_generate
+
+    def encode(self, prompt: str | list[str]) -> str:
+        """One `/encode` call (embeddings); its response as JSON text, as SGLang's
+        `Runtime.encode` returns it."""
+        return json.dumps(self.endpoint.http.post("/encode", {"text": prompt})[0])
+
+    async def get_server_info(self) -> dict[str, Any]:
+        """`/get_server_info`, awaited as SGLang's `Runtime.get_server_info` is."""
+        async with httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=60.0) as client:
+            response = await client.get("/get_server_info")
+        check_response("/get_server_info", response)
+        return response.json()
+
+    def get_tokenizer(self) -> Any:
+        """The served model's tokenizer, loaded in this process (transformers')."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_path)
+
+
+def _given(payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` without the fields left at None (the server's defaults apply)."""
+    return {k: v for k, v in payload.items() if v is not None}

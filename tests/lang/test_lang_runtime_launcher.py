@@ -1,14 +1,23 @@
-"""`Runtime`: the command it builds, a healthy start, and the failure paths."""
+"""`Runtime`: the command it builds, a healthy start, the failure paths, and SGLang's
+`Runtime` calls on a real server."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from transformers import AutoTokenizer
 
 import sprig as sgl
+from sprig.backend.http import ServerError
 from sprig.backend.runtime import server_command
+
+PROMPT = "the quick brown fox"
 
 FAKE_SERVER = str(Path(__file__).with_name("fake_sprig_server.py"))
 
@@ -58,3 +67,37 @@ def test_the_default_model_is_the_embedded_demo_model() -> None:
     with pytest.raises(RuntimeError) as info:
         sgl.Runtime(launcher=(sys.executable, "-c", show_argv_and_fail), launch_timeout=5)
     assert f"'--model', '{DEMO_MODEL_PATH}'" in str(info.value)
+
+
+def test_sglangs_runtime_calls_on_a_real_server(tiny_llama: Path) -> None:
+    """SGLang's `Runtime.generate` / `encode` (JSON text back), `async_generate` and its
+    name `add_request` (pieces of text), `get_server_info` (awaited) and `get_tokenizer`."""
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    with sgl.Runtime(str(tiny_llama), dtype="float32") as runtime:
+        out = json.loads(runtime.generate(PROMPT, params))
+        direct = httpx.post(runtime.url + "/generate", json={"text": PROMPT, "sampling_params": params}, timeout=60)
+        assert out["output_ids"] == direct.json()["output_ids"] and out["meta_info"]["completion_tokens"] == 12
+        batch = json.loads(runtime.generate([PROMPT, "one two"], params, return_logprob=True, top_logprobs_num=2))
+        assert [len(b["meta_info"]["output_top_logprobs"]) for b in batch] == [12, 12]
+        assert batch[0]["text"] == out["text"]
+
+        async def streamed() -> tuple[list[str], list[str]]:
+            return ([p async for p in runtime.async_generate(PROMPT, params)],
+                    [p async for p in runtime.add_request(PROMPT, params)])
+
+        pieces, again = asyncio.run(streamed())
+        assert len(pieces) > 1 and "".join(pieces) == "".join(again) == out["text"]
+        embedded = json.loads(runtime.encode([PROMPT, "one two"]))
+        assert [len(e["embedding"]) for e in embedded] == [64, 64]
+        assert math.fsum(v * v for v in embedded[0]["embedding"]) == pytest.approx(1.0, abs=1e-5)
+        assert asyncio.run(runtime.get_server_info())["model_path"] == str(tiny_llama)
+        assert runtime.get_tokenizer().encode(PROMPT) == AutoTokenizer.from_pretrained(tiny_llama).encode(PROMPT)
+        with pytest.raises(ServerError, match="max_new_tokens"):
+            runtime.generate(PROMPT, {"max_new_tokens": -1})
+
+        async def refused() -> list[str]:
+            return [p async for p in runtime.async_generate(PROMPT, {"max_new_tokens": -1})]
+
+        with pytest.raises(ServerError, match="max_new_tokens"):
+            asyncio.run(refused())
+        assert httpx.get(runtime.url + "/debug/check_integrity", timeout=30).json()["ok"]
