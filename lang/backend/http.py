@@ -78,15 +78,11 @@ class HttpClient:
                 response.read()
             check_response(path, response)
             for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
+                event = sse_event(path, response.status_code, line)
+                if event is SSE_DONE:
                     return
-                event = json.loads(data)
-                if isinstance(event, dict) and "error" in event:
-                    raise ServerError(path, response.status_code, str(event["error"]))
-                yield event, time.perf_counter() - start
+                if event is not None:
+                    yield event, time.perf_counter() - start
         finally:
             response.close()
 
@@ -108,6 +104,23 @@ class HttpClient:
 
     def close(self) -> None:
         self._client.close()
+
+
+SSE_DONE = object()  # what `sse_event` returns for the stream's `[DONE]`
+
+
+def sse_event(path: str, status: int, line: str) -> Any:
+    """The JSON event one line of a server-sent-event answer from `path` carries: None for
+    a line that is not `data:`, `SSE_DONE` for `[DONE]`. An error event raises `ServerError`."""
+    if not line.startswith("data:"):
+        return None
+    data = line[len("data:"):].strip()
+    if data == "[DONE]":
+        return SSE_DONE
+    event = json.loads(data)
+    if isinstance(event, dict) and "error" in event:
+        raise ServerError(path, status, str(event["error"]))
+    return event
 
 
 def check_response(path: str, response: httpx.Response) -> None:

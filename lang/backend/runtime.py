@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from sprig.backend.http import ServerError, check_response
+from sprig.backend.http import SSE_DONE, check_response, sse_event
 from sprig.backend.runtime_endpoint import RuntimeEndpoint
 
 DEFAULT_LAUNCHER = (sys.executable, "-m", "sprig.runtime")
@@ -173,14 +173,11 @@ class Runtime:
                 await response.aread()
                 check_response("/generate", response)
             async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
+                event = sse_event("/generate", response.status_code, line)
+                if event is SSE_DONE:
                     return
-                event = json.loads(data)
-                if "error" in event:
-                    raise ServerError("/generate", response.status_code, str(event["error"]))
+                if event is None:
+                    continue
                 piece = event["text"][sent:]
                 sent = len(event["text"])
                 if piece:
