@@ -98,6 +98,8 @@ HELP = {
     "new_token_ratio_decay": "decay of the reserved share per decode step",
     "in_batch_prefix_min": "shared uncached prefix length that defers a request by a step",
     "check_integrity": "check the KV accounting after every step (slow; for debugging)",
+    "weight_version": "a label for the weights loaded at start, in every response's meta_info until "
+    "/update_weights_from_disk or /update_weight_version names another",
     "grammar_compile_timeout_s": "seconds a regex, JSON schema or ebnf grammar may take to compile; longer is a 400",
     "speculative_algorithm": "speculative decoding's drafter (off by default): ngram (prompt lookup in the "
     "request's own context), radix (the radix cache's most visited continuation: sibling samples, earlier "

@@ -23,6 +23,7 @@ from sprig.runtime.distributed.runner import make_runner
 from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.engine_driver import EngineDriver, add_all
 from sprig.runtime.label_scores import SCORE_SAMPLING, score_call
+from sprig.runtime.model_runner import WeightUpdateError
 from sprig.runtime.request_contract import (
     LogprobOptions,
     ModelLimits,
@@ -32,9 +33,11 @@ from sprig.runtime.request_contract import (
     prompt_rows,
 )
 from sprig.runtime.response import ResponseBuilder
+from sprig.runtime.scheduler.config import check_weight_version
 from sprig.runtime.scheduler.request import Req
 from sprig.runtime.scheduler.scheduler import Scheduler
 from sprig.runtime.tokenizer import load_tokenizer
+from sprig.runtime.weight_update import check_load_format, update_message
 
 Prompt = str | list[str] | None
 
@@ -194,6 +197,30 @@ class Engine:
     def flush_cache(self) -> bool:
         """Empty the radix cache; False (nothing done) while requests are in flight."""
         return not self._driver.busy and self._driver.call(self.scheduler.flush_cache)
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
+                                 weight_version: str | None = None) -> tuple[bool, str, int]:
+        """Load new weights for the served model from the checkpoint directory
+        `model_path` (safetensors; the same architecture and shapes, any float dtype) and
+        empty the radix cache, as SGLang's does: returns `(success, message,
+        num_paused_requests)`, the last always 0 here (the engine holds no requests back).
+        On failure the previous weights stay in place and `message` says why. Refused
+        (False) while async calls are in flight: no request runs on two sets of weights.
+        `weight_version` labels the responses of later requests (`meta_info`);
+        `load_format` is None, "auto" or "safetensors"."""
+        try:
+            check_load_format(load_format)
+            if weight_version is not None:
+                check_weight_version(weight_version)
+        except ValueError as e:
+            return False, str(e), 0
+        if self._driver.busy:
+            return False, "cannot update the weights while async_generate calls are in flight: await them first", 0
+        try:
+            self._driver.call(lambda: self.scheduler.update_weights(str(model_path), weight_version))
+        except WeightUpdateError as e:
+            return False, str(e), 0
+        return True, update_message(weight_version), 0
 
     def check_integrity(self) -> None:
         """The KV invariants (`Scheduler.check_integrity`), checked between scheduler steps."""

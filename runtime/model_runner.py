@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.runner_config import DTYPES, RunnerConfig
-from sprig.runtime.weight_loader import load_model, parameter_count
+from sprig.runtime.weight_loader import load_model, load_weights, parameter_count
 
 CPU_DEFAULT_TOKENS = 16384  # KV pool on CPU when max_total_tokens is not given: these tokens' float bytes ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
@@ -84,15 +85,8 @@ class ModelRunner:
             self.attention_backend, local, self.kv_cache, shadow=config.shadow_attention
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.random_seed)
-        self.graphs = (
-            DecodeGraphs(
-                self.model, self.backend, self.kv_cache, max_bs=config.cuda_graph_max_bs,
-                context_len=self.model_config.context_len, device=self.device,
-            )
-            if self.device.type == "cuda" and self.backend.supports_cuda_graph and tp is None
-            and not config.disable_cuda_graph and not config.shadow_attention
-            else None
-        )
+        self.tp = tp
+        self.graphs = self._new_graphs()
 
     @property
     def num_slots(self) -> int:
@@ -124,6 +118,57 @@ class ModelRunner:
         self._check_context(step)
         return self._eager(step)
 
+    def update_weights(self, path: str, agree: Callable[[bool], bool] = bool) -> None:
+        """Load the weights of the checkpoint at `path` into the model, in place, and make
+        `path` the runner's `config.model_path`; the KV pool is untouched, so the caller
+        drops every cached prefix (K/V computed with the old weights).
+
+        The checkpoint must describe the same model (`check_same_model`); its dtype may
+        differ (weights convert to the runner's). `agree(ok)` says whether every rank
+        loaded its part (tensor parallelism: all ranks take the new weights, or all keep
+        the old). If not, a rank that had begun loading reloads the previous checkpoint
+        and `WeightUpdateError` (a ValueError) says why; a reload that fails too leaves
+        the model unusable and raises RuntimeError. CUDA graphs are captured again on
+        next use (a quantized layer's tensors are rebuilt by a load)."""
+        error: Exception | None = None
+        touched = False
+        try:
+            check_same_model(self.model_config, self._read_config(path), path)
+            touched = True
+            self._load(path)
+        except Exception as e:  # any failure to load: the previous weights go back in place
+            error = e
+        if agree(error is None):
+            self.config = replace(self.config, model_path=str(path))
+            log.info("loaded new weights from %s", path)
+            return
+        if touched:
+            try:
+                self._load(self.config.model_path)
+            except Exception as e:
+                raise RuntimeError(f"restoring the weights of {self.config.model_path} after a failed update "
+                                   f"failed too: {e}") from e
+        reason = "another tensor-parallel rank could not load them" if error is None else error
+        raise WeightUpdateError(f"the weights at {path} were not loaded ({reason}); the weights of "
+                                f"{self.config.model_path} are in place") from error
+
+    def _read_config(self, path: str) -> ModelConfig:
+        return ModelConfig.from_pretrained(path, context_length=self.config.context_length,
+                                           supported=supported_architectures())
+
+    def _load(self, path: str | Path) -> None:
+        load_weights(self.model, path, dtype=self.dtype, device=self.device)
+        self.graphs = self._new_graphs()
+
+    def _new_graphs(self) -> DecodeGraphs | None:
+        """Decode graphs (captured lazily, per batch size) where they apply, else None."""
+        config = self.config
+        if (self.device.type != "cuda" or not self.backend.supports_cuda_graph or self.tp is not None
+                or config.disable_cuda_graph or config.shadow_attention):
+            return None
+        return DecodeGraphs(self.model, self.backend, self.kv_cache, max_bs=config.cuda_graph_max_bs,
+                            context_len=self.model_config.context_len, device=self.device)
+
     def _check_context(self, step: ForwardStep) -> None:
         longest = max(step.kv_lens)
         if longest > self.model_config.context_len:
@@ -138,6 +183,21 @@ class ModelRunner:
             self.backend.begin_step(batch)
             hidden = self.model(batch, self.backend)[logit_rows]  # [R, H]
             return self.model.compute_logits(hidden), hidden  # [R, V], [R, H]
+
+
+class WeightUpdateError(ValueError):
+    """New weights were not loaded; the previous ones are in place."""
+
+
+def check_same_model(served: ModelConfig, new: ModelConfig, path: str | Path) -> None:
+    """ValueError naming every config field (other than the checkpoint's dtype) in which
+    the checkpoint at `path` differs from the served model's: a weight update keeps the
+    model's shape, its rope, its end tokens and its quantization."""
+    changed = [f.name for f in fields(ModelConfig)
+               if f.name != "torch_dtype" and getattr(served, f.name) != getattr(new, f.name)]
+    if changed:
+        detail = ", ".join(f"{name} {getattr(served, name)!r} -> {getattr(new, name)!r}" for name in changed)
+        raise ValueError(f"{Path(path) / 'config.json'} describes another model than the one served ({detail})")
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -135,6 +135,7 @@ class ResponseState:
             "jump_forward_tokens": 0,
             "num_retractions": 0,
             "e2e_latency": 0.0,
+            "weight_version": None,
         }
         if return_logprob:
             meta.update(
@@ -166,6 +167,7 @@ class ResponseState:
             prompt_tokens=out.prompt_tokens,
             e2e_latency=elapsed,
             finish_reason=out.finish_reason,
+            weight_version=out.weight_version,
         )
         if out.spec_accept_histogram:
             meta.update(spec_meta(out.spec_accept_histogram, out.spec_drafted, out.completion_tokens))

@@ -119,9 +119,13 @@ def parameter_count(path: str | Path) -> int:
 def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, device: torch.device) -> None:
     """Copy every checkpoint tensor into its (slice of a) parameter of `model`, or hand it
     to its quantized layer, which is finalized (built in `dtype` on `device`) as soon as
-    its last tensor is in, so only one layer's staged pieces are held at a time."""
+    its last tensor is in, so only one layer's staged pieces are held at a time. Loading
+    again into a loaded model replaces its weights in place (a quantized layer's are
+    rebuilt); pieces a failed load left staged are dropped first."""
     packed: dict[str, tuple[str, str]] = model.packed_modules
     quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    for layer in quantized.values():
+        layer.discard_staged()
     plan = _plan(model, path, packed, quantized)
     pending = Counter(t[0].rpartition(".")[0] for _, _, t in plan)
     params = dict(model.named_parameters())

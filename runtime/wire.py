@@ -51,6 +51,7 @@ class TokenOutput:
     input_token_ids_logprobs: list[list[list[Any]] | None] | None = None
     text_delta: str | None = None
     embedding: list[float] | None = None  # an embedding request's, in its last output
+    weight_version: str = ""  # the label of the weights it ran on
 
 
 @dataclass
@@ -69,10 +70,13 @@ class AbortReq:
 @dataclass
 class ControlReq:
     """A request answered by one `ControlReply` with the same token: `kind` is
-    "flush_cache" or "check_integrity" (anything else gets `ok=False`)."""
+    "flush_cache", "check_integrity", "update_weights" (`args`: `model_path`,
+    `weight_version`, `abort_all_requests`) or "update_weight_version" (`args`:
+    `weight_version`, `abort_all_requests`); anything else gets `ok=False`."""
 
     token: int
     kind: str
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -79,6 +79,10 @@ class TPGroup:
         self.control.allreduce([x], opts).wait()
         return int(x)
 
+    def all_agree(self, ok: bool) -> bool:
+        """Whether every rank says `ok`."""
+        return self.min_int(int(ok)) == 1
+
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's CPU tensor `x` into every rank's `x` (same shape and dtype). Rank 0 waits
         at most the group's timeout for every rank to take it; the others wait without limit."""

@@ -4,6 +4,7 @@ SPEC a JSON object (`rank_spec`): nothing but JSON crosses into the process."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -19,8 +20,8 @@ import torch
 
 from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.group import TPGroup
-from sprig.runtime.distributed.step_message import receive
-from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.distributed.step_message import LoadWeights, receive
+from sprig.runtime.model_runner import ModelRunner, WeightUpdateError
 from sprig.runtime.runner_config import RunnerConfig
 
 log = logging.getLogger("sprig.tp")
@@ -73,6 +74,10 @@ def run_rank(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[s
             raise RuntimeError(f"lost rank 0 while waiting for a step ({e})") from None
         if step is None:
             break
+        if isinstance(step, LoadWeights):
+            with contextlib.suppress(WeightUpdateError):  # rank 0 reports it; the old weights stay
+                runner.update_weights(step.path, agree=group.all_agree)
+            continue
         runner.forward(step)
     log.info("tensor-parallel rank %d: rank 0 sent stop", rank)
 

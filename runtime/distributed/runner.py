@@ -14,10 +14,10 @@ import torch
 from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.rank import check_devices, connect, rank_config, spawn_rank
 from sprig.runtime.distributed.shard import ShardPlan
-from sprig.runtime.distributed.step_message import send_step, send_stop
+from sprig.runtime.distributed.step_message import send_load, send_step, send_stop
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_config import ModelConfig
-from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.model_runner import ModelRunner, WeightUpdateError
 from sprig.runtime.processes import free_port
 from sprig.runtime.runner_config import RunnerConfig
 
@@ -80,6 +80,20 @@ class TPRunner:
         eager path makes the same collectives; rank 0's hidden states are whole (every
         layer ends in an all-reduce)."""
         return self._on_every_rank(step, self.runner.forward_with_hidden)
+
+    def update_weights(self, path: str) -> None:
+        """`ModelRunner.update_weights` on every rank: all ranks take the new weights, or
+        all keep the old (`WeightUpdateError`). A rank's failure to restore them fails the
+        group (`failure`)."""
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+        try:
+            send_load(self.group, str(path))
+            self.runner.update_weights(path, agree=self.group.all_agree)
+        except WeightUpdateError:
+            raise
+        except Exception as e:
+            raise RuntimeError(self._fail(self._dead_rank(RANK_EXIT_WAIT_S) or f"the tensor-parallel group failed: {e}")) from e
 
     def _on_every_rank(self, step: ForwardStep, run: Callable[[ForwardStep], Any]) -> Any:
         if self.failure is not None:

@@ -102,6 +102,10 @@ class QuantizedLinear(nn.Module):
         self.matmul = build_matmul(weight, dtype, device)
         self.perm = None if perm is None else perm.to(device)
         self.bias = staged["bias"].to(dtype=dtype, device=device) if "bias" in staged else None
+        self.discard_staged()
+
+    def discard_staged(self) -> None:
+        """Forget the pieces staged so far (a load that failed part-way; the next starts over)."""
         self._staged, self._filled, self._g_idx = {}, set(), None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]

@@ -21,6 +21,15 @@ SGLANG_NAMES_NOTE = (
 )
 
 
+MAX_WEIGHT_VERSION_CHARS = 256
+
+
+def check_weight_version(version: str) -> None:
+    """ValueError unless `version` is a label of 1 to `MAX_WEIGHT_VERSION_CHARS` characters."""
+    if not 1 <= len(version) <= MAX_WEIGHT_VERSION_CHARS:
+        raise ValueError(f"weight_version must have 1 to {MAX_WEIGHT_VERSION_CHARS} characters, got {len(version)}")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """How requests are admitted, batched and cached.
@@ -63,6 +72,8 @@ class SchedulerConfig:
       a step (a token tree: the radix drafter's less-visited branches, prompt lookup's
       earlier occurrences; with page size 1), each only where it is expected to pay
       (`speculative.cost.widen`); 0: drafts only.
+    - `weight_version`: the label of the weights loaded at start, reported with every
+      response until a weight update names another (`Scheduler.update_weights`).
     """
 
     max_running_requests: int = 64
@@ -86,6 +97,7 @@ class SchedulerConfig:
     disable_draft_decoder: bool = False
     speculative_alternatives: int = 3
     check_integrity: bool = False
+    weight_version: str = "default"
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:
@@ -125,5 +137,6 @@ class SchedulerConfig:
             PassCosts.parse(self.speculative_pass_costs)
         if not 0 <= self.speculative_alternatives <= 16:
             raise ValueError(f"speculative_alternatives must be in [0, 16], got {self.speculative_alternatives}")
+        check_weight_version(self.weight_version)
         if self.in_batch_prefix_min < 1:
             raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

@@ -24,6 +24,7 @@ def collect_output(req: Req, sent_ids: int, sent_input_logprobs: bool, text: str
         finish_reason=req.finish.to_json() if req.finish else None,
         text_delta=text,
         embedding=req.embedding,
+        weight_version=req.weight_version,
     )
     if req.return_logprob:
         out.output_logprobs = [list(e) for e in req.output_logprobs[sent_ids:]]

@@ -64,6 +64,7 @@ class Req:
     finish: FinishReason | None = None
     retractions: int = 0
     jump_forward_tokens: int = 0
+    weight_version: str = ""  # the label of the weights it runs on, set when the scheduler takes it
     # speculative decoding: the verification passes that emitted its tokens, counted by how
     # many drafts each accepted (index k: passes that kept k drafts), and the drafts verified
     spec_accept_histogram: list[int] = field(default_factory=list)

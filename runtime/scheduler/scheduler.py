@@ -17,7 +17,7 @@ from sprig.radix import ReqToTokenPool, SlotAllocator, make_prefix_cache
 from sprig.runtime.constrained import CompilerConfig
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
-from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.model_runner import ModelRunner, WeightUpdateError
 from sprig.runtime.scheduler.admission import Admission, Extend
 from sprig.runtime.scheduler.config import SchedulerConfig
 from sprig.runtime.scheduler.draw import Drawn, draw_tokens
@@ -86,6 +86,7 @@ class Scheduler:
         self._sent: dict[str, tuple[int, bool]] = {}
         self._aborted: list[Req] = []
         self._last_was_prefill = False
+        self.weight_version = config.weight_version
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
@@ -102,6 +103,7 @@ class Scheduler:
             self.stops.forget(req.rid)
             raise RequestRejected(str(e)) from None
         req.stop_ids = req.params.stop_token_set(self.eos_ids)
+        req.weight_version = self.weight_version
         self._reqs[req.rid] = req
         self._sent[req.rid] = (0, False)
         self.waiting.append(req)
@@ -133,6 +135,28 @@ class Scheduler:
             return False
         self.kv.cache.reset()
         return True
+
+    def update_weights(self, model_path: str, weight_version: str | None = None) -> None:
+        """Load the weights at `model_path` (`ModelRunner.update_weights`), then
+        `weights_loaded`. Only between requests: RuntimeError while any is in flight, so no
+        request runs on two sets of weights. A checkpoint that does not load raises
+        `WeightUpdateError` (a ValueError) with the old weights in place."""
+        if self.waiting or self.running or self.chunked:
+            raise RuntimeError("weights change only while no request is in flight")
+        try:
+            self.runner.update_weights(model_path)
+        except WeightUpdateError:
+            self.weights_loaded(None)
+            raise
+        self.weights_loaded(weight_version)
+
+    def weights_loaded(self, weight_version: str | None) -> None:
+        """After the runner loaded weights, or tried to: drop every cached prefix (K/V the
+        old weights computed); `weight_version`, if given, labels the requests taken from
+        now on."""
+        self.kv.cache.reset()
+        if weight_version is not None:
+            self.weight_version = weight_version
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()

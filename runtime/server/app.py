@@ -1,6 +1,7 @@
 """The FastAPI application: the API-key / body-size guard, error handlers, the health,
 OpenAPI and metrics routes, and the routers of `routes_native`, `routes_openai`, `routes_responses`,
-`routes_score`, `routes_embeddings`, `routes_worker` and `routes_info` (which share `http_io`)."""
+`routes_score`, `routes_embeddings`, `routes_weights`, `routes_worker` and `routes_info` (which share
+`http_io`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from sprig.runtime.server import (
     routes_openai,
     routes_responses,
     routes_score,
+    routes_weights,
     routes_worker,
 )
 from sprig.runtime.server.errors import ApiError, error_response
@@ -124,6 +126,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_responses.router)
     app.include_router(routes_score.router)
     app.include_router(routes_embeddings.router)
+    app.include_router(routes_weights.router)
     app.include_router(routes_worker.router)
     app.include_router(routes_info.router)
     return app

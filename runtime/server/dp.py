@@ -140,6 +140,8 @@ def launch_data_parallel(model_path: str, server: ServerConfig, engine: EngineCo
     # is then always a 404 saying so, never one that depends on the route)
     log.info("/v1/responses are not stored behind the gateway: send each conversation as input")
     log.info("the gateway does not route /v1/score: send scoring calls to a worker's own URL")
+    log.info("the gateway does not route /update_weights_from_disk or /update_weight_version: send them to every "
+             "worker's own URL")
     cmd = worker_command(model_path, dataclasses.replace(server, responses_store_bytes=0), engine, threads)
     workers: list[Worker] = []
     gateway: Gateway | None = None

@@ -32,7 +32,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ServerState:
-    """What the routes need; one per app (`app.state.sprig`)."""
+    """What the routes need; one per app (`app.state.sprig`). `model_path` is the
+    checkpoint the server started from (its tokenizer's); `manager.weights` says whose
+    weights run now."""
 
     config: ServerConfig
     engine: EngineConfig

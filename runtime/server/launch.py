@@ -37,7 +37,7 @@ from sprig.runtime.server.http_protocol import with_header_timeout
 from sprig.runtime.server.ipc import IpcPaths
 from sprig.runtime.server.metrics import Metrics
 from sprig.runtime.server.request_builder import RequestBuilder
-from sprig.runtime.server.request_manager import RequestManager
+from sprig.runtime.server.request_manager import RequestManager, ServedWeights
 from sprig.runtime.server.responses_store import ResponseStore
 from sprig.runtime.server.scheduler_process import run_scheduler_process
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
@@ -154,7 +154,8 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         model_name=server.served_model_name or default_model_name(model_path),
         model_info=info,
         manager=RequestManager(
-            ipc, children, Metrics(), engine.scheduler.max_queued_requests, server.watchdog_timeout, on_fatal
+            ipc, children, Metrics(), engine.scheduler.max_queued_requests, server.watchdog_timeout, on_fatal,
+            weights=ServedWeights(model_path, engine.scheduler.weight_version),
         ),
         builder=builder,
         tool_format=tool_format,

@@ -19,6 +19,8 @@ from sprig.runtime.server.protocol import (
     EncodeRequest,
     GenerateRequest,
     ScoringRequest,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightVersionRequest,
 )
 from sprig.runtime.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
 from sprig.runtime.server.responses_protocol import ResponsesRequest
@@ -34,6 +36,8 @@ BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's mod
     "/v1/embeddings": EmbeddingRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
+    "/update_weights_from_disk": UpdateWeightsFromDiskRequest,
+    "/update_weight_version": UpdateWeightVersionRequest,
 }
 ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
           "408": "the body arrived too slowly", "413": "the body is too large",

@@ -177,3 +177,21 @@ class EmbeddingRequest(_Body):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+
+
+class UpdateWeightsFromDiskRequest(_Body):
+    """SGLang's `/update_weights_from_disk` (`routes_weights`). `flush_cache` may only be
+    true: cached prefixes hold K/V the old weights computed."""
+
+    model_path: str = Field(min_length=1, max_length=4096)
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = Field(None, min_length=1, max_length=256)
+    flush_cache: bool = True
+
+
+class UpdateWeightVersionRequest(_Body):
+    """SGLang's `/update_weight_version`: a new label for the weights in place."""
+
+    new_version: str = Field(min_length=1, max_length=256)
+    abort_all_requests: bool = False

@@ -155,12 +155,23 @@ class Call:
                 self.manager.abort_untracked(rid)
 
 
+@dataclass
+class ServedWeights:
+    """The checkpoint whose weights the scheduler runs, and their label: changed when the
+    scheduler's reply to a weight update (or a new label) says it succeeded."""
+
+    model_path: str
+    weight_version: str
+
+
 class RequestManager:
     """Owns the sockets to the scheduler (send) and from both children (receive)."""
 
     def __init__(self, ipc: IpcPaths, children: dict[str, BaseProcess], metrics: Metrics, max_inflight: int,
-                 watchdog_timeout: float, on_fatal: Callable[[str], None] | None = None) -> None:
+                 watchdog_timeout: float, on_fatal: Callable[[str], None] | None = None, *,
+                 weights: ServedWeights) -> None:
         self.ipc = ipc
+        self.weights = weights
         self.children = children
         self.metrics = metrics
         self.max_inflight = max_inflight
@@ -246,14 +257,17 @@ class RequestManager:
             self.send(AbortReq(r))
         return bool(found)
 
-    async def control(self, kind: str, timeout: float = 10.0) -> ControlReply:
+    async def control(self, kind: str, args: dict[str, Any] | None = None,
+                      timeout: float | None = 10.0) -> ControlReply:
+        """The scheduler's reply to control request `kind` (`ControlReq`); 503 if it does not
+        come within `timeout` seconds (None: it comes, or the scheduler dies: 503 too)."""
         if self.dead:
             raise RequestFailed(503, self.dead)
         token = next(self._tokens)
         future = asyncio.get_running_loop().create_future()
         self._controls[token] = future
         try:
-            self.send(ControlReq(token, kind))
+            self.send(ControlReq(token, kind, args or {}))
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise RequestFailed(503, f"the scheduler did not answer {kind} within {timeout:g} s") from None
@@ -298,6 +312,9 @@ class RequestManager:
             self.stats = msg
             self.metrics.observe_stats(msg)
         elif isinstance(msg, ControlReply):
+            if msg.ok and "weight_version" in msg.data:  # whether or not the client still waits
+                self.weights.weight_version = msg.data["weight_version"]
+                self.weights.model_path = msg.data.get("model_path", self.weights.model_path)
             future = self._controls.get(msg.token)
             if future is not None and not future.done():
                 future.set_result(msg)

@@ -106,9 +106,10 @@ async def model_info(request: Request) -> Response:
     st = state_of(request)
     return json_response(
         {
-            "model_path": st.model_path,
+            "model_path": st.manager.weights.model_path,
             "tokenizer_path": st.model_path,
             "served_model_name": st.model_name,
+            "weight_version": st.manager.weights.weight_version,
             "is_generation": True,
             "chat_template": st.builder.chat.source if st.builder.chat else None,
             "bos_token": getattr(st.builder.tokenizer, "bos_token", None),
@@ -125,10 +126,11 @@ async def server_info(request: Request) -> Response:
     st = state_of(request)
     manager, stats = st.manager, st.manager.stats
     server = {k: v for k, v in dataclasses.asdict(st.config).items() if k != "api_keys"}
-    runner = dataclasses.asdict(st.engine.runner) | {"model_path": str(st.engine.runner.model_path)}
+    runner = dataclasses.asdict(st.engine.runner) | {"model_path": st.manager.weights.model_path}
     return json_response(
         {
-            "model_path": st.model_path,
+            "model_path": st.manager.weights.model_path,
+            "weight_version": st.manager.weights.weight_version,
             "served_model_name": st.model_name,
             "url": st.url,
             "server": server | {"api_keys": len(st.config.api_keys)},

@@ -39,6 +39,7 @@ from sprig.runtime.server.child import (
 )
 from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
 from sprig.runtime.server.stats import StatsTracker
+from sprig.runtime.server.weight_updates import WeightUpdates
 from sprig.runtime.wire import (
     AbortReq,
     ControlReply,
@@ -56,6 +57,7 @@ from sprig.runtime.wire import (
 log = logging.getLogger("sprig.scheduler")
 Send = Callable[[object], None]
 IDLE_CHECK_INTERVAL_S = 2.0  # the idle KV self-check walks the radix tree: not at every idle moment
+UPDATE_POLL_S = 0.01  # how often an idle loop looks at a weight update in progress
 
 
 class SchedulerLoop:
@@ -67,16 +69,21 @@ class SchedulerLoop:
         self.send_http = send_http
         self.stats = stats
         self.live: set[str] = set()
+        self.updates = WeightUpdates(scheduler, send_http)
         self._last_idle_check = -IDLE_CHECK_INTERVAL_S
 
     # ------------------------------------------------------------------ messages
     def handle(self, msg: object) -> None:
+        if self.updates.hold(msg):
+            return
         if isinstance(msg, TokenizedRequest):
             self._add(msg)
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, ControlReq):
-            self.send_http(self._control(msg))
+            reply = self._control(msg)
+            if reply is not None:
+                self.send_http(reply)
         else:
             log.error("ignoring unexpected message %s", type(msg).__name__)
 
@@ -108,13 +115,27 @@ class SchedulerLoop:
             )
         )
 
-    def _control(self, msg: ControlReq) -> ControlReply:
+    def _control(self, msg: ControlReq) -> ControlReply | None:
+        """The reply to `msg`, or None for a weight update (`WeightUpdates` answers it)."""
+        if msg.kind in ("update_weights", "update_weight_version") and msg.args.get("abort_all_requests"):
+            self._abort_all()
+        if msg.kind == "update_weights":
+            self.updates.start(msg)
+            return None
+        if msg.kind == "update_weight_version":
+            self.scheduler.weight_version = msg.args["weight_version"]
+            return ControlReply(msg.token, True, {"weight_version": self.scheduler.weight_version})
         if msg.kind == "flush_cache":
             return ControlReply(msg.token, self.scheduler.flush_cache())
         if msg.kind == "check_integrity":
             error = self._integrity_error()
             return ControlReply(msg.token, error is None, {"error": error, **self.kv_state()})
         return ControlReply(msg.token, False, {"error": f"unknown control request {msg.kind!r}"})
+
+    def _abort_all(self) -> None:
+        log.info("aborting the %d requests in flight", len(self.live))
+        for rid in sorted(self.live):
+            self.scheduler.abort(rid)
 
     def kv_state(self) -> dict[str, Any]:
         s, kv = self.scheduler, self.scheduler.kv
@@ -128,6 +149,8 @@ class SchedulerLoop:
             "kv_protected": kv.cache.protected_size(),
             "rows_available": kv.table.available(),
             "rows": kv.table.size,
+            "weight_update_pending": self.updates.active,
+            "held_requests": self.updates.held_requests,
         }
 
     def _integrity_error(self) -> str | None:
@@ -188,7 +211,8 @@ class SchedulerLoop:
             if heartbeat.due():
                 self.send_http(Heartbeat("scheduler"))
             busy = self.scheduler.has_work
-            if sock.poll(0 if busy else int(self.stats.interval * 1000)):
+            idle_wait = UPDATE_POLL_S if self.updates.active else self.stats.interval
+            if sock.poll(0 if busy else int(idle_wait * 1000)):
                 while True:
                     try:
                         data = sock.recv(zmq.NOBLOCK)
@@ -203,6 +227,8 @@ class SchedulerLoop:
                 return
             if self.scheduler.has_work:
                 self.run_step()
+            for held in self.updates.advance():
+                self.handle(held)
             report = self.stats.tick(self.scheduler, busy=self.scheduler.has_work)
             if report is not None:
                 self.send_http(report)
@@ -258,6 +284,7 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
     try:
         loop.serve_forever(sock, parent, ipc)
     finally:
+        loop.updates.close()
         scheduler.close()
         runner.close()
 

@@ -19,7 +19,12 @@ decoding off or with any drafter (the draft model: the target's first layer,
 `draft_checkpoints.truncated_draft`, its rounds in the CPU's draft decoder or through its
 runner as on CUDA; token trees up to 4 paths, half of the prompt-lookup workloads with
 `PerturbedTrees`' trees; alone runs never speculate), in shadow mode,
-driven step by step through the scheduler.
+driven step by step through the scheduler. In `STALE_START_SHARE` of workloads (drawn by a
+generator of their own) the engine starts on another checkpoint of the same model
+(`weight_checkpoints.perturbed_copy`), runs the whole workload there (caching its prefixes
+with K/V of the wrong weights), then loads the model's weights
+(`Engine.update_weights_from_disk`) before the workload that is checked: nothing the first
+run left (cached prefixes, kept K/V, drafts) may show in the second.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
 engine, its finish reason too, and its logprobs (output, top and input) agree within
@@ -55,6 +60,7 @@ import torch
 from draft_checkpoints import truncated_draft
 from hf_kv_quant import hf_model
 from quant_checkpoints import with_rtn_weights
+from weight_checkpoints import perturbed_copy
 
 from sprig.kernels.logit_mask import unpack_bitmask
 from sprig.runtime import Engine
@@ -79,6 +85,7 @@ LOGPROB_TOL = 1e-5
 # step (a step is 1/127 of its token-head's largest value) moves it further
 EMBED_TOL = {"auto": 1e-5, "int8": 1e-3}
 EMBED_SHARE = 0.1
+STALE_START_SHARE = 0.15
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' names (the EOS's too), whole, as text
@@ -130,11 +137,13 @@ class Workload:
     requests: tuple[Request, ...]
     options: dict[str, Any]  # Engine keywords
     perturbed_trees: bool = False  # drafts from `PerturbedTrees` instead of the ngram drafter's
+    stale_start: bool = False  # first run on other weights, then loads the model's (`STALE_START_SHARE`)
 
     def describe(self) -> str:
         return (
             f"workload seed {self.seed} on {self.model}: {len(self.requests)} requests, "
             f"engine {self.options}{', drafts from PerturbedTrees' if self.perturbed_trees else ''}"
+            f"{', after a run on other weights and an update' if self.stale_start else ''}"
         )
 
 
@@ -230,6 +239,7 @@ class Stats:
     by_tp: dict[str, int] = field(default_factory=dict)  # workloads by tensor-parallel ranks
     alternatives: int = 0  # alternative paths of token trees verified (the ngram and radix drafters')
     alternatives_kept: int = 0  # of them, those the kept tokens lay on
+    weight_updates: int = 0  # workloads run after a run on other weights and a weight update
 
     def line(self) -> str:
         kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec}
@@ -241,7 +251,7 @@ class Stats:
             f"{self.picked} with token_ids_logprob; {self.embeddings} embeddings (largest difference "
             f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
-            f"alternative paths verified, {self.alternatives_kept} followed"
+            f"alternative paths verified, {self.alternatives_kept} followed; {self.weight_updates} after a weight update"
         )
 
 
@@ -290,7 +300,8 @@ def make_workload(
     if constraints.random() < GUIDED_SHARE:  # its own generator, as the requests' constraints
         options["grammar_backend"] = "llguidance"
     trees = options.get("speculative_algorithm") == "ngram" and options["speculative_alternatives"] > 0
-    return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5)
+    return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5,
+                    stale_start=random.Random(f"weights {seed}").random() < STALE_START_SHARE)
 
 
 def _params(rng: random.Random, constraints: random.Random, vocab: int, small: bool) -> SamplingParams:
@@ -773,6 +784,14 @@ def fuzz(
     return stats
 
 
+def stale_copy(path: Path) -> Path:
+    """The model at `path` after a 'training step' (other weights), saved beside it once."""
+    out = path.parent / f"{path.name}-stale"
+    if not (out / "config.json").exists():
+        perturbed_copy(path, out, seed=1)
+    return out
+
+
 def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> None:
     """One workload: batched on its engine, then each request against its alone run."""
     options = workload.options
@@ -780,8 +799,17 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
         options = {**options, "speculative_draft_model_path": str(truncated_draft(path))}
     key = reference_key(workload.options)
     alone = {r.rid: ref.alone(r, key) for r in workload.requests if r.checked} if workload.perturbed_trees else {}
-    with Engine(str(path), dtype="float32", device=ref.device, shadow_attention=True, check_integrity=True,
+    start = stale_copy(path) if workload.stale_start else path
+    with Engine(str(start), dtype="float32", device=ref.device, shadow_attention=True, check_integrity=True,
                 **options) as engine:
+        if workload.stale_start:
+            try:
+                drive(engine, workload.requests)
+            except Exception as e:
+                raise Mismatch(f"{workload.describe()}\nthe run on other weights failed: {e!r}") from e
+            ok, message, _ = engine.update_weights_from_disk(str(path))
+            assert ok, f"{workload.describe()}\nthe weight update failed: {message}"
+            stats.weight_updates += 1
         if workload.perturbed_trees:
             runs = [[*r.prompt, *o.ids] for r in workload.requests if r.checked for o in alone[r.rid].values()]
             engine.scheduler.speculative.drafter = ContextDrafts(PerturbedTrees(runs, workload.seed))

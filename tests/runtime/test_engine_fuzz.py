@@ -81,6 +81,11 @@ def test_workloads_draw_int4_weights() -> None:
     assert kv == [o["kv_cache_dtype"] for o in options]  # the share changes nothing else
 
 
+def test_workloads_draw_stale_starts() -> None:
+    stale = [make_workload(seed, "m", 512, triton=False).stale_start for seed in range(40)]
+    assert any(stale[:8]) and 2 <= sum(stale) <= 12  # CI's first workloads include one
+
+
 def test_workloads_draw_speculative_decoding() -> None:
     drafters = [make_workload(seed, "m", 512, triton=False).options.get("speculative_algorithm") for seed in range(40)]
     assert set(drafters) == {None, "ngram", "radix", "draft"}

@@ -32,7 +32,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from server_helpers import TIMEOUT, Server, cmdline, descendants, pid_alive, running_server
+from transformers import AutoModelForCausalLM
+from weight_checkpoints import perturbed_copy
 
 from sprig.runtime.cli import build_parser, configs_from_args
 from sprig.runtime.server.dp import config_flags, worker_command
@@ -255,6 +258,41 @@ def test_scoring_goes_to_a_worker_since_the_gateway_does_not_route_it(dp_server:
     r = httpx.post(dp_server.url + "/v1/embeddings", json={"model": model, "input": ["a b", "c"]}, headers=AUTH,
                    timeout=TIMEOUT)  # embeddings it routes, by the model's name
     assert r.status_code == 200 and [d["index"] for d in r.json()["data"]] == [0, 1], r.text
+
+
+@needs_gateway
+def test_weight_updates_go_to_each_worker_since_the_gateway_does_not_route_them(
+        tiny_llama: Path, dp_server: DataParallelServer, tmp_path: Path) -> None:
+    """smg 1.13 has no `/update_weights_from_disk` route (README, Data parallelism): each
+    worker is updated at its own URL, then the gateway and every worker answer what
+    transformers generates with the new weights, labelled with their version."""
+    new = perturbed_copy(tiny_llama, tmp_path / "new", seed=1)
+    r = httpx.post(dp_server.url + "/update_weights_from_disk", json={"model_path": str(new)}, headers=AUTH,
+                   timeout=TIMEOUT)
+    assert r.status_code == 404 and "/update_weights_from_disk" in r.text, r.text
+    assert "does not route /update_weights_from_disk" in dp_server.log.read_text()
+    prompt = [5, 17, 230, 41]
+    expected = hf_greedy_ids(new, prompt, 6)
+    try:
+        for worker in dp_server.workers:
+            r = httpx.post(worker + "/update_weights_from_disk", json={"model_path": str(new), "weight_version": "v1"},
+                           headers=AUTH, timeout=TIMEOUT)
+            assert r.status_code == 200 and r.json()["success"], r.text
+        body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+        for where in [dp_server.url, *dp_server.workers]:
+            out = httpx.post(where + "/generate", json=body, headers=AUTH, timeout=TIMEOUT).json()
+            assert out["output_ids"] == expected and out["meta_info"]["weight_version"] == "v1", where
+    finally:
+        for worker in dp_server.workers:
+            httpx.post(worker + "/update_weights_from_disk", json={"model_path": str(tiny_llama),
+                       "weight_version": "default"}, headers=AUTH, timeout=TIMEOUT)
+
+
+def hf_greedy_ids(path: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
 
 
 @needs_gateway

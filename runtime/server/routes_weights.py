@@ -1,0 +1,77 @@
+"""SGLang's weight-update routes, for reinforcement-learning loops that serve rollouts from
+the policy being trained:
+
+- `POST /update_weights_from_disk` `{"model_path", "weight_version"?, "abort_all_requests"?,
+  "load_format"?}`: load a checkpoint of the same model (its safetensors, in any float
+  dtype) in place and drop the radix cache. It waits for the requests already sent to
+  finish (or aborts them, with `abort_all_requests`), and requests sent meanwhile wait for
+  it (`weight_updates`), so each request runs on one set of weights. 200 `{"success":
+  true, "message", "num_paused_requests"}` (the requests that waited), or 400 `{"success":
+  false, "message"}` with the old weights in place. The tokenizer and the served model
+  name stay those the server started with; `/get_model_info`'s `model_path` names the
+  checkpoint loaded.
+- `POST /update_weight_version` `{"new_version", "abort_all_requests"?}`: a new label for
+  the weights in place, carried by the responses of requests sent after it
+  (`meta_info["weight_version"]`).
+- `GET /get_weight_version`: the current label.
+
+The model path is read by the scheduler process, on the server's machine (and, under
+tensor parallelism, by every rank at that path): guard the server with `--api-key` where
+others can reach it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from sprig.runtime.server.errors import ApiError, parse
+from sprig.runtime.server.http_io import json_response, prepare, state_of
+from sprig.runtime.server.protocol import UpdateWeightsFromDiskRequest, UpdateWeightVersionRequest
+from sprig.runtime.weight_update import check_load_format
+
+router = APIRouter()
+
+
+def _update_args(body: Any) -> dict[str, Any]:
+    req: UpdateWeightsFromDiskRequest = parse(UpdateWeightsFromDiskRequest, body)
+    try:
+        check_load_format(req.load_format)
+    except ValueError as e:
+        raise ApiError(400, str(e), "load_format") from None
+    if not req.flush_cache:
+        raise ApiError(400, "flush_cache must be true: cached prefixes hold K/V the old weights computed, so a "
+                       "weight update always drops them", "flush_cache")
+    return {"model_path": req.model_path, "weight_version": req.weight_version,
+            "abort_all_requests": req.abort_all_requests}
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request) -> Response:
+    st = state_of(request)
+    args = await prepare(request, _update_args, new_work=False)
+    reply = await st.manager.control("update_weights", args, timeout=None)
+    if not reply.ok:
+        return json_response({"success": False, "message": reply.data["message"]}, 400)
+    return json_response({"success": True, "message": reply.data["message"],
+                          "num_paused_requests": reply.data["num_paused_requests"]})
+
+
+@router.post("/update_weight_version")
+async def update_weight_version(request: Request) -> Response:
+    st = state_of(request)
+    req: UpdateWeightVersionRequest = await prepare(
+        request, lambda body: parse(UpdateWeightVersionRequest, body), new_work=False
+    )
+    reply = await st.manager.control(
+        "update_weight_version", {"weight_version": req.new_version, "abort_all_requests": req.abort_all_requests}
+    )
+    version = reply.data["weight_version"]
+    return json_response({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
+
+
+@router.get("/get_weight_version")
+async def get_weight_version(request: Request) -> Response:
+    return json_response({"weight_version": state_of(request).manager.weights.weight_version})

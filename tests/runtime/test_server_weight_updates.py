@@ -1,0 +1,207 @@
+"""The real server's weight updates (SGLang's `/update_weights_from_disk`,
+`/update_weight_version`, `/get_weight_version`): after an update `/generate` answers what
+transformers generates with the new checkpoint; requests sent while an update waits for
+those before it are held and run on the new weights, the earlier ones finish on the old
+(each labelled by its weights' version), so no request runs on two sets of weights;
+`abort_all_requests` ends the requests in flight; a checkpoint that does not load leaves
+the old weights; bad bodies are a 400 naming the field. The server is idle and intact
+after each test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from engine_helpers import hf_greedy
+from server_helpers import Server, running_server
+from weight_checkpoints import perturbed_copy
+
+from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
+
+PROMPT = "the quick red fox and the blue dog"
+SHORT = {"temperature": 0, "max_new_tokens": 10}
+LONG = {"temperature": 0, "max_new_tokens": 6000, "ignore_eos": True}  # runs for many seconds
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny llama with room for long requests, and the same model after a 'training step'."""
+    root = tmp_path_factory.mktemp("weights")
+    old = build_tiny_checkpoint(root / "old", "llama", max_position_embeddings=8192)
+    return old, perturbed_copy(old, root / "new", seed=1)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints: tuple[Path, Path]) -> Iterator[Server]:
+    with running_server(checkpoints[0], "--weight-version", "step-0") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoints: tuple[Path, Path]) -> dict[Path, list[int]]:
+    return {path: hf_greedy(path, [PROMPT], SHORT["max_new_tokens"])[0] for path in checkpoints}
+
+
+@pytest.fixture(autouse=True)
+def intact_after(server: Server, checkpoints: tuple[Path, Path]) -> Iterator[None]:
+    yield
+    server.wait_idle()
+    back = update(server, {"model_path": str(checkpoints[0]), "weight_version": "step-0"})
+    assert back.status_code == 200, back.text
+
+
+def update(server: Server, body: dict[str, Any]):
+    return server.post("/update_weights_from_disk", body)
+
+
+def generate(server: Server, params: dict[str, Any] = SHORT, **body: Any) -> dict[str, Any]:
+    return server.generate({"text": PROMPT, "sampling_params": params, **body})
+
+
+def model_path(server: Server) -> str:
+    return server.get("/get_model_info").json()["model_path"]
+
+
+def test_sglang_update_flow(server: Server, checkpoints: tuple[Path, Path], expected: dict[Path, list[int]]) -> None:
+    """SGLang's own test of the route: the model path follows the weights, a path that does
+    not exist changes nothing."""
+    old, new = checkpoints
+    assert model_path(server) == str(old)
+    assert generate(server)["output_ids"] == expected[old]
+    r = update(server, {"model_path": str(new)})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+    assert model_path(server) == str(new)
+    info = server.info()
+    assert info["model_path"] == info["runner"]["model_path"] == str(new)
+    out = generate(server)
+    assert out["output_ids"] == expected[new] and out["meta_info"]["cached_tokens"] == 0
+    r = update(server, {"model_path": str(new.parent / "absent")})
+    assert r.status_code == 400 and r.json()["success"] is False
+    assert "is not a directory" in r.json()["message"] and f"the weights of {new} are in place" in r.json()["message"]
+    assert model_path(server) == str(new)
+    assert generate(server)["output_ids"] == expected[new]
+    assert server.get("/get_model_info").json()["tokenizer_path"] == str(old)  # the tokenizer stays
+
+
+def _start_long(server: Server, rid: str, results: dict[str, Any]) -> threading.Thread:
+    """A long streamed request on its own thread; returns once its first tokens arrived."""
+    started = threading.Event()
+
+    def run() -> None:
+        body = {"text": PROMPT, "sampling_params": LONG, "stream": True, "rid": rid}
+        with httpx.stream("POST", server.url + "/generate", json=body, headers=server.headers, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    started.set()
+                    results[rid] = line
+        started.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(60)
+    return thread
+
+
+def _wait_for(server: Server, check) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while not check(state := server.get("/debug/check_integrity").json()):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.02)
+    return state
+
+
+def test_requests_sent_during_an_update_wait_for_it(server: Server, checkpoints: tuple[Path, Path],
+                                                    expected: dict[Path, list[int]]) -> None:
+    old, new = checkpoints
+    streams: dict[str, Any] = {}
+    long = [_start_long(server, f"long-{i}", streams) for i in range(2)]
+    replies: dict[str, Any] = {}
+    updater = threading.Thread(target=lambda: replies.update(
+        update=update(server, {"model_path": str(new), "weight_version": "step-1"})))
+    updater.start()
+    _wait_for(server, lambda s: s["weight_update_pending"])
+    waiting = [threading.Thread(target=lambda i=i: replies.update({i: generate(server)})) for i in range(3)]
+    for t in waiting:
+        t.start()
+    _wait_for(server, lambda s: s["held_requests"] == 3)
+    for i in range(2):  # the long requests still run, on the old weights: stop them
+        assert server.post("/abort_request", {"rid": f"long-{i}"}).json()["aborted"]
+    for t in [*long, updater, *waiting]:
+        t.join(60)
+    assert replies["update"].json() == {"success": True, "num_paused_requests": 3,
+                                        "message": "Succeeded to update model weights. Weight version updated to step-1."}
+    for i in range(3):
+        assert replies[i]["output_ids"] == expected[new]
+        assert replies[i]["meta_info"]["weight_version"] == "step-1"
+    for rid, last in streams.items():  # what the aborted requests generated came from the old weights
+        final = orjson.loads(last.removeprefix("data: "))
+        assert final["meta_info"]["finish_reason"]["type"] == "abort", rid
+        assert final["meta_info"]["weight_version"] == "step-0"
+        assert len(final["output_ids"]) >= SHORT["max_new_tokens"]
+        assert final["output_ids"][: SHORT["max_new_tokens"]] == expected[old]
+
+
+def test_abort_all_requests_ends_the_requests_in_flight(server: Server, checkpoints: tuple[Path, Path],
+                                                        expected: dict[Path, list[int]]) -> None:
+    old, new = checkpoints
+    streams: dict[str, Any] = {}
+    long = [_start_long(server, f"doomed-{i}", streams) for i in range(3)]
+    r = update(server, {"model_path": str(new), "abort_all_requests": True})
+    assert r.status_code == 200 and r.json()["success"], r.text
+    for t in long:
+        t.join(60)
+    for last in streams.values():
+        final = orjson.loads(last.removeprefix("data: "))
+        assert final["meta_info"]["finish_reason"]["type"] == "abort"
+        assert final["output_ids"][: SHORT["max_new_tokens"]] == expected[old]
+    assert model_path(server) == str(new)
+    assert generate(server)["output_ids"] == expected[new]
+
+
+def test_weight_versions(server: Server, checkpoints: tuple[Path, Path]) -> None:
+    assert server.get("/get_weight_version").json() == {"weight_version": "step-0"}  # --weight-version
+    assert generate(server)["meta_info"]["weight_version"] == "step-0"
+    r = server.post("/update_weight_version", {"new_version": "step-0b"})
+    assert r.json() == {"success": True, "message": "Weight version updated to step-0b", "new_version": "step-0b"}
+    assert server.get("/get_weight_version").json() == {"weight_version": "step-0b"}
+    events = server.stream("/generate", {"text": PROMPT, "sampling_params": SHORT, "stream": True})
+    assert {e["meta_info"]["weight_version"] for e in events[:-1]} == {"step-0b"}
+    assert update(server, {"model_path": str(checkpoints[1])}).json()["success"]  # no label: it stays
+    assert server.get("/get_model_info").json()["weight_version"] == "step-0b"
+    assert server.info()["weight_version"] == "step-0b"
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/update_weights_from_disk", {}, "model_path"),
+    ("/update_weights_from_disk", {"model_path": ""}, "model_path"),
+    ("/update_weights_from_disk", {"model_path": 5}, "model_path"),
+    ("/update_weights_from_disk", {"model_path": "x" * 5000}, "model_path"),
+    ("/update_weights_from_disk", {"model_path": "m", "flush_cache": False}, "flush_cache"),
+    ("/update_weights_from_disk", {"model_path": "m", "load_format": "pt"}, "load_format"),
+    ("/update_weights_from_disk", {"model_path": "m", "weight_version": ""}, "weight_version"),
+    ("/update_weights_from_disk", {"model_path": "m", "weight_version": "v" * 300}, "weight_version"),
+    ("/update_weights_from_disk", {"model_path": "m", "abort_all_requests": "yes"}, "abort_all_requests"),
+    ("/update_weight_version", {}, "new_version"),
+    ("/update_weight_version", {"new_version": 3}, "new_version"),
+    ("/update_weight_version", {"new_version": "v", "abort_all_requests": 1}, "abort_all_requests"),
+])
+def test_bad_bodies_are_a_400_naming_the_field(server: Server, path: str, body: dict, field: str) -> None:
+    r = server.post(path, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field, r.text
+    assert server.get("/get_weight_version").json() == {"weight_version": "step-0"}
+
+
+def test_openapi_documents_the_bodies(server: Server) -> None:
+    doc = server.get("/openapi.json").json()
+    body = doc["paths"]["/update_weights_from_disk"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/UpdateWeightsFromDiskRequest"}
+    assert doc["components"]["schemas"]["UpdateWeightsFromDiskRequest"]["required"] == ["model_path"]
+    assert "/get_weight_version" in doc["paths"]

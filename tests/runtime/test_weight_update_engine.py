@@ -1,0 +1,178 @@
+"""`Engine.update_weights_from_disk`: after an update the engine generates what transformers
+generates with the new checkpoint (and what a fresh engine on it generates), on every
+architecture, on two tensor-parallel ranks, with online int8 weights and with speculative
+decoding; no prefix cached before the update is reused after it; a checkpoint that does not
+load (missing, another shape, a missing tensor, a tensor of the wrong shape found after
+most of the others were copied) leaves the old weights generating what they did."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import assert_idle_and_intact, hf_greedy, make_prompts
+from weight_checkpoints import edited_copy, perturbed_copy
+
+from sprig.runtime import Engine
+from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
+
+ENGINE = dict(dtype="float32", device="cpu", cpu_threads=1, max_total_tokens=2048)
+NEW_TOKENS = 10
+PROMPTS = make_prompts(4, seed=11)
+
+
+def greedy(engine: Engine, prompts: list[str] = PROMPTS) -> list[list[int]]:
+    outs = engine.generate(prompts, {"max_new_tokens": NEW_TOKENS, "temperature": 0})
+    return [o["output_ids"] for o in outs]
+
+
+def fresh_greedy(path: Path, prompts: list[str] = PROMPTS, **kwargs) -> list[list[int]]:
+    with Engine(str(path), **(ENGINE | kwargs)) as engine:
+        return greedy(engine, prompts)
+
+
+@pytest.fixture(scope="module")
+def stepped(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each tiny checkpoint after a 'training step': the same model, other weights."""
+    root = tmp_path_factory.mktemp("stepped")
+    return {arch: perturbed_copy(path, root / arch, seed=1) for arch, path in tiny_checkpoints.items()}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_updated_weights_generate_what_transformers_does(arch: str, tiny_checkpoints: dict[str, Path],
+                                                         stepped: dict[str, Path]) -> None:
+    old, new = tiny_checkpoints[arch], stepped[arch]
+    expected_old, expected_new = hf_greedy(old, PROMPTS, NEW_TOKENS), hf_greedy(new, PROMPTS, NEW_TOKENS)
+    assert expected_old != expected_new  # the step changed what the model says
+    with Engine(str(old), **ENGINE) as engine:
+        assert greedy(engine) == expected_old
+        assert engine.update_weights_from_disk(str(new)) == (True, "Succeeded to update model weights.", 0)
+        assert greedy(engine) == expected_new
+        assert engine.runner.config.model_path == str(new)
+        assert engine.update_weights_from_disk(str(old))[0]
+        assert greedy(engine) == expected_old
+        assert_idle_and_intact(engine)
+
+
+def test_no_prefix_cached_before_an_update_is_reused(tiny_llama: Path, stepped: dict[str, Path]) -> None:
+    shared = "the quick red fox and the blue dog went to the cache tree with one two three requests " * 2
+    prompts = [shared + p for p in PROMPTS]
+    with Engine(str(tiny_llama), **ENGINE) as engine:
+        greedy(engine, prompts)  # the shared prefix is now cached, its K/V from the old weights
+        assert engine.scheduler.kv.cache.evictable_size() > 0
+        engine.update_weights_from_disk(str(stepped["llama"]))
+        assert engine.scheduler.kv.cache.evictable_size() == 0
+        first = engine.generate(prompts[0], {"max_new_tokens": NEW_TOKENS, "temperature": 0})
+        assert first["meta_info"]["cached_tokens"] == 0
+        assert [first["output_ids"], *greedy(engine, prompts[1:])] == fresh_greedy(stepped["llama"], prompts)
+        assert_idle_and_intact(engine)
+
+
+def test_a_checkpoint_in_another_dtype_is_converted(tiny_llama: Path, tmp_path: Path) -> None:
+    half = perturbed_copy(tiny_llama, tmp_path / "bf16", seed=2, dtype=torch.bfloat16)
+    with Engine(str(tiny_llama), **ENGINE) as engine:
+        assert engine.update_weights_from_disk(str(half))[0]
+        assert engine.runner.dtype == torch.float32
+        assert greedy(engine) == hf_greedy(half, PROMPTS, NEW_TOKENS)
+
+
+def _drop(name: str):
+    return lambda w: {k: v for k, v in w.items() if k != name}
+
+
+def _truncate(name: str):
+    return lambda w: w | {name: w[name][:-1]}
+
+
+def test_a_checkpoint_that_does_not_load_leaves_the_old_weights(tiny_llama: Path, stepped: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    new = stepped["llama"]
+    deeper = build_tiny_checkpoint(tmp_path / "deeper", "llama", num_hidden_layers=3)
+    cases = {  # path -> what the message must say
+        tmp_path / "absent": "is not a directory",
+        deeper: "num_layers 2 -> 3",
+        edited_copy(new, tmp_path / "missing", _drop("model.layers.1.mlp.up_proj.weight")):
+            "missing tensor(s) model.layers.1.mlp.up_proj.weight",
+        # sorted last, so every other (changed) tensor is copied before this one fails
+        edited_copy(new, tmp_path / "misshaped", _truncate("model.norm.weight")): "'model.norm.weight' has shape [63]",
+    }
+    with Engine(str(tiny_llama), **ENGINE, weight_version="v0") as engine:
+        before = greedy(engine)
+        for path, reason in cases.items():
+            ok, message, paused = engine.update_weights_from_disk(str(path), weight_version="v1")
+            assert not ok and paused == 0
+            assert reason in message and f"the weights of {tiny_llama} are in place" in message, message
+            assert greedy(engine) == before, path.name
+            assert engine.runner.config.model_path == str(tiny_llama)
+            assert engine.scheduler.weight_version == "v0"
+        assert engine.update_weights_from_disk(str(new))[0]
+        assert greedy(engine) == hf_greedy(new, PROMPTS, NEW_TOKENS)
+        assert_idle_and_intact(engine)
+
+
+def test_weight_versions_label_the_responses(tiny_llama: Path, stepped: dict[str, Path]) -> None:
+    with Engine(str(tiny_llama), **ENGINE, weight_version="step-0") as engine:
+        params = {"max_new_tokens": 2}
+        assert engine.generate("a", params)["meta_info"]["weight_version"] == "step-0"
+        ok, message, _ = engine.update_weights_from_disk(str(stepped["llama"]), weight_version="step-1")
+        assert ok and message == "Succeeded to update model weights. Weight version updated to step-1."
+        assert [o["meta_info"]["weight_version"] for o in engine.generate(["a", "b"], params)] == ["step-1"] * 2
+        assert engine.update_weights_from_disk(str(tiny_llama))[0]  # no new label: the old one stays
+        assert engine.generate("a", params)["meta_info"]["weight_version"] == "step-1"
+        for bad, field in [({"load_format": "pt"}, "load_format"), ({"weight_version": ""}, "weight_version")]:
+            ok, message, _ = engine.update_weights_from_disk(str(tiny_llama), **bad)
+            assert not ok and field in message
+
+
+def test_refused_while_async_calls_are_in_flight(tiny_llama: Path, stepped: dict[str, Path]) -> None:
+    with Engine(str(tiny_llama), **ENGINE) as engine:
+        async def main() -> tuple[tuple[bool, str, int], dict]:
+            call = asyncio.ensure_future(engine.async_generate(
+                "the fox", {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}))
+            await asyncio.sleep(0)
+            refused = engine.update_weights_from_disk(str(stepped["llama"]))
+            return refused, await call
+
+        refused, out = asyncio.run(main())
+        assert refused[0] is False and "in flight" in refused[1]
+        assert out["meta_info"]["finish_reason"]["type"] == "length"
+        assert engine.runner.config.model_path == str(tiny_llama)
+        assert engine.update_weights_from_disk(str(stepped["llama"]))[0]
+
+
+def test_online_int8_weights_are_quantized_again(tiny_llama: Path, stepped: dict[str, Path], tmp_path: Path) -> None:
+    new = stepped["llama"]
+    # the v projection fails after the q and k projections of its fused layer were staged
+    broken = edited_copy(new, tmp_path / "broken", _truncate("model.layers.1.self_attn.v_proj.weight"))
+    with Engine(str(tiny_llama), **ENGINE, quantization="int8") as engine:
+        before = greedy(engine)
+        assert not engine.update_weights_from_disk(str(broken))[0]
+        assert greedy(engine) == before
+        assert engine.update_weights_from_disk(str(new))[0]
+        assert greedy(engine) == fresh_greedy(new, quantization="int8")
+        assert_idle_and_intact(engine)
+
+
+def test_speculative_decoding_runs_on_the_new_weights(tiny_llama: Path, stepped: dict[str, Path]) -> None:
+    new = stepped["llama"]
+    with Engine(str(tiny_llama), **ENGINE, speculative_algorithm="ngram") as engine:
+        greedy(engine)
+        assert engine.update_weights_from_disk(str(new))[0]
+        assert greedy(engine) == hf_greedy(new, PROMPTS, NEW_TOKENS)
+        assert_idle_and_intact(engine)
+
+
+def test_every_tensor_parallel_rank_loads_or_none_does(tiny_llama: Path, stepped: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    new = stepped["llama"]
+    misshaped = edited_copy(new, tmp_path / "misshaped", _truncate("model.norm.weight"))
+    with Engine(str(tiny_llama), **ENGINE, tp_size=2) as engine:
+        before = greedy(engine)
+        ok, message, _ = engine.update_weights_from_disk(str(misshaped))
+        assert not ok and "'model.norm.weight' has shape" in message
+        assert greedy(engine) == before
+        assert engine.update_weights_from_disk(str(new))[0]
+        assert greedy(engine) == hf_greedy(new, PROMPTS, NEW_TOKENS)
+        assert_idle_and_intact(engine)
