@@ -14,7 +14,7 @@ import gc
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -221,6 +221,35 @@ class Engine:
         except WeightUpdateError as e:
             return False, str(e), 0
         return True, update_message(weight_version), 0
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                   load_format: str | None = None, flush_cache: bool = True,
+                                   weight_version: str | None = None) -> tuple[bool, str]:
+        """Copy `(name, tensor)` pairs into the model's weights, as SGLang's does: the
+        names a checkpoint would use (a transformers model's `named_parameters()` as they
+        are, or any subset of them), any float dtype and device; returns `(success,
+        message)`. All are checked before any is copied, so on failure (an unknown name, a
+        tensor of another shape, a quantized layer's weight, weights split over
+        tensor-parallel ranks) nothing has changed. The radix cache is dropped after every
+        call: `flush_cache=False`, which SGLang takes for all but the last of a run of
+        partial updates, is accepted and changes nothing (an empty cache is dropped for
+        free). Refused while `async_generate` calls are in flight. `load_format`: None or
+        "direct"."""
+        if load_format not in (None, "direct"):
+            return False, f"load_format must be null or 'direct' (tensors are copied as they are), got {load_format!r}"
+        if weight_version is not None:
+            try:
+                check_weight_version(weight_version)
+            except ValueError as e:
+                return False, str(e)
+        if self._driver.busy:
+            return False, "cannot update the weights while async_generate calls are in flight: await them first"
+        tensors = list(named_tensors)
+        try:
+            copied = self._driver.call(lambda: self.scheduler.update_weights_from_tensors(tensors, weight_version))
+        except WeightUpdateError as e:
+            return False, str(e)
+        return True, update_message(weight_version, copied)
 
     def check_integrity(self) -> None:
         """The KV invariants (`Scheduler.check_integrity`), checked between scheduler steps."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -22,7 +22,12 @@ from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.runner_config import DTYPES, RunnerConfig
-from sprig.runtime.weight_loader import load_model, load_weights, parameter_count
+from sprig.runtime.weight_loader import (
+    load_model,
+    load_named_tensors,
+    load_weights,
+    parameter_count,
+)
 
 CPU_DEFAULT_TOKENS = 16384  # KV pool on CPU when max_total_tokens is not given: these tokens' float bytes ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
@@ -151,6 +156,20 @@ class ModelRunner:
         reason = "another tensor-parallel rank could not load them" if error is None else error
         raise WeightUpdateError(f"the weights at {path} were not loaded ({reason}); the weights of "
                                 f"{self.config.model_path} are in place") from error
+
+    def update_weights_from_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy `(checkpoint name, tensor)` pairs into the model's float weights, in place
+        (`weight_loader.load_named_tensors`): any subset of them, in any float dtype, on
+        any device; returns how many were copied. `WeightUpdateError` if one does not fit
+        (checked before any is copied) or the model is split over tensor-parallel ranks.
+        As with `update_weights`, the caller drops every cached prefix; CUDA graphs stay
+        valid (they read the same tensors)."""
+        if self.tp is not None:
+            raise WeightUpdateError("weights split over tensor-parallel ranks are updated from a checkpoint on disk")
+        try:
+            return load_named_tensors(self.model, tensors)
+        except ValueError as e:
+            raise WeightUpdateError(f"no weight was updated: {e}") from None
 
     def _read_config(self, path: str) -> ModelConfig:
         return ModelConfig.from_pretrained(path, context_length=self.config.context_length,

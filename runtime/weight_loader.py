@@ -15,6 +15,7 @@ import json
 import logging
 import math
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,39 @@ def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, devi
                 pending[owner] -= 1
                 if pending[owner] == 0:
                     layer.finalize(dtype, device)
+
+
+def load_named_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy each `(checkpoint name, tensor)` into its (slice of a) float parameter of
+    `model`, converting its dtype and device; returns how many were copied. All are
+    checked before any is copied: a name that is no parameter of the model, one given
+    twice, a tensor of another shape, or a quantized layer's weight (its codes would have
+    to be computed again: load a checkpoint instead) is a ValueError naming it, and then
+    nothing has changed. A tied head's `lm_head.weight` is skipped, as in a checkpoint."""
+    packed: dict[str, tuple[str, str]] = model.packed_modules
+    quantized = {n for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    params = dict(model.named_parameters())
+    tied = model.config.tie_word_embeddings
+    copies: dict[Target, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, tensor in tensors:
+        if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+            continue
+        target = _target(name, packed)
+        if target[0].rpartition(".")[0] in quantized:
+            raise ValueError(f"{name!r} belongs to a quantized layer, whose codes a tensor cannot replace "
+                             "(update from a checkpoint on disk)")
+        if target[0] not in params:
+            raise ValueError(f"{name!r} is no parameter of the model")
+        if target in copies:
+            raise ValueError(f"{name!r} is given twice")
+        dest = _destination(model, params, target)
+        if tuple(tensor.shape) != tuple(dest.shape):
+            raise ValueError(f"{name!r} has shape {list(tensor.shape)}, the model expects {list(dest.shape)}")
+        copies[target] = (dest, tensor)
+    with torch.no_grad():
+        for dest, tensor in copies.values():
+            dest.copy_(tensor)
+    return len(copies)
 
 
 def _plan(

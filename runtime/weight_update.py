@@ -14,7 +14,10 @@ def check_load_format(load_format: str | None) -> None:
                          f"safetensors files), got {load_format!r}")
 
 
-def update_message(weight_version: str | None) -> str:
-    """SGLang's message for an update that succeeded."""
+def update_message(weight_version: str | None, tensors: int | None = None) -> str:
+    """SGLang's message for an update that succeeded (with how many `tensors` were copied,
+    for an update from tensors)."""
     message = "Succeeded to update model weights."
+    if tensors is not None:
+        message = f"Succeeded to update model weights ({tensors} tensors)."
     return message if weight_version is None else f"{message} Weight version updated to {weight_version}."

@@ -95,6 +95,11 @@ class TPRunner:
         except Exception as e:
             raise RuntimeError(self._fail(self._dead_rank(RANK_EXIT_WAIT_S) or f"the tensor-parallel group failed: {e}")) from e
 
+    def update_weights_from_tensors(self, tensors: object) -> int:
+        """Refused (`WeightUpdateError`): each rank holds a part of every split tensor, so
+        tensor-parallel weights are updated from a checkpoint on disk (`update_weights`)."""
+        raise WeightUpdateError("weights split over tensor-parallel ranks are updated from a checkpoint on disk")
+
     def _on_every_rank(self, step: ForwardStep, run: Callable[[ForwardStep], Any]) -> Any:
         if self.failure is not None:
             raise RuntimeError(self.failure)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -141,14 +141,27 @@ class Scheduler:
         `weights_loaded`. Only between requests: RuntimeError while any is in flight, so no
         request runs on two sets of weights. A checkpoint that does not load raises
         `WeightUpdateError` (a ValueError) with the old weights in place."""
-        if self.waiting or self.running or self.chunked:
-            raise RuntimeError("weights change only while no request is in flight")
+        self._check_idle()
         try:
             self.runner.update_weights(model_path)
         except WeightUpdateError:
             self.weights_loaded(None)
             raise
         self.weights_loaded(weight_version)
+
+    def update_weights_from_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]],
+                                    weight_version: str | None = None) -> int:
+        """`ModelRunner.update_weights_from_tensors` (how many tensors were copied), then
+        `weights_loaded`; only between requests, as `update_weights`. A tensor that does
+        not fit raises `WeightUpdateError` with nothing changed."""
+        self._check_idle()
+        copied = self.runner.update_weights_from_tensors(tensors)
+        self.weights_loaded(weight_version)
+        return copied
+
+    def _check_idle(self) -> None:
+        if self.waiting or self.running or self.chunked:
+            raise RuntimeError("weights change only while no request is in flight")
 
     def weights_loaded(self, weight_version: str | None) -> None:
         """After the runner loaded weights, or tried to: drop every cached prefix (K/V the

@@ -3,7 +3,10 @@ generates with the new checkpoint (and what a fresh engine on it generates), on 
 architecture, on two tensor-parallel ranks, with online int8 weights and with speculative
 decoding; no prefix cached before the update is reused after it; a checkpoint that does not
 load (missing, another shape, a missing tensor, a tensor of the wrong shape found after
-most of the others were copied) leaves the old weights generating what they did."""
+most of the others were copied) leaves the old weights generating what they did.
+`Engine.update_weights_from_tensor`: a transformers model's parameters after each
+'training step' (all, or chunks in another dtype) make the engine generate what that model
+does; tensors that do not fit change nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import assert_idle_and_intact, hf_greedy, make_prompts
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from weight_checkpoints import edited_copy, perturbed_copy
 
 from sprig.runtime import Engine
@@ -176,3 +180,90 @@ def test_every_tensor_parallel_rank_loads_or_none_does(tiny_llama: Path, stepped
         assert engine.update_weights_from_disk(str(new))[0]
         assert greedy(engine) == hf_greedy(new, PROMPTS, NEW_TOKENS)
         assert_idle_and_intact(engine)
+
+
+def hf_model_greedy(model: torch.nn.Module, tokenizer, prompts: list[str] = PROMPTS) -> list[list[int]]:
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([tokenizer.encode(p)])
+            outs.append(model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+                        .tolist())
+    return outs
+
+
+def _step(model: torch.nn.Module, seed: int, only: str = "") -> None:
+    """A 'training step' in place: noise on every parameter whose name contains `only`."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if only in name:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_tensors_of_a_trained_model_replace_the_weights(tiny_llama: Path, tmp_path: Path, tied: bool) -> None:
+    path = build_tiny_checkpoint(tmp_path / "tied", "llama", tie_word_embeddings=True) if tied else tiny_llama
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    with Engine(str(path), **ENGINE, weight_version="0") as engine:
+        assert greedy(engine) == hf_model_greedy(policy, tokenizer)
+        for step in (1, 2):
+            _step(policy, seed=step)
+            ok, message = engine.update_weights_from_tensor(list(policy.named_parameters()), weight_version=str(step))
+            assert ok, message
+            expected = hf_model_greedy(policy, tokenizer)
+            assert greedy(engine) == expected
+        assert message == f"Succeeded to update model weights ({len(list(policy.parameters()))} tensors). " \
+                          "Weight version updated to 2."
+        assert engine.generate("a", {"max_new_tokens": 1})["meta_info"]["weight_version"] == "2"
+        assert_idle_and_intact(engine)
+
+
+def test_partial_tensor_updates_in_half_precision(tiny_llama: Path) -> None:
+    """Chunks of a trained model's tensors, bfloat16, the first ones with flush_cache=False
+    (as SGLang's callers send all but the last): the cache is dropped each time anyway."""
+    policy = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    with Engine(str(tiny_llama), **ENGINE) as engine:
+        _step(policy, seed=3, only="layers.1.")
+        changed = [(n, p.detach().to(torch.bfloat16)) for n, p in policy.named_parameters() if "layers.1." in n]
+        with torch.no_grad():  # the reference holds what the engine receives
+            for name, p in policy.named_parameters():
+                if "layers.1." in name:
+                    p.copy_(p.to(torch.bfloat16))
+        for i, chunk in enumerate((changed[:3], changed[3:])):
+            greedy(engine)  # something cached between the chunks
+            ok, message = engine.update_weights_from_tensor(chunk, flush_cache=i == 1)
+            assert ok, message
+            assert engine.scheduler.kv.cache.evictable_size() == 0
+        assert greedy(engine) == hf_model_greedy(policy, tokenizer)
+
+
+def test_tensors_that_do_not_fit_change_nothing(tiny_llama: Path) -> None:
+    policy = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    _step(policy, seed=4)
+    good = list(policy.named_parameters())
+    q = dict(good)["model.layers.0.self_attn.q_proj.weight"]
+    cases = {  # the good tensors first, so a partial copy would show
+        "'model.layers.0.self_attn.q_proj.weight' has shape [63, 64]":
+            [*[t for t in good if t[1] is not q], ("model.layers.0.self_attn.q_proj.weight", q[:-1])],
+        "'model.layers.9.mlp.up_proj.weight' is no parameter": [*good, ("model.layers.9.mlp.up_proj.weight", q)],
+        "'lm_head.weight' is given twice": [*good, good[-1]],
+    }
+    with Engine(str(tiny_llama), **ENGINE) as engine:
+        before = greedy(engine)
+        for reason, tensors in cases.items():
+            ok, message = engine.update_weights_from_tensor(tensors)
+            assert not ok and message.startswith("no weight was updated: ") and reason in message, message
+            assert greedy(engine) == before
+        assert engine.update_weights_from_tensor(good, load_format="flattened_bucket") == (
+            False, "load_format must be null or 'direct' (tensors are copied as they are), got 'flattened_bucket'")
+    with Engine(str(tiny_llama), **ENGINE, quantization="int8") as engine:
+        before = greedy(engine)
+        ok, message = engine.update_weights_from_tensor(good)
+        assert not ok and "belongs to a quantized layer" in message
+        assert greedy(engine) == before
+    with Engine(str(tiny_llama), **ENGINE, tp_size=2) as engine:
+        ok, message = engine.update_weights_from_tensor(good)
+        assert not ok and "tensor-parallel" in message
