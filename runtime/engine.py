@@ -37,7 +37,7 @@ from sprig.runtime.scheduler.config import check_weight_version
 from sprig.runtime.scheduler.request import Req
 from sprig.runtime.scheduler.scheduler import Scheduler
 from sprig.runtime.tokenizer import load_tokenizer
-from sprig.runtime.weight_update import check_load_format, update_message
+from sprig.runtime.weight_update import check_load_format, check_truncate_size, update_message
 
 Prompt = str | list[str] | None
 
@@ -250,6 +250,13 @@ class Engine:
         except WeightUpdateError as e:
             return False, str(e)
         return True, update_message(weight_version, copied)
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """The first `truncate_size` rows of the weight a checkpoint names `name`, as float32
+        nested lists (SGLang's call, for checking that an update arrived); ValueError for an
+        unknown or quantized name, or weights split over tensor-parallel ranks."""
+        check_truncate_size(truncate_size)
+        return self._driver.call(lambda: self.runner.get_weights_by_name(name, truncate_size))
 
     def check_integrity(self) -> None:
         """The KV invariants (`Scheduler.check_integrity`), checked between scheduler steps."""

@@ -26,8 +26,10 @@ from sprig.runtime.weight_loader import (
     load_model,
     load_named_tensors,
     load_weights,
+    named_tensor,
     parameter_count,
 )
+from sprig.runtime.weight_update import check_weight_values
 
 CPU_DEFAULT_TOKENS = 16384  # KV pool on CPU when max_total_tokens is not given: these tokens' float bytes ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
@@ -170,6 +172,18 @@ class ModelRunner:
             return load_named_tensors(self.model, tensors)
         except ValueError as e:
             raise WeightUpdateError(f"no weight was updated: {e}") from None
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """The first `truncate_size` rows of the float weight a checkpoint names `name`
+        (float32 values as nested lists), as SGLang's does: for checking that a weight
+        update arrived. ValueError for an unknown or quantized name, more values than
+        `weight_update.MAX_WEIGHT_VALUES`, or a model split over tensor-parallel ranks
+        (each holds a part)."""
+        if self.tp is not None:
+            raise ValueError("weights split over tensor-parallel ranks are not read back (each rank holds a part)")
+        rows = named_tensor(self.model, name)[:truncate_size]
+        check_weight_values(len(rows), rows.numel())
+        return rows.float().cpu().tolist()
 
     def _read_config(self, path: str) -> ModelConfig:
         return ModelConfig.from_pretrained(path, context_length=self.config.context_length,

@@ -180,6 +180,21 @@ def load_named_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tens
     return len(copies)
 
 
+def named_tensor(model: nn.Module, name: str) -> torch.Tensor:
+    """The float weight a checkpoint names `name` (a view into its parameter, the slice of
+    a fused one); ValueError if the model has none by that name, or only quantized codes."""
+    packed: dict[str, tuple[str, str]] = model.packed_modules
+    if model.config.tie_word_embeddings and name == "lm_head.weight":
+        name = "model.embed_tokens.weight"
+    target = _target(name, packed)
+    if isinstance(dict(model.named_modules()).get(target[0].rpartition(".")[0]), QuantizedLinear):
+        raise ValueError(f"{name!r} is a quantized layer's weight (codes and scales, no float tensor)")
+    params = dict(model.named_parameters())
+    if target[0] not in params:
+        raise ValueError(f"{name!r} is no parameter of the model")
+    return _destination(model, params, target)
+
+
 def _plan(
     model: nn.Module,
     path: str | Path,

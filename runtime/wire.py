@@ -71,8 +71,9 @@ class AbortReq:
 class ControlReq:
     """A request answered by one `ControlReply` with the same token: `kind` is
     "flush_cache", "check_integrity", "update_weights" (`args`: `model_path`,
-    `weight_version`, `abort_all_requests`) or "update_weight_version" (`args`:
-    `weight_version`, `abort_all_requests`); anything else gets `ok=False`."""
+    `weight_version`, `abort_all_requests`), "update_weight_version" (`args`:
+    `weight_version`, `abort_all_requests`) or "get_weights_by_name" (`args`: `name`,
+    `truncate_size`); anything else gets `ok=False`."""
 
     token: int
     kind: str

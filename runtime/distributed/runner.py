@@ -100,6 +100,10 @@ class TPRunner:
         tensor-parallel weights are updated from a checkpoint on disk (`update_weights`)."""
         raise WeightUpdateError("weights split over tensor-parallel ranks are updated from a checkpoint on disk")
 
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """Refused (ValueError): each rank holds a part of every split weight."""
+        raise ValueError("weights split over tensor-parallel ranks are not read back (each rank holds a part)")
+
     def _on_every_rank(self, step: ForwardStep, run: Callable[[ForwardStep], Any]) -> Any:
         if self.failure is not None:
             raise RuntimeError(self.failure)

@@ -18,6 +18,7 @@ from sprig.runtime.server.protocol import (
     EmbeddingRequest,
     EncodeRequest,
     GenerateRequest,
+    GetWeightsByNameRequest,
     ScoringRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightVersionRequest,
@@ -38,6 +39,7 @@ BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's mod
     "/detokenize": DetokenizeRequest,
     "/update_weights_from_disk": UpdateWeightsFromDiskRequest,
     "/update_weight_version": UpdateWeightVersionRequest,
+    "/get_weights_by_name": GetWeightsByNameRequest,
 }
 ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
           "408": "the body arrived too slowly", "413": "the body is too large",

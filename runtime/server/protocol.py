@@ -195,3 +195,11 @@ class UpdateWeightVersionRequest(_Body):
 
     new_version: str = Field(min_length=1, max_length=256)
     abort_all_requests: bool = False
+
+
+class GetWeightsByNameRequest(_Body):
+    """SGLang's `/get_weights_by_name`: the first `truncate_size` rows of a weight, by its
+    checkpoint name."""
+
+    name: str = Field(min_length=1, max_length=1024)
+    truncate_size: int = Field(100, ge=1)

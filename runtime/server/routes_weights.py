@@ -14,6 +14,9 @@ the policy being trained:
   the weights in place, carried by the responses of requests sent after it
   (`meta_info["weight_version"]`).
 - `GET /get_weight_version`: the current label.
+- `GET` or `POST /get_weights_by_name` `{"name", "truncate_size"?}`: the first rows (100 by
+  default) of a float weight by its checkpoint name, as float32 nested lists, for checking
+  that an update arrived (not under tensor parallelism, where each rank holds a part).
 
 The model path is read by the scheduler process, on the server's machine (and, under
 tensor parallelism, by every rank at that path): guard the server with `--api-key` where
@@ -29,7 +32,11 @@ from starlette.responses import Response
 
 from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.http_io import json_response, prepare, state_of
-from sprig.runtime.server.protocol import UpdateWeightsFromDiskRequest, UpdateWeightVersionRequest
+from sprig.runtime.server.protocol import (
+    GetWeightsByNameRequest,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightVersionRequest,
+)
 from sprig.runtime.weight_update import check_load_format
 
 router = APIRouter()
@@ -75,3 +82,16 @@ async def update_weight_version(request: Request) -> Response:
 @router.get("/get_weight_version")
 async def get_weight_version(request: Request) -> Response:
     return json_response({"weight_version": state_of(request).manager.weights.weight_version})
+
+
+@router.api_route("/get_weights_by_name", methods=["GET", "POST"])
+async def get_weights_by_name(request: Request) -> Response:
+    st = state_of(request)
+    req: GetWeightsByNameRequest = await prepare(
+        request, lambda body: parse(GetWeightsByNameRequest, body), new_work=False
+    )
+    reply = await st.manager.control("get_weights_by_name", {"name": req.name, "truncate_size": req.truncate_size})
+    if not reply.ok:
+        message = reply.data["message"]
+        raise ApiError(400, message, "truncate_size" if message.startswith("truncate_size") else "name")
+    return json_response(reply.data["weights"])

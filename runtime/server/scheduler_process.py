@@ -125,6 +125,12 @@ class SchedulerLoop:
         if msg.kind == "update_weight_version":
             self.scheduler.weight_version = msg.args["weight_version"]
             return ControlReply(msg.token, True, {"weight_version": self.scheduler.weight_version})
+        if msg.kind == "get_weights_by_name":
+            try:
+                weights = self.scheduler.runner.get_weights_by_name(msg.args["name"], msg.args["truncate_size"])
+            except ValueError as e:
+                return ControlReply(msg.token, False, {"message": str(e)})
+            return ControlReply(msg.token, True, {"weights": weights})
         if msg.kind == "flush_cache":
             return ControlReply(msg.token, self.scheduler.flush_cache())
         if msg.kind == "check_integrity":

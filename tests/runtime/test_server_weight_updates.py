@@ -4,7 +4,8 @@ transformers generates with the new checkpoint; requests sent while an update wa
 those before it are held and run on the new weights, the earlier ones finish on the old
 (each labelled by its weights' version), so no request runs on two sets of weights;
 `abort_all_requests` ends the requests in flight; a checkpoint that does not load leaves
-the old weights; bad bodies are a 400 naming the field. The server is idle and intact
+the old weights; `/get_weights_by_name` reads back what was loaded; bad bodies are a 400
+naming the field. The server is idle and intact
 after each test."""
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import torch
 from engine_helpers import hf_greedy
 from server_helpers import Server, running_server
+from transformers import AutoModelForCausalLM
 from weight_checkpoints import perturbed_copy
 
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
@@ -205,3 +208,19 @@ def test_openapi_documents_the_bodies(server: Server) -> None:
     assert body == {"$ref": "#/components/schemas/UpdateWeightsFromDiskRequest"}
     assert doc["components"]["schemas"]["UpdateWeightsFromDiskRequest"]["required"] == ["model_path"]
     assert "/get_weight_version" in doc["paths"]
+
+
+def test_weights_read_back_by_name(server: Server, checkpoints: tuple[Path, Path]) -> None:
+    new = checkpoints[1]
+    weights = AutoModelForCausalLM.from_pretrained(new, dtype=torch.float32).state_dict()
+    name = "model.layers.1.self_attn.v_proj.weight"
+    assert update(server, {"model_path": str(new)}).json()["success"]
+    r = server.post("/get_weights_by_name", {"name": name, "truncate_size": 2})
+    assert r.status_code == 200 and r.json() == weights[name][:2].tolist(), r.text
+    r = httpx.request("GET", server.url + "/get_weights_by_name", json={"name": "model.norm.weight"}, timeout=30)
+    assert r.json() == weights["model.norm.weight"].tolist()
+    for body, field, reason in [({"name": "model.nope.weight"}, "name", "is no parameter"),
+                                ({"name": name, "truncate_size": 0}, "truncate_size", ""),
+                                ({"name": 3}, "name", ""), ({}, "name", "")]:
+        r = server.post("/get_weights_by_name", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field and reason in r.text, r.text

@@ -267,3 +267,30 @@ def test_tensors_that_do_not_fit_change_nothing(tiny_llama: Path) -> None:
     with Engine(str(tiny_llama), **ENGINE, tp_size=2) as engine:
         ok, message = engine.update_weights_from_tensor(good)
         assert not ok and "tensor-parallel" in message
+        with pytest.raises(ValueError, match="tensor-parallel"):
+            engine.get_weights_by_name("model.norm.weight")
+
+
+def test_weights_read_back_by_name(tiny_llama: Path, stepped: dict[str, Path], tmp_path: Path) -> None:
+    new = stepped["llama"]
+    weights = AutoModelForCausalLM.from_pretrained(new, dtype=torch.float32).state_dict()
+    names = ["model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight",  # slices of fused ones
+             "model.norm.weight", "model.embed_tokens.weight", "lm_head.weight"]
+    with Engine(str(tiny_llama), **ENGINE) as engine:
+        assert engine.get_weights_by_name(names[0], 2) != weights[names[0]][:2].tolist()
+        assert engine.update_weights_from_disk(str(new))[0]
+        for name in names:
+            assert engine.get_weights_by_name(name, truncate_size=3) == weights[name][:3].tolist(), name
+        assert len(engine.get_weights_by_name("model.norm.weight")) == 64  # 100 rows asked, 64 there
+        with pytest.raises(ValueError, match="'model.layers.7.mlp.up_proj.weight' is no parameter"):
+            engine.get_weights_by_name("model.layers.7.mlp.up_proj.weight")
+        with pytest.raises(ValueError, match="truncate_size must be >= 1"):
+            engine.get_weights_by_name("model.norm.weight", 0)
+    tied = build_tiny_checkpoint(tmp_path / "tied", "llama", tie_word_embeddings=True)
+    with Engine(str(tied), **ENGINE) as engine:  # a tied head reads the embedding
+        assert engine.get_weights_by_name("lm_head.weight", 2) == engine.get_weights_by_name("model.embed_tokens.weight", 2)
+    with Engine(str(tiny_llama), **ENGINE, quantization="int8") as engine:
+        with pytest.raises(ValueError, match="quantized layer"):
+            engine.get_weights_by_name("model.layers.0.self_attn.k_proj.weight")
+        norm = AutoModelForCausalLM.from_pretrained(tiny_llama).state_dict()["model.norm.weight"]
+        assert engine.get_weights_by_name("model.norm.weight", 2) == norm[:2].tolist()
