@@ -131,18 +131,22 @@ def test_requests_sent_during_an_update_wait_for_it(server: Server, checkpoints:
     updater.start()
     _wait_for(server, lambda s: s["weight_update_pending"])
     waiting = [threading.Thread(target=lambda i=i: replies.update({i: generate(server)})) for i in range(3)]
+    waiting.append(threading.Thread(target=lambda: replies.update(dropped=generate(server, rid="dropped"))))
     for t in waiting:
         t.start()
-    _wait_for(server, lambda s: s["held_requests"] == 3)
+    _wait_for(server, lambda s: s["held_requests"] == 4)
+    assert server.post("/abort_request", {"rid": "dropped"}).json()["aborted"]  # held: it ends when released
     for i in range(2):  # the long requests still run, on the old weights: stop them
         assert server.post("/abort_request", {"rid": f"long-{i}"}).json()["aborted"]
     for t in [*long, updater, *waiting]:
         t.join(60)
-    assert replies["update"].json() == {"success": True, "num_paused_requests": 3,
+    assert replies["update"].json() == {"success": True, "num_paused_requests": 4,
                                         "message": "Succeeded to update model weights. Weight version updated to step-1."}
     for i in range(3):
         assert replies[i]["output_ids"] == expected[new]
         assert replies[i]["meta_info"]["weight_version"] == "step-1"
+    assert replies["dropped"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert replies["dropped"]["output_ids"] == []
     for rid, last in streams.items():  # what the aborted requests generated came from the old weights
         final = orjson.loads(last.removeprefix("data: "))
         assert final["meta_info"]["finish_reason"]["type"] == "abort", rid
@@ -224,3 +228,23 @@ def test_weights_read_back_by_name(server: Server, checkpoints: tuple[Path, Path
                                 ({"name": 3}, "name", ""), ({}, "name", "")]:
         r = server.post("/get_weights_by_name", body)
         assert r.status_code == 400 and r.json()["error"]["param"] == field and reason in r.text, r.text
+
+
+def test_updates_sent_together_run_in_turn(server: Server, checkpoints: tuple[Path, Path],
+                                           expected: dict[Path, list[int]]) -> None:
+    old, new = checkpoints
+    replies: dict[int, Any] = {}
+    order = [new, old, new]
+    threads = [threading.Thread(target=lambda i=i, p=p: replies.update(
+        {i: update(server, {"model_path": str(p), "weight_version": f"u{i}"})})) for i, p in enumerate(order)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join(60)
+    assert all(replies[i].json()["success"] for i in range(3))
+    version = server.get("/get_weight_version").json()["weight_version"]  # that of the update applied last
+    last = order[int(version[1:])]
+    assert model_path(server) == str(last)
+    out = generate(server)
+    assert out["output_ids"] == expected[last] and out["meta_info"]["weight_version"] == version
