@@ -9,8 +9,11 @@ The mix: /generate (plain, batched, streamed), /v1/completions and /v1/chat/comp
 requests are abandoned mid-stream by their client or aborted with /abort_request;
 `--hostile-share` are hostile (nesting past the bound, a prompt past the context, wrong
 types, a template in chat_template_kwargs, a batch past the in-flight bound, scoring that
-would tokenize a long query for every item, an unparseable body). It
-passes when no answer is a 5xx, every hostile request got a 4xx, the KV integrity check
+would tokenize a long query for every item, an unparseable body, a weight update from a
+path that holds no checkpoint); every `--update-every`-th request reloads the served
+checkpoint's weights (/update_weights_from_disk, with a new weight_version) while the
+others run. It passes when no answer is a 5xx, every weight update succeeded, every hostile
+request got a 4xx, the KV integrity check
 is ok, and after /flush_cache the resident memory of every server process is within
 `--rss-slack` of what it was after the warm-up (the first `--warmup` requests). Exits 1
 otherwise, printing why.
@@ -50,7 +53,7 @@ def nested(depth: int) -> Any:
 
 
 def hostile(rng: random.Random) -> tuple[str, dict[str, Any] | bytes]:
-    kind = rng.randrange(8)
+    kind = rng.randrange(9)
     if kind == 0:
         return "/generate", {"text": "a", "sampling_params": {"json_schema": nested(200)}}
     if kind == 1:
@@ -66,6 +69,8 @@ def hostile(rng: random.Random) -> tuple[str, dict[str, Any] | bytes]:
         return "/v1/completions", {"prompt": "a", "max_tokens": -5, "logit_bias": {"x": "y"}}
     if kind == 6:
         return "/v1/score", {"query": "x" * 40_000, "items": ["a"] * 1000, "label_token_ids": [0]}
+    if kind == 7:
+        return "/update_weights_from_disk", {"model_path": "/nonexistent/checkpoint", "weight_version": "never"}
     return "/generate", b'{"text": "unterminated'
 
 
@@ -99,6 +104,7 @@ class Soak:
         self.url, self.headers, self.args = url, headers, args
         self.statuses: Counter[str] = Counter()
         self.failures: list[str] = []
+        self.model_path = httpx.get(url + "/get_model_info", headers=headers, timeout=30).json()["model_path"]
         self.lock = threading.Lock()
         self.local = threading.local()
 
@@ -110,12 +116,18 @@ class Soak:
     def record(self, kind: str, status: int, note: str = "") -> None:
         with self.lock:
             self.statuses[f"{kind} {status}"] += 1
-            if status >= 500 or (kind == "hostile" and not 400 <= status < 500):
+            if (status >= 500 or (kind == "hostile" and not 400 <= status < 500)
+                    or (kind == "update" and status != 200)):
                 self.failures.append(f"{kind} answered {status} {note[:200]}")
 
     def one(self, i: int) -> None:
         rng = random.Random(self.args.seed * 1_000_003 + i)
         client = self.client()
+        if self.args.update_every and i and i % self.args.update_every == 0:
+            r = client.post("/update_weights_from_disk", json={"model_path": self.model_path,
+                                                               "weight_version": f"soak-{i}"})
+            self.record("update", r.status_code, r.text)
+            return
         roll = rng.random()
         if roll < self.args.hostile_share:
             path, body = hostile(rng)
@@ -194,6 +206,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--abort-share", type=float, default=0.10)
     parser.add_argument("--hostile-share", type=float, default=0.02)
+    parser.add_argument("--update-every", type=int, default=1000,
+                        help="every N-th request is a weight update (0: none)")
     parser.add_argument("--rss-slack", type=float, default=0.10)
     parser.add_argument("--max-seconds", type=float, default=1800)
     parser.add_argument("--seed", type=int, default=0)

@@ -172,6 +172,7 @@ class RequestManager:
                  weights: ServedWeights) -> None:
         self.ipc = ipc
         self.weights = weights
+        self.pending_updates = 0  # weight updates sent and not answered (`routes_weights` bounds them)
         self.children = children
         self.metrics = metrics
         self.max_inflight = max_inflight

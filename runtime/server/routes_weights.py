@@ -20,7 +20,8 @@ the policy being trained:
 
 The model path is read by the scheduler process, on the server's machine (and, under
 tensor parallelism, by every rank at that path): guard the server with `--api-key` where
-others can reach it.
+others can reach it. At most `MAX_PENDING_UPDATES` updates wait their turn at once (each
+loads a whole checkpoint); more are a 429.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ from sprig.runtime.server.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightVersionRequest,
 )
+from sprig.runtime.server.request_manager import RequestFailed
 from sprig.runtime.weight_update import check_load_format
 
 router = APIRouter()
+MAX_PENDING_UPDATES = 8  # weight updates waiting their turn at once; more are a 429
 
 
 def _update_args(body: Any) -> dict[str, Any]:
@@ -59,7 +62,14 @@ def _update_args(body: Any) -> dict[str, Any]:
 async def update_weights_from_disk(request: Request) -> Response:
     st = state_of(request)
     args = await prepare(request, _update_args, new_work=False)
-    reply = await st.manager.control("update_weights", args, timeout=None)
+    manager = st.manager
+    if manager.pending_updates >= MAX_PENDING_UPDATES:
+        raise RequestFailed(429, f"{MAX_PENDING_UPDATES} weight updates are waiting their turn already; retry later")
+    manager.pending_updates += 1
+    try:
+        reply = await manager.control("update_weights", args, timeout=None)
+    finally:
+        manager.pending_updates -= 1
     if not reply.ok:
         return json_response({"success": False, "message": reply.data["message"]}, 400)
     return json_response({"success": True, "message": reply.data["message"],

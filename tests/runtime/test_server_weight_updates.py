@@ -25,6 +25,7 @@ from server_helpers import Server, running_server
 from transformers import AutoModelForCausalLM
 from weight_checkpoints import perturbed_copy
 
+from sprig.runtime.server.routes_weights import MAX_PENDING_UPDATES
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 PROMPT = "the quick red fox and the blue dog"
@@ -248,3 +249,22 @@ def test_updates_sent_together_run_in_turn(server: Server, checkpoints: tuple[Pa
     assert model_path(server) == str(last)
     out = generate(server)
     assert out["output_ids"] == expected[last] and out["meta_info"]["weight_version"] == version
+
+
+def test_updates_waiting_their_turn_are_bounded(server: Server, checkpoints: tuple[Path, Path]) -> None:
+    streams: dict[str, Any] = {}
+    long = _start_long(server, "blocker", streams)  # the first update waits for it
+    replies: list[Any] = []
+    updaters = [threading.Thread(target=lambda: replies.append(update(server, {"model_path": str(checkpoints[0])})))
+                for _ in range(MAX_PENDING_UPDATES)]
+    for t in updaters:
+        t.start()
+    _wait_for(server, lambda s: s["weight_update_pending"])
+    deadline = time.monotonic() + 30
+    while (r := update(server, {"model_path": str(checkpoints[0])})).status_code != 429:
+        assert r.status_code == 200 and time.monotonic() < deadline, r.text  # one slipped in before the others
+    assert "weight updates are waiting their turn" in r.json()["error"]["message"] and r.headers["Retry-After"]
+    assert server.post("/abort_request", {"rid": "blocker"}).json()["aborted"]
+    for t in [long, *updaters]:
+        t.join(60)
+    assert [x.status_code for x in replies] == [200] * MAX_PENDING_UPDATES

@@ -282,7 +282,7 @@ def test_weights_read_back_by_name(tiny_llama: Path, stepped: dict[str, Path], t
         for name in names:
             assert engine.get_weights_by_name(name, truncate_size=3) == weights[name][:3].tolist(), name
         assert len(engine.get_weights_by_name("model.norm.weight")) == 64  # 100 rows asked, 64 there
-        with pytest.raises(ValueError, match="'model.layers.7.mlp.up_proj.weight' is no parameter"):
+        with pytest.raises(ValueError, match=r"'model\.layers\.7\.mlp\.up_proj\.weight' is no parameter"):
             engine.get_weights_by_name("model.layers.7.mlp.up_proj.weight")
         with pytest.raises(ValueError, match="truncate_size must be >= 1"):
             engine.get_weights_by_name("model.norm.weight", 0)
