@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -40,6 +41,7 @@ from sprig.runtime.tokenizer import load_tokenizer
 from sprig.runtime.weight_update import check_load_format, check_truncate_size, update_message
 
 Prompt = str | list[str] | None
+ENGINE_LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class Engine:
@@ -52,9 +54,19 @@ class Engine:
     device, attention_backend, page_size, max_total_tokens, chunked_prefill_size,
     schedule_policy, disable_radix_cache, tp_size, ...). Every request that `generate` starts is
     finished or aborted when it returns, so the KV invariant holds between calls.
+
+    Two of SGLang's `Engine` keywords that its programs pass as a habit are taken too:
+    `log_level` ("debug", "info", "warning" or "error") sets the level of sprig's loggers in
+    this process, and `trust_remote_code` changes nothing, since sprig runs no code from a
+    checkpoint (one whose model needs its own code is refused by its architecture).
     """
 
-    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, model_path: str | None = None, *, log_level: str | None = None,
+                 trust_remote_code: bool = False, **kwargs: Any) -> None:
+        if log_level is not None:
+            if log_level not in ENGINE_LOG_LEVELS:
+                raise ValueError(f"log_level must be one of {list(ENGINE_LOG_LEVELS)}, got {log_level!r}")
+            logging.getLogger("sprig").setLevel(log_level.upper())
         if model_path is None:  # sprig's embedded demo model
             from sprig.runtime.demo import ensure_demo_model
 

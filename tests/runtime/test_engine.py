@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 
 import pytest
 from engine_helpers import assert_idle_and_intact, make_prompts
@@ -244,6 +245,21 @@ def test_a_request_mid_chunked_prefill_is_retracted_when_decode_needs_its_slots(
 def test_unknown_engine_argument(tiny_llama) -> None:
     with pytest.raises(TypeError, match="unknown engine argument 'max_tokens'"):
         Engine(tiny_llama, max_tokens=3)
+
+
+def test_sglang_habits_log_level_and_trust_remote_code(tiny_llama) -> None:
+    """SGLang programs write `sgl.Engine(model_path=..., log_level="error",
+    trust_remote_code=True)`: the level applies to sprig's loggers, the flag runs nothing."""
+    logger = logging.getLogger("sprig")
+    level = logger.level
+    try:
+        with Engine(model_path=str(tiny_llama), dtype="float32", log_level="error", trust_remote_code=True) as engine:
+            assert logger.getEffectiveLevel() == logging.ERROR
+            assert greedy(engine, max_new_tokens=3)["meta_info"]["completion_tokens"] == 3
+        with pytest.raises(ValueError, match="log_level must be one of"):
+            Engine(tiny_llama, log_level="loud")
+    finally:
+        logger.setLevel(level)
 
 
 def test_random_seed_fixes_unseeded_sampling(tiny_llama) -> None:
