@@ -294,3 +294,24 @@ def test_weights_read_back_by_name(tiny_llama: Path, stepped: dict[str, Path], t
             engine.get_weights_by_name("model.layers.0.self_attn.k_proj.weight")
         norm = AutoModelForCausalLM.from_pretrained(tiny_llama).state_dict()["model.norm.weight"]
         assert engine.get_weights_by_name("model.norm.weight", 2) == norm[:2].tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_decode_graphs_run_the_new_weights_on_cuda(tiny_llama: Path, stepped: dict[str, Path],
+                                                   quantization: str | None) -> None:
+    """Float weights are copied into the tensors the captured graphs read; quantized layers
+    are rebuilt, so the graphs are captured again: either way an updated engine decodes
+    (in graphs) what a fresh engine on the new checkpoint does."""
+    new = stepped["llama"]
+    cuda = dict(device="cuda", dtype="float32", quantization=quantization)
+    params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    with Engine(str(new), **cuda) as fresh:
+        want = [o["output_ids"] for o in fresh.generate(PROMPTS, params)]
+    with Engine(str(tiny_llama), **cuda) as engine:
+        before = [o["output_ids"] for o in engine.generate(PROMPTS, params)]
+        assert engine.runner.graphs.captured  # the old weights' graphs ran
+        assert engine.update_weights_from_disk(str(new))[0]
+        assert [o["output_ids"] for o in engine.generate(PROMPTS, params)] == want != before
+        assert engine.runner.graphs.captured
+        assert_idle_and_intact(engine)
