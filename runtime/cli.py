@@ -98,6 +98,12 @@ HELP = {
     "new_token_ratio_decay": "decay of the reserved share per decode step",
     "in_batch_prefix_min": "shared uncached prefix length that defers a request by a step",
     "check_integrity": "check the KV accounting after every step (slow; for debugging)",
+    "enable_priority_scheduling": "admit waiting requests by their `priority` first (requests may carry one "
+    "only then), preempting running requests it outranks by more than the threshold",
+    "schedule_low_priority_values_first": "under priority scheduling, lower priority values go first (the default: "
+    "higher ones, as SGLang's)",
+    "priority_scheduling_preemption_threshold": "how much a waiting request's priority must exceed a running "
+    "one's for it to be retracted in its favour",
     "weight_version": "a label for the weights loaded at start, in every response's meta_info until "
     "/update_weights_from_disk or /update_weight_version names another",
     "grammar_compile_timeout_s": "seconds a regex, JSON schema or ebnf grammar may take to compile; longer is a 400",

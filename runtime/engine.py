@@ -26,6 +26,8 @@ from sprig.runtime.engine_driver import EngineDriver, add_all
 from sprig.runtime.label_scores import SCORE_SAMPLING, score_call
 from sprig.runtime.model_runner import WeightUpdateError
 from sprig.runtime.request_contract import (
+    PRIORITY_OFF,
+    InvalidRequest,
     LogprobOptions,
     ModelLimits,
     SamplingArg,
@@ -95,6 +97,7 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        priority: int | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back) or a batch (a list, n outputs per prompt in
         order). `stream=True` returns an iterator of partial outputs with cumulative text,
@@ -103,15 +106,17 @@ class Engine:
         `top_logprobs_num` each take one value for every prompt or a list with one per
         prompt; with `return_logprob`, `token_ids_logprob` (ids, or a list of ids per
         prompt) adds those tokens' logprobs at each position, as SGLang's does
-        (`LogprobOptions.per_prompt`). An invalid argument raises `InvalidRequest` (a
-        `ValueError`) naming it: the checks are the server's (`request_contract`)."""
+        (`LogprobOptions.per_prompt`). `priority` ranks the call's requests where the
+        engine schedules by priority (`enable_priority_scheduling`; refused otherwise). An
+        invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the checks are
+        the server's (`request_contract`)."""
         if self._driver.busy:
             raise RuntimeError("Engine.generate cannot run while async_generate calls are in flight: "
                                "await them first, or use async_generate")
         self._driver.call(lambda: None)  # the worker thread may still be retiring what async calls left
-        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
-                                             logprob_start_len, top_logprobs_num, return_text_in_logprobs,
-                                             token_ids_logprob)
+        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, priority,
+                                             return_logprob, logprob_start_len, top_logprobs_num,
+                                             return_text_in_logprobs, token_ids_logprob)
         updated = self._run(reqs, builder, partial=stream)
         if stream:
             return (builder.partial(rid) for rid in updated)
@@ -133,6 +138,7 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        priority: int | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """`generate` for many concurrent callers, as SGLang's `Engine.async_generate`: the
         requests of every call in flight run in one batch, and each call's outputs equal
@@ -143,9 +149,9 @@ class Engine:
         if self._sync_calls:
             raise RuntimeError("Engine.async_generate cannot run while a generate stream is being read: "
                                "finish or close it first")
-        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, return_logprob,
-                                             logprob_start_len, top_logprobs_num, return_text_in_logprobs,
-                                             token_ids_logprob)
+        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, priority,
+                                             return_logprob, logprob_start_len, top_logprobs_num,
+                                             return_text_in_logprobs, token_ids_logprob)
         if stream:
             return self._stream(reqs, builder)
         async for _ in self._driver.run(reqs, builder):
@@ -298,14 +304,16 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
     def _prepare(self, prompt: Prompt, input_ids: Any, sampling_params: SamplingArg, rid: Any, stream: bool,
-                 *logprob_options: Any) -> tuple[bool, list[Req], ResponseBuilder]:
+                 priority: int | None, *logprob_options: Any) -> tuple[bool, list[Req], ResponseBuilder]:
         """(is_batch, the call's requests, their response builder), every check done."""
+        if priority is not None and not self.config.scheduler.enable_priority_scheduling:
+            raise InvalidRequest(PRIORITY_OFF, "priority")
         batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
         logprobs = LogprobOptions.per_prompt(len(prompts), *logprob_options)
         requests = build_requests(
             prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
             new_rid=self._new_rid,
-            prompt_field="prompt" if prompt is not None else "input_ids",
+            prompt_field="prompt" if prompt is not None else "input_ids", priority=priority,
         )
         reqs = [Req.of(r) for r in requests]
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=logprobs[0].return_text_in_logprobs,

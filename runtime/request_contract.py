@@ -108,6 +108,10 @@ def _token_ids_per_prompt(value: Any) -> tuple[int, ...] | list[Any]:
     return [tuple(v) if isinstance(v, list | tuple) else v for v in value]
 
 
+PRIORITY_OFF = ("priority is taken only where requests are scheduled by it: start the server with "
+                "--enable-priority-scheduling (Engine: enable_priority_scheduling=True)")
+
+
 @dataclass(frozen=True)
 class TokenizedRequest:
     """One sequence to generate, valid for the model it was built for: a non-empty prompt
@@ -122,6 +126,7 @@ class TokenizedRequest:
     logprobs: LogprobOptions = LogprobOptions()
     stream: bool = False
     embed: bool = False
+    priority: int | None = None  # under priority scheduling (`SchedulerConfig`); None: the default, 0
 
 
 def prompt_rows(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *,
@@ -150,13 +155,18 @@ def prompt_rows(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *
 def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: ModelLimits, *,
                    rid: Any = None, new_rid: Callable[[], str],
                    logprobs: LogprobOptions | Sequence[LogprobOptions] = LogprobOptions(),
-                   stream: bool = False, prompt_field: str = "input_ids") -> list[TokenizedRequest]:
+                   stream: bool = False, prompt_field: str = "input_ids",
+                   priority: int | None = None) -> list[TokenizedRequest]:
     """Every sequence of one call in output order: prompt by prompt, `n` samples each
     (sample j of n > 1 has rid `f"{rid}-{j}"` and seed `seed + j`). `sampling`: one
     `SamplingParams` or dict for all prompts, or a list with one per prompt; `logprobs`
     likewise (`LogprobOptions.per_prompt`); `rid`: one string per prompt (or None:
-    `new_rid()` each). `prompt_field` names the prompts in errors. Raises `InvalidRequest`
-    naming the field at fault."""
+    `new_rid()` each). `prompt_field` names the prompts in errors. `priority` (every
+    sequence's; a 32-bit int) is for a scheduler that schedules by it. Raises
+    `InvalidRequest` naming the field at fault."""
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not -(2**31) <= priority < 2**31):
+        raise InvalidRequest(f"priority must be a 32-bit integer, got {priority!r}", "priority")
     for row in prompts:
         _check_prompt(row, limits, prompt_field)
     params = _params_per_prompt(sampling, len(prompts), limits)
@@ -183,7 +193,8 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
                 seq_params = p if p.n == 1 or p.seed is None else replace(p, seed=p.seed + j)
             except ValueError as e:  # a seed + sample index out of range
                 raise InvalidRequest(str(e), "sampling_params") from None
-            out.append(TokenizedRequest(f"{r}-{j}" if p.n > 1 else r, tuple(ids), seq_params, lp, stream))
+            out.append(TokenizedRequest(f"{r}-{j}" if p.n > 1 else r, tuple(ids), seq_params, lp, stream,
+                                        priority=priority))
     if len({s.rid for s in out}) < len(out):
         raise InvalidRequest("the request ids of one call must be distinct", "rid")
     return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sprig.radix.tree import common_prefix_len
-from sprig.runtime.scheduler.config import SchedulerConfig
+from sprig.runtime.scheduler.config import SchedulerConfig, priority_rank
 from sprig.runtime.scheduler.kv import RequestKV
 from sprig.runtime.scheduler.policy import ORDERINGS_USING_MATCHES, SCHEDULE_ORDERINGS
 from sprig.runtime.scheduler.request import Req
@@ -65,7 +65,7 @@ class Admission:
             return extends
         matches = {id(r): self.kv.match(r) for r in waiting} if self.order_uses_matches else {}
         busy = len(running) + len(extends)
-        for req in self.order(waiting, matches, self.kv.cache.root):
+        for req in self.ordered(waiting, matches):
             if budget <= 0 or busy >= self.config.max_running_requests:
                 break
             match = self.kv.match(req)  # now: admitting others may have evicted part of it
@@ -87,6 +87,28 @@ class Admission:
             reserved += decode_reserve(req, ratio)
             busy += 1
         return extends
+
+    def ordered(self, waiting: list[Req], matches: dict) -> list[Req]:
+        """`waiting` in admission order: the schedule policy's, under priority scheduling
+        after the priorities (a stable sort)."""
+        order = self.order(waiting, matches, self.kv.cache.root)
+        if not self.config.enable_priority_scheduling:
+            return order
+        low_first = self.config.schedule_low_priority_values_first
+        return sorted(order, key=lambda r: priority_rank(r.priority, low_first))
+
+    def blocked(self, req: Req, running: list[Req], ratio: float) -> bool:
+        """Whether `running` leaves `req` no room to start now: every row is taken, or the
+        pool (its cold cache evicted) cannot hold `req`'s first extend beside their decode
+        reserve (`build`'s test for a request admitted first)."""
+        if len(running) >= self.config.max_running_requests:
+            return True
+        if not running:
+            return False
+        match = self.kv.match(req)
+        ext_len = min(req.seq_len - len(match), self.config.max_prefill_tokens, self._chunk_cap())
+        need = self.kv.pages(ext_len) + decode_reserve(req, ratio) + len(match)
+        return not self.kv.can_fit(need + sum(decode_reserve(r, ratio) for r in running))
 
     def _chunk_cap(self) -> int:
         size = self.config.chunked_prefill_size

@@ -30,6 +30,11 @@ def check_weight_version(version: str) -> None:
         raise ValueError(f"weight_version must have 1 to {MAX_WEIGHT_VERSION_CHARS} characters, got {len(version)}")
 
 
+def priority_rank(priority: int, low_values_first: bool) -> int:
+    """The key waiting requests are admitted by (smaller first) under priority scheduling."""
+    return priority if low_values_first else -priority
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """How requests are admitted, batched and cached.
@@ -74,6 +79,12 @@ class SchedulerConfig:
       (`speculative.cost.widen`); 0: drafts only.
     - `weight_version`: the label of the weights loaded at start, reported with every
       response until a weight update names another (`Scheduler.update_weights`).
+    - `enable_priority_scheduling`: requests carry a `priority` (an int, 0 when not given;
+      refused without this flag) and waiting requests are admitted by it first, then in
+      `schedule_policy`'s order; higher values go first, or lower ones with
+      `schedule_low_priority_values_first` (SGLang's names and defaults). A waiting request
+      that has no room preempts (retracts) the running request of the lowest priority when
+      it outranks it by more than `priority_scheduling_preemption_threshold`.
     """
 
     max_running_requests: int = 64
@@ -98,6 +109,9 @@ class SchedulerConfig:
     speculative_alternatives: int = 3
     check_integrity: bool = False
     weight_version: str = "default"
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    priority_scheduling_preemption_threshold: int = 10
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:
@@ -138,5 +152,8 @@ class SchedulerConfig:
         if not 0 <= self.speculative_alternatives <= 16:
             raise ValueError(f"speculative_alternatives must be in [0, 16], got {self.speculative_alternatives}")
         check_weight_version(self.weight_version)
+        if self.priority_scheduling_preemption_threshold < 0:
+            raise ValueError("priority_scheduling_preemption_threshold must be >= 0, got "
+                             f"{self.priority_scheduling_preemption_threshold}")
         if self.in_batch_prefix_min < 1:
             raise ValueError(f"in_batch_prefix_min must be >= 1, got {self.in_batch_prefix_min}")

@@ -65,6 +65,7 @@ class Req:
     retractions: int = 0
     jump_forward_tokens: int = 0
     weight_version: str = ""  # the label of the weights it runs on, set when the scheduler takes it
+    priority: int = 0  # under priority scheduling (`SchedulerConfig.enable_priority_scheduling`)
     # speculative decoding: the verification passes that emitted its tokens, counted by how
     # many drafts each accepted (index k: passes that kept k drafts), and the drafts verified
     spec_accept_histogram: list[int] = field(default_factory=list)
@@ -90,7 +91,7 @@ class Req:
         return cls(rid=request.rid, prompt_ids=list(request.prompt_ids), params=request.params,
                    return_logprob=lp.return_logprob, logprob_start_len=lp.logprob_start_len,
                    top_logprobs_num=lp.top_logprobs_num, token_ids_logprob=lp.token_ids_logprob,
-                   embed=request.embed)
+                   embed=request.embed, priority=request.priority or 0)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -19,7 +19,7 @@ from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner, WeightUpdateError
 from sprig.runtime.scheduler.admission import Admission, Extend
-from sprig.runtime.scheduler.config import SchedulerConfig
+from sprig.runtime.scheduler.config import SchedulerConfig, priority_rank
 from sprig.runtime.scheduler.draw import Drawn, draw_tokens
 from sprig.runtime.scheduler.grammar import GrammarError, Grammars
 from sprig.runtime.scheduler.intake import Limits, RequestRejected, check_request
@@ -46,6 +46,7 @@ class SchedulerStats:
     steps: int = 0  # calls of `step`, idle ones included
     extend_steps: int = 0  # forward passes over new prompt tokens (chunks included)
     decode_steps: int = 0  # forward passes of one new token per running request
+    preemptions: int = 0  # running requests retracted for a waiting one of higher priority
 
 
 class Scheduler:
@@ -93,6 +94,8 @@ class Scheduler:
         """Queue `req`; raises `RequestRejected` if it can never run, `QueueFull` if the
         queue is at its bound (`intake.check_request`)."""
         check_request(req, self.limits, known=req.rid in self._reqs, queued=len(self.waiting))
+        if req.priority and not self.config.enable_priority_scheduling:
+            raise RequestRejected("priority is only taken under priority scheduling (--enable-priority-scheduling)")
         try:
             self.stops.register(req)
         except ValueError as e:
@@ -189,6 +192,8 @@ class Scheduler:
         extends: list[Extend] = []
         if not (self._last_was_prefill and self.running):
             ready = self._admissible(touched)
+            if ready and self.config.enable_priority_scheduling and self.chunked is None:
+                self._preempt_for(ready)
             extends = self.admission.build(ready, self.running, self.chunked, self.ratio)
             for ext in extends:
                 if ext.req in self.waiting:
@@ -209,6 +214,24 @@ class Scheduler:
         if self.config.check_integrity:
             self.check_integrity()
         return [self._collect(r) for r in touched if partial or r.finished]
+
+    def _preempt_for(self, ready: list[Req]) -> None:
+        """Retract running requests, lowest priority first (the latest to arrive among
+        equals), while the first of the highest priority among `ready` has no room and
+        outranks them by more than the preemption threshold. Their outputs are kept: they
+        resume, as after any retraction, when their turn comes again."""
+        config = self.config
+        low_first = config.schedule_low_priority_values_first
+        first = min(ready, key=lambda r: (priority_rank(r.priority, low_first), r.arrival))
+        rank = priority_rank(first.priority, low_first)
+        while self.running and self.admission.blocked(first, self.running, self.ratio):
+            victim = max(self.running, key=lambda r: (priority_rank(r.priority, low_first), r.arrival))
+            if priority_rank(victim.priority, low_first) - rank <= config.priority_scheduling_preemption_threshold:
+                return
+            log.info("preempting request %s (priority %d) for request %s (priority %d)",
+                     victim.rid, victim.priority, first.rid, first.priority)
+            self._retract(victim)
+            self.stats.preemptions += 1
 
     def _admissible(self, failed: list[Req]) -> list[Req]:
         """Waiting requests that may be admitted now: their grammar, if any, is compiled.

@@ -55,7 +55,8 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     own = constraint if tools.regex is None else None  # else the tools' grammar holds it
     sampling = [sampling_for(st, req, own, len(ids), max_tokens, **tools.grammar_params(st.context_free), **extra)]
     logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
-    return ChatCall(fmt, contract_requests(st, [ids], sampling, logprobs, req.stream, constraint), constraint)
+    return ChatCall(fmt, contract_requests(st, [ids], sampling, logprobs, req.stream, constraint, req.priority),
+                    constraint)
 
 
 def sampling_for(st: ServerState, req: CompletionRequest | ChatCompletionRequest, constraint: Constraint | None,
@@ -69,11 +70,13 @@ def sampling_for(st: ServerState, req: CompletionRequest | ChatCompletionRequest
 
 
 def contract_requests(st: ServerState, prompts: list[list[int]], sampling: list[dict[str, Any]],
-                      logprobs: LogprobOptions, stream: bool, constraint: Constraint | None) -> list[TokenizedRequest]:
+                      logprobs: LogprobOptions, stream: bool, constraint: Constraint | None,
+                      priority: int | None = None) -> list[TokenizedRequest]:
     """The request contract over OpenAI prompts; an invalid constraint is a 400 naming
     the field it came from."""
     try:
-        return st.builder.requests(prompts, sampling, None, logprobs, stream=stream, prompt_field="prompt")
+        return st.builder.requests(prompts, sampling, None, logprobs, stream=stream, prompt_field="prompt",
+                                   priority=priority)
     except ApiError as e:
         if constraint is None or constraint.key not in e.message:
             raise

@@ -144,7 +144,8 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         fatal.append(message)
         http.should_exit = True
 
-    builder = RequestBuilder(tokenizer, info["context_len"], info["vocab_size"], server.chat_template)
+    builder = RequestBuilder(tokenizer, info["context_len"], info["vocab_size"], server.chat_template,
+                             priority_scheduling=engine.scheduler.enable_priority_scheduling)
     tool_format = resolve_format(server.tool_call_parser, builder.chat.source if builder.chat else None)
     log.info("tool calls in chat answers: %s", tool_format.name if tool_format else "not parsed")
     state = ServerState(

@@ -33,6 +33,7 @@ class GenerateRequest(_Body):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
+    priority: int | None = None  # under --enable-priority-scheduling
 
 
 class AbortRequest(_Body):
@@ -108,6 +109,7 @@ class _OpenAISampling(_Body):
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None  # the constraint is the same whichever backend
     structured_outputs: StructuredOutputs | None = None
+    priority: int | None = None  # SGLang's and vLLM's, under --enable-priority-scheduling
 
 
 class CompletionRequest(_OpenAISampling):

@@ -15,6 +15,7 @@ from typing import Any
 
 from sprig.runtime import json_limits
 from sprig.runtime.request_contract import (
+    PRIORITY_OFF,
     InvalidRequest,
     LogprobOptions,
     ModelLimits,
@@ -36,12 +37,15 @@ def max_token_bytes(tokenizer: Any) -> int:
 
 class RequestBuilder:
     """Knows the tokenizer, the chat template and the model's limits (`context_len`,
-    `vocab_size`, reported by the scheduler at startup)."""
+    `vocab_size`, reported by the scheduler at startup), and whether the scheduler takes
+    requests' priorities."""
 
-    def __init__(self, tokenizer: Any, context_len: int, vocab_size: int, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, context_len: int, vocab_size: int, chat_template: str | None = None, *,
+                 priority_scheduling: bool = False) -> None:
         """`chat_template`: a Jinja file to use instead of the tokenizer's template.
         Raises `ValueError` if the template does not compile, `OSError` if the file
         cannot be read."""
+        self.priority_scheduling = priority_scheduling
         self.tokenizer = tokenizer
         self.context_len = context_len
         self.vocab_size = vocab_size
@@ -110,12 +114,15 @@ class RequestBuilder:
 
     def requests(self, prompts: list[list[int]], sampling: SamplingArg, rid: Any,
                  logprobs: LogprobOptions | list[LogprobOptions], *,
-                 stream: bool, prompt_field: str = "input_ids") -> list[TokenizedRequest]:
+                 stream: bool, prompt_field: str = "input_ids", priority: int | None = None) -> list[TokenizedRequest]:
         """One `TokenizedRequest` per sequence (n per prompt, in output order): the request
-        contract's `build_requests`, its `InvalidRequest` as a 400 naming the field."""
+        contract's `build_requests`, its `InvalidRequest` as a 400 naming the field. A
+        `priority` is a 400 unless the scheduler schedules by it."""
+        if priority is not None and not self.priority_scheduling:
+            raise ApiError(400, PRIORITY_OFF, "priority")
         try:
             return build_requests(prompts, sampling, self.limits, rid=rid, new_rid=self.new_rid,
-                                  logprobs=logprobs, stream=stream, prompt_field=prompt_field)
+                                  logprobs=logprobs, stream=stream, prompt_field=prompt_field, priority=priority)
         except InvalidRequest as e:
             raise ApiError(400, str(e), e.field) from None
 

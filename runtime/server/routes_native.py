@@ -47,7 +47,8 @@ async def generate(request: Request) -> Response:
                                               req.top_logprobs_num, req.return_text_in_logprobs,
                                               req.token_ids_logprob)
         return req, batch, st.builder.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
-                                              prompt_field="text" if req.text is not None else "input_ids")
+                                              prompt_field="text" if req.text is not None else "input_ids",
+                                              priority=req.priority)
 
     req, batch, reqs = await prepare(request, build)
     call = st.manager.submit(reqs, client_of(request))

@@ -97,7 +97,7 @@ async def completions(request: Request) -> Response:
         sampling = [sampling_for(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
         want = req.logprobs is not None
         logprobs = LogprobOptions(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
-        reqs = contract_requests(st, prompts, sampling, logprobs, req.stream, constraint)
+        reqs = contract_requests(st, prompts, sampling, logprobs, req.stream, constraint, req.priority)
         texts = [st.builder.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
         return req, texts, reqs, constraint
 

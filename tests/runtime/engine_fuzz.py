@@ -24,7 +24,11 @@ generator of their own) the engine starts on another checkpoint of the same mode
 (`weight_checkpoints.perturbed_copy`), runs the whole workload there (caching its prefixes
 with K/V of the wrong weights), then loads the model's weights
 (`Engine.update_weights_from_disk`) before the workload that is checked: nothing the first
-run left (cached prefixes, kept K/V, drafts) may show in the second.
+run left (cached prefixes, kept K/V, drafts) may show in the second. In `PRIORITY_SHARE`
+of workloads (another generator of their own) the engine schedules by priority, with either
+order and a preemption threshold of 0, 1 or 10, and the requests carry random priorities:
+the admission order changes and running requests are preempted (retracted) for others,
+and nothing of it may show in any request's output.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
 engine, its finish reason too, and its logprobs (output, top and input) agree within
@@ -86,6 +90,7 @@ LOGPROB_TOL = 1e-5
 EMBED_TOL = {"auto": 1e-5, "int8": 1e-3}
 EMBED_SHARE = 0.1
 STALE_START_SHARE = 0.15
+PRIORITY_SHARE = 0.25  # of workloads, those scheduled by priority (some requests preempting others)
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' names (the EOS's too), whole, as text
@@ -123,6 +128,7 @@ class Request:
     arrival: int = 0
     abort_at: int | None = None
     embed: bool = False  # an embedding request (its params unused): its prompt's embedding
+    priority: int | None = None  # sent only where the workload's engine schedules by priority
 
     @property
     def checked(self) -> bool:
@@ -240,6 +246,7 @@ class Stats:
     alternatives: int = 0  # alternative paths of token trees verified (the ngram and radix drafters')
     alternatives_kept: int = 0  # of them, those the kept tokens lay on
     weight_updates: int = 0  # workloads run after a run on other weights and a weight update
+    preemptions: int = 0  # running requests retracted for waiting ones of higher priority
 
     def line(self) -> str:
         kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec}
@@ -251,7 +258,8 @@ class Stats:
             f"{self.picked} with token_ids_logprob; {self.embeddings} embeddings (largest difference "
             f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
-            f"alternative paths verified, {self.alternatives_kept} followed; {self.weight_updates} after a weight update"
+            f"alternative paths verified, {self.alternatives_kept} followed; {self.weight_updates} after a weight update; "
+            f"{self.preemptions} preemptions by priority"
         )
 
 
@@ -299,6 +307,12 @@ def make_workload(
     options = _options(rng, requests, triton, int4_share, tp_share)
     if constraints.random() < GUIDED_SHARE:  # its own generator, as the requests' constraints
         options["grammar_backend"] = "llguidance"
+    ranks = random.Random(f"priority {seed}")  # likewise
+    if ranks.random() < PRIORITY_SHARE:
+        options["enable_priority_scheduling"] = True
+        options["schedule_low_priority_values_first"] = ranks.random() < 0.5
+        options["priority_scheduling_preemption_threshold"] = ranks.choice([0, 1, 10])
+        requests = [replace(r, priority=ranks.choice([None, 0, 1, 5, 20, -3])) for r in requests]
     trees = options.get("speculative_algorithm") == "ngram" and options["speculative_alternatives"] > 0
     return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5,
                     stale_start=random.Random(f"weights {seed}").random() < STALE_START_SHARE)
@@ -405,8 +419,10 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
                 continue
             logprobs = LogprobOptions(r.return_logprob, r.logprob_start_len, r.top_logprobs_num,
                                       token_ids_logprob=r.token_ids_logprob)
+            priority = r.priority if sched.config.enable_priority_scheduling else None
             seqs = (build_embedding_requests([list(r.prompt)], limits, rid=r.rid, new_rid=str) if r.embed else
-                    build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs))
+                    build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs,
+                                   priority=priority))
             for seq in seqs:
                 req = Req.of(seq)
                 sched.add_request(req)
@@ -818,6 +834,7 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
         except Exception as e:
             raise Mismatch(f"{workload.describe()}\nthe batched run failed: {e!r}") from e
         stats.retractions += engine.scheduler.stats.retractions
+        stats.preemptions += engine.scheduler.stats.preemptions
         if engine.scheduler.speculative is not None:
             stats.alternatives += engine.scheduler.speculative.stats.alternatives
             stats.alternatives_kept += engine.scheduler.speculative.stats.alternatives_kept

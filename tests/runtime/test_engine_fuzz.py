@@ -86,6 +86,14 @@ def test_workloads_draw_stale_starts() -> None:
     assert any(stale[:8]) and 2 <= sum(stale) <= 12  # CI's first workloads include one
 
 
+def test_workloads_draw_priority_scheduling() -> None:
+    workloads = [make_workload(seed, "m", 512, triton=False) for seed in range(40)]
+    by_priority = [w for w in workloads if w.options.get("enable_priority_scheduling")]
+    assert any(w.seed < 8 for w in by_priority) and 4 <= len(by_priority) <= 20  # CI's first workloads include one
+    assert all(r.priority is None for w in workloads if w not in by_priority for r in w.requests)
+    assert {r.priority for w in by_priority for r in w.requests} >= {None, 0, 20, -3}
+
+
 def test_workloads_draw_speculative_decoding() -> None:
     drafters = [make_workload(seed, "m", 512, triton=False).options.get("speculative_algorithm") for seed in range(40)]
     assert set(drafters) == {None, "ngram", "radix", "draft"}
