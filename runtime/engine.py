@@ -223,7 +223,8 @@ class Engine:
         empty the radix cache, as SGLang's does: returns `(success, message,
         num_paused_requests)`, the last always 0 here (the engine holds no requests back).
         On failure the previous weights stay in place and `message` says why. Refused
-        (False) while async calls are in flight: no request runs on two sets of weights.
+        (False) while requests are in flight (async calls, or a `generate` stream being
+        read): no request runs on two sets of weights.
         `weight_version` labels the responses of later requests (`meta_info`);
         `load_format` is None, "auto" or "safetensors"."""
         try:
@@ -232,8 +233,8 @@ class Engine:
                 check_weight_version(weight_version)
         except ValueError as e:
             return False, str(e), 0
-        if self._driver.busy:
-            return False, "cannot update the weights while async_generate calls are in flight: await them first", 0
+        if (busy := self._update_refusal()) is not None:
+            return False, busy, 0
         try:
             self._driver.call(lambda: self.scheduler.update_weights(str(model_path), weight_version))
         except WeightUpdateError as e:
@@ -251,8 +252,8 @@ class Engine:
         tensor-parallel ranks) nothing has changed. The radix cache is dropped after every
         call: `flush_cache=False`, which SGLang takes for all but the last of a run of
         partial updates, is accepted and changes nothing (an empty cache is dropped for
-        free). Refused while `async_generate` calls are in flight. `load_format`: None or
-        "direct"."""
+        free). Refused while requests are in flight, as `update_weights_from_disk` is.
+        `load_format`: None or "direct"."""
         if load_format not in (None, "direct"):
             return False, f"load_format must be null or 'direct' (tensors are copied as they are), got {load_format!r}"
         if weight_version is not None:
@@ -260,8 +261,8 @@ class Engine:
                 check_weight_version(weight_version)
             except ValueError as e:
                 return False, str(e)
-        if self._driver.busy:
-            return False, "cannot update the weights while async_generate calls are in flight: await them first"
+        if (busy := self._update_refusal()) is not None:
+            return False, busy
         tensors = list(named_tensors)
         try:
             copied = self._driver.call(lambda: self.scheduler.update_weights_from_tensors(tensors, weight_version))
@@ -326,6 +327,14 @@ class Engine:
                                             prompt_field="prompt" if prompt is not None else "input_ids")
         reqs = [Req.of(r) for r in requests]
         return batch, reqs, ResponseBuilder(self.tokenizer, reqs, stream=False)
+
+    def _update_refusal(self) -> str | None:
+        """Why the weights cannot change now (requests in flight), or None."""
+        if self._driver.busy:
+            return "cannot update the weights while async_generate calls are in flight: await them first"
+        if self._sync_calls:
+            return "cannot update the weights while a generate stream is being read: finish or close it first"
+        return None
 
     def _new_rid(self) -> str:
         return f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"

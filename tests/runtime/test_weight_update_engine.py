@@ -130,7 +130,7 @@ def test_weight_versions_label_the_responses(tiny_llama: Path, stepped: dict[str
             assert not ok and field in message
 
 
-def test_refused_while_async_calls_are_in_flight(tiny_llama: Path, stepped: dict[str, Path]) -> None:
+def test_refused_while_requests_are_in_flight(tiny_llama: Path, stepped: dict[str, Path]) -> None:
     with Engine(str(tiny_llama), **ENGINE) as engine:
         async def main() -> tuple[tuple[bool, str, int], dict]:
             call = asyncio.ensure_future(engine.async_generate(
@@ -142,6 +142,14 @@ def test_refused_while_async_calls_are_in_flight(tiny_llama: Path, stepped: dict
         refused, out = asyncio.run(main())
         assert refused[0] is False and "in flight" in refused[1]
         assert out["meta_info"]["finish_reason"]["type"] == "length"
+        assert engine.runner.config.model_path == str(tiny_llama)
+        stream = engine.generate("the fox", {"max_new_tokens": 8, "temperature": 0}, stream=True)
+        first = next(stream)
+        for refused in (engine.update_weights_from_disk(str(stepped["llama"])),
+                        engine.update_weights_from_tensor([("model.norm.weight", torch.ones(64))])):
+            assert refused[0] is False and "a generate stream is being read" in refused[1]
+        last = list(stream)[-1]
+        assert last["output_ids"][: len(first["output_ids"])] == first["output_ids"]
         assert engine.runner.config.model_path == str(tiny_llama)
         assert engine.update_weights_from_disk(str(stepped["llama"]))[0]
 
