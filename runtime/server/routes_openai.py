@@ -135,7 +135,7 @@ async def completions(request: Request) -> Response:
         return _stream(call, env, choice, req, usage_of, constraint)
     outs = await collect(call, request, constraint)
     choices = [c for i, r in enumerate(outs) for c in choice(i, Piece.of_response(r))]
-    return json_response(env.wrap(choices=choices, usage=await usage_of(outs)))
+    return json_response(env.wrap(choices=choices, usage=await usage_of(outs), metadata=_metadata(outs)))
 
 
 @router.post("/v1/chat/completions")
@@ -181,7 +181,13 @@ async def chat_completions(request: Request) -> Response:
         lp = chat_logprobs(*Piece.of_response(r).entries(with_input=False)) if req.logprobs else None
         choices.append({"index": i, "message": message, "logprobs": lp,
                         "finish_reason": "tool_calls" if called else reason, "matched_stop": matched})
-    return json_response(env.wrap(choices=choices, usage=await usage_of(outs)))
+    return json_response(env.wrap(choices=choices, usage=await usage_of(outs), metadata=_metadata(outs)))
+
+
+def _metadata(outs: list[dict[str, Any]]) -> dict[str, Any]:
+    """SGLang's `metadata` of a whole (not streamed) response: the label of the weights its
+    sequences ran on (one call's requests reach the scheduler together, so one label)."""
+    return {"weight_version": outs[0]["meta_info"]["weight_version"]}
 
 
 def _stream(call: Call, env: _Envelope, choices: ChoiceFn, req: CompletionRequest | ChatCompletionRequest,

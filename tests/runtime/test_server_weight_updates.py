@@ -184,6 +184,9 @@ def test_weight_versions(server: Server, checkpoints: tuple[Path, Path]) -> None
     assert update(server, {"model_path": str(checkpoints[1])}).json()["success"]  # no label: it stays
     assert server.get("/get_model_info").json()["weight_version"] == "step-0b"
     assert server.info()["weight_version"] == "step-0b"
+    chat = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2})
+    text = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "n": 2})
+    assert chat.json()["metadata"] == text.json()["metadata"] == {"weight_version": "step-0b"}  # SGLang's field
 
 
 @pytest.mark.parametrize(("path", "body", "field"), [
