@@ -8,9 +8,10 @@ meantime are held and handled afterwards, in order. So every request runs on one
 weights: those in place when it arrived, after any update sent before it. Its responses
 carry their label (`meta_info["weight_version"]`).
 
-Phases: idle; pending (the update waits for the scheduler to empty; requests, updates and
-aborts of held requests are held, other messages are handled); loading (every message is
-held: the loop touches nothing the worker thread uses).
+Phases: idle; pending (the update waits for the scheduler to empty; requests, control
+requests about the weights (`UPDATE_KINDS`) and aborts of held requests are held, other
+messages are handled); loading (every message is held: the loop touches nothing the worker
+thread uses).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from sprig.runtime.weight_update import update_message
 from sprig.runtime.wire import AbortReq, ControlReply, ControlReq
 
 log = logging.getLogger("sprig.scheduler")
-UPDATE_KINDS = ("update_weights",)  # control requests that wait their turn behind requests
+# control requests about the weights: while an update is in progress they wait their turn
+UPDATE_KINDS = ("update_weights", "update_weight_version", "get_weights_by_name")
 
 
 class WeightUpdates:

@@ -137,6 +137,10 @@ def test_requests_sent_during_an_update_wait_for_it(server: Server, checkpoints:
         t.start()
     _wait_for(server, lambda s: s["held_requests"] == 4)
     assert server.post("/abort_request", {"rid": "dropped"}).json()["aborted"]  # held: it ends when released
+    labeller = threading.Thread(target=lambda: replies.update(  # sent after the update: applied after it
+        label=server.post("/update_weight_version", {"new_version": "step-1b"})))
+    labeller.start()
+    waiting.append(labeller)
     for i in range(2):  # the long requests still run, on the old weights: stop them
         assert server.post("/abort_request", {"rid": f"long-{i}"}).json()["aborted"]
     for t in [*long, updater, *waiting]:
@@ -146,6 +150,8 @@ def test_requests_sent_during_an_update_wait_for_it(server: Server, checkpoints:
     for i in range(3):
         assert replies[i]["output_ids"] == expected[new]
         assert replies[i]["meta_info"]["weight_version"] == "step-1"
+    assert replies["label"].json()["new_version"] == "step-1b"
+    assert server.get("/get_weight_version").json() == {"weight_version": "step-1b"}
     assert replies["dropped"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert replies["dropped"]["output_ids"] == []
     for rid, last in streams.items():  # what the aborted requests generated came from the old weights
