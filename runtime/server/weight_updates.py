@@ -3,10 +3,11 @@ in the order messages arrive.
 
 An update waits for every request that arrived before it to finish (or aborts them, with
 `abort_all_requests`), has the model runner load the new weights on a worker thread while
-the loop goes on sending heartbeats, then drops the radix cache (`Scheduler.weights_loaded`); requests and updates that arrive in the
-meantime are held and handled afterwards, in order. So every request runs on one set of
-weights: those in place when it arrived, after any update sent before it. Its responses
-carry their label (`meta_info["weight_version"]`).
+the loop goes on sending heartbeats, then drops the radix cache
+(`Scheduler.weights_loaded`); requests, and control requests about the weights, that
+arrive in the meantime are held and handled afterwards, in order. So every request runs on
+one set of weights: those in place when it arrived, after any update sent before it. Its
+responses carry their label (`meta_info["weight_version"]`).
 
 Phases: idle; pending (the update waits for the scheduler to empty; requests, control
 requests about the weights (`UPDATE_KINDS`) and aborts of held requests are held, other
