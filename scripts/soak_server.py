@@ -14,8 +14,9 @@ path that holds no checkpoint); every `--update-every`-th request reloads the se
 checkpoint's weights (/update_weights_from_disk, with a new weight_version) while the
 others run. It passes when no answer is a 5xx, every weight update succeeded, every hostile
 request got a 4xx, the KV integrity check
-is ok, and after /flush_cache the resident memory of every server process is within
-`--rss-slack` of what it was after the warm-up (the first `--warmup` requests). Exits 1
+is ok, and after /flush_cache and a few idle seconds the resident memory of every server
+process is within `--rss-slack` of what it was, measured the same way, after the warm-up
+(the first `--warmup` requests). Exits 1
 otherwise, printing why.
 """
 
@@ -37,6 +38,7 @@ from tqdm import tqdm
 
 import sprig
 
+SETTLE_S = 4.0  # an idle scheduler hands its free heap back within about 2.5 s (`SchedulerLoop.idle_maintenance`)
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "red", "blue", "quick", "fox", "what", "how", "one", "two", "three"]
 MESSAGES = [{"role": "user", "content": "Ava has 3 apples. How many?"}]
 
@@ -221,12 +223,15 @@ def main() -> int:
         deadline = start + args.max_seconds
         pids = httpx.get(url + "/get_server_info", headers=headers, timeout=30).json()["pids"]
         warm = run(soak, 0, args.warmup, deadline, "warm-up")
+        wait_idle(url, headers)
         httpx.post(url + "/flush_cache", headers=headers, timeout=60)
+        time.sleep(SETTLE_S)
         baseline = {name: rss_mb(pid) for name, pid in pids.items()}
         sent = warm + run(soak, args.warmup, args.requests - args.warmup, deadline, "soak")
         elapsed = time.monotonic() - start
         idle = wait_idle(url, headers)
         flushed = httpx.post(url + "/flush_cache", headers=headers, timeout=60).status_code
+        time.sleep(SETTLE_S)
         after = {name: rss_mb(pid) for name, pid in pids.items()}
 
     print(f"\n{sent} requests in {elapsed:.0f} s ({sent / elapsed:.1f}/s), concurrency {args.concurrency}")

@@ -71,6 +71,7 @@ class SchedulerLoop:
         self.live: set[str] = set()
         self.updates = WeightUpdates(scheduler, send_http)
         self._last_idle_check = -IDLE_CHECK_INTERVAL_S
+        self._stepped_since_check = False
 
     # ------------------------------------------------------------------ messages
     def handle(self, msg: object) -> None:
@@ -189,9 +190,18 @@ class SchedulerLoop:
             self.send_detok(Forget(list(failed)))
             for rid, reason in failed.items():
                 self.send_http(RequestError(rid, reason["message"], reason["status_code"]))
+        self._stepped_since_check = True
+
+    def idle_maintenance(self) -> None:
+        """Once the scheduler is idle after stepping (at most once per
+        `IDLE_CHECK_INTERVAL_S`): check the KV accounting and hand the heap's free memory
+        (a large prefill's activations) back to the system, so an idle server's memory is
+        what it holds, not what its last burst needed."""
         now = time.monotonic()
-        if not self.scheduler.has_work and now - self._last_idle_check >= IDLE_CHECK_INTERVAL_S:
+        if (self._stepped_since_check and not self.scheduler.has_work
+                and now - self._last_idle_check >= IDLE_CHECK_INTERVAL_S):
             self._last_idle_check = now
+            self._stepped_since_check = False
             error = self._integrity_error()
             self.stats.integrity = "ok" if error is None else error
             release_free_heap()
@@ -235,6 +245,8 @@ class SchedulerLoop:
                 self.run_step()
             for held in self.updates.advance():
                 self.handle(held)
+            if not self.updates.active:  # a load on the worker thread uses the heap
+                self.idle_maintenance()
             report = self.stats.tick(self.scheduler, busy=self.scheduler.has_work)
             if report is not None:
                 self.send_http(report)

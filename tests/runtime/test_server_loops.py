@@ -125,6 +125,7 @@ def test_every_request_is_answered(engine: Engine, sinks) -> None:
     assert isinstance(detok[0], DetokRegister) and detok[0].rid == "good"
     outputs = [o for m in detok[1:] for o in m.outputs]
     assert outputs[-1].finish_reason == {"type": "length", "length": 8} and not loop.live
+    loop.idle_maintenance()  # idle after stepping: the KV accounting is checked
     assert loop.stats.integrity == "ok"
 
 
