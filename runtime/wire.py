@@ -150,6 +150,7 @@ class StatsReport:
     integrity: str = "unchecked"
     spec_accept_rate: float = 0.0  # speculative decoding: drafts accepted / drafted since start
     spec_accept_length: float = 0.0  # tokens per request per verification pass since start
+    preemptions: int = 0  # retractions for a waiting request of higher priority, since start
 
 
 @dataclass

@@ -42,6 +42,10 @@ class Metrics:
         self.retractions = Counter(
             "sprig_retractions", "Requests retracted to free KV slots (their work is redone).", registry=r
         )
+        self.preemptions = Counter(
+            "sprig_preemptions", "Running requests retracted for a waiting one of higher priority "
+            "(--enable-priority-scheduling; counted among the retractions too).", registry=r
+        )
         self.request_retractions = Histogram(
             "sprig_num_retractions", "Retractions per finished request.", buckets=RETRACTION_BUCKETS, registry=r
         )
@@ -86,6 +90,7 @@ class Metrics:
             (self.cached_tokens, s.cached_tokens, last.cached_tokens if last else 0),
             (self.generation_tokens, s.decode_tokens, last.decode_tokens if last else 0),
             (self.retractions, s.retractions, last.retractions if last else 0),
+            (self.preemptions, s.preemptions, last.preemptions if last else 0),
         ):
             counter.inc(max(now - before, 0))
         self._last = s

@@ -85,6 +85,7 @@ class StatsTracker:
             integrity=self.integrity,
             spec_accept_rate=spec.acceptance_rate if spec else 0.0,
             spec_accept_length=spec.mean_accept_length if spec else 0.0,
+            preemptions=st.preemptions,
         )
 
     @staticmethod

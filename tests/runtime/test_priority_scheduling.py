@@ -9,6 +9,8 @@ its workloads this way (engine_fuzz.PRIORITY_SHARE)."""
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,8 +134,13 @@ def test_server_preempts_for_a_request_of_higher_priority(server: Server, long_m
                 events.append(orjson.loads(line.removeprefix("data: ")))
     assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     # retracted for the urgent request; for the chat too, unless it was not running again yet
-    assert events[-1]["meta_info"]["num_retractions"] in (1, 2)
+    preempted = events[-1]["meta_info"]["num_retractions"]
+    assert preempted in (1, 2)
     server.wait_idle()
+    deadline = time.monotonic() + 10  # /metrics counts them once the scheduler's idle report arrives
+    while not re.search(rf"^sprig_preemptions_total {preempted}\.0$", text := server.get("/metrics").text, re.M):
+        assert time.monotonic() < deadline, [line for line in text.splitlines() if "preemptions" in line]
+        time.sleep(0.1)
 
 
 def test_server_refuses_priority_without_the_flag(tiny_llama: Path) -> None:
