@@ -30,7 +30,9 @@ class TPRunner:
     """Starts this node's other ranks (`python -m sprig.runtime.distributed.rank`), joins
     the group as rank 0 and runs its part of the model; `forward(step)` sends the step to
     every rank first. Other attributes are rank 0's `ModelRunner`'s (`model_config`,
-    `num_slots`, `generator`, ...): the logits it returns are the whole vocabulary's.
+    `num_slots`, `generator`, ...): the logits it returns are the whole vocabulary's, and
+    what reads or writes weights outside a step (`update_weights_from_tensors`,
+    `get_weights_by_name`) refuses, since rank 0 holds only its part.
 
     A rank that exits while the runner is open, or a step whose collectives fail, leaves
     the group unusable: `failure` then names what happened (the rank, where it is this
@@ -94,15 +96,6 @@ class TPRunner:
             raise
         except Exception as e:
             raise RuntimeError(self._fail(self._dead_rank(RANK_EXIT_WAIT_S) or f"the tensor-parallel group failed: {e}")) from e
-
-    def update_weights_from_tensors(self, tensors: object) -> int:
-        """Refused (`WeightUpdateError`): each rank holds a part of every split tensor, so
-        tensor-parallel weights are updated from a checkpoint on disk (`update_weights`)."""
-        raise WeightUpdateError("weights split over tensor-parallel ranks are updated from a checkpoint on disk")
-
-    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
-        """Refused (ValueError): each rank holds a part of every split weight."""
-        raise ValueError("weights split over tensor-parallel ranks are not read back (each rank holds a part)")
 
     def _on_every_rank(self, step: ForwardStep, run: Callable[[ForwardStep], Any]) -> Any:
         if self.failure is not None:
