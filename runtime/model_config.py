@@ -19,6 +19,33 @@ _ROPE_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor",
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """The sparse feed-forward blocks of a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE,
+    Qwen3-MoE).
+
+    Each token's router logits pick its `top_k` experts by softmax probability; their
+    probabilities, renormalized to sum to 1 when `renormalize`, weight the experts'
+    outputs. A shared expert (`shared_expert_intermediate_size` > 0, Qwen2-MoE) runs on
+    every token, scaled by sigmoid of its own one-output gate. Layers in `dense_layers`
+    keep a dense MLP of the model's `intermediate_size` instead.
+    Invariants: 0 < top_k <= num_experts; expert_intermediate_size > 0.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    renormalize: bool
+    shared_expert_intermediate_size: int = 0
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be in 1..{self.num_experts}, got {self.top_k}")
+        if self.expert_intermediate_size <= 0:
+            raise ValueError(f"the experts' intermediate size must be positive, got {self.expert_intermediate_size}")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A checkpoint's architecture and geometry.
 
@@ -30,7 +57,8 @@ class ModelConfig:
     nor past a sliding window (sprig does not implement one, so it computes exactly only
     within it); `eos_token_ids` is the union of config.json's and
     generation_config.json's, in that order; `quantization` is the format config.json's
-    `quantization_config` names (None for a float checkpoint).
+    `quantization_config` names (None for a float checkpoint); `moe` describes the sparse
+    blocks of a mixture-of-experts model (None for a dense one).
     """
 
     architecture: str
@@ -52,6 +80,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     torch_dtype: str | None = None  # the checkpoint's dtype name, e.g. "bfloat16"
     quantization: WeightFormat | None = field(default=None, hash=False)  # quantization_config's
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -109,7 +138,33 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id", gen.get("bos_token_id")),
             torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
             quantization=_quantization(path / "config.json", cfg.get("quantization_config")),
+            moe=_moe(cfg),
         )
+
+
+def _moe(cfg: dict[str, Any]) -> MoEConfig | None:
+    """The sparse blocks config.json describes: Mixtral's `num_local_experts` experts of
+    `intermediate_size`, always renormalized, in every layer; or the Qwen MoE families'
+    `num_experts` (saved as `num_local_experts` by some transformers versions) of
+    `moe_intermediate_size`, in every `decoder_sparse_step`-th layer not in
+    `mlp_only_layers`."""
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if not experts:
+        return None
+    layers = cfg["num_hidden_layers"]
+    if "moe_intermediate_size" not in cfg:  # Mixtral
+        return MoEConfig(num_experts=experts, top_k=cfg["num_experts_per_tok"],
+                         expert_intermediate_size=cfg["intermediate_size"], renormalize=True)
+    step = cfg.get("decoder_sparse_step") or 1
+    only_mlp = set(cfg.get("mlp_only_layers") or ())
+    return MoEConfig(
+        num_experts=experts,
+        top_k=cfg["num_experts_per_tok"],
+        expert_intermediate_size=cfg["moe_intermediate_size"],
+        renormalize=bool(cfg.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size") or 0,
+        dense_layers=tuple(i for i in range(layers) if i in only_mlp or (i + 1) % step),
+    )
 
 
 def _quantization(file: Path, quantization_config: dict[str, Any] | None) -> WeightFormat | None:

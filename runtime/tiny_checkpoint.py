@@ -1,5 +1,5 @@
 """Build tiny, real Hugging Face checkpoints offline: a trained byte-level BPE tokenizer
-with a chat template, and a randomly initialised Llama-family model.
+with a chat template, and a randomly initialised Llama-family model (dense, or mixture-of-experts).
 
 They load through exactly the code path real checkpoints take, which is what tests and
 the no-hub quick start need. The weights are random: the text they produce is noise.
@@ -24,6 +24,7 @@ CHAT_TEMPLATE = (  # tools and tool calls in the Hermes format (`server.tool_cal
 )
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|end|>"]
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")  # 4 experts, 2 per token
 
 _WORDS = ["the", "a", "an", "of", "to", "in", "and", "is", "was", "for", "on", "with", "as", "by", "at", "from", "it", "that", "this", "which", "be", "are", "model", "token", "cache", "prefix", "radix", "tree", "request", "batch", "decode", "prefill", "answer", "question", "what", "how", "why", "when", "where", "who", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "Paris", "France", "capital", "city", "river", "number", "sum", "add", "plus", "minus", "times", "result", "step", "think", "alpha", "beta", "gamma", "delta", "cat", "dog", "bird", "fish", "red", "green", "blue", "quick", "brown", "fox", "jumps", "over", "lazy", "hello", "world", "system", "user", "assistant", "yes", "no", "true", "false", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "-", "=", "?"]
 
@@ -70,7 +71,15 @@ def build_tokenizer(path: str | Path, vocab_size: int = 512, seed: int = 0):
 
 
 def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     common = dict(
         vocab_size=vocab_size,
@@ -85,11 +94,18 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
         eos_token_id=eos,
         tie_word_embeddings=False,
     )
+    if arch == "mixtral":
+        common.update(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64)
+    elif arch in ("qwen2_moe", "qwen3_moe"):
+        common.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+    if arch == "qwen2_moe":
+        common.update(shared_expert_intermediate_size=96)
     common.update(overrides)
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
-    if arch in ("qwen3",):
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+           "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}[arch]
+    if arch in ("qwen3", "qwen3_moe"):
         common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
-    if arch == "mistral":
+    if arch in ("mistral", "mixtral"):
         common.setdefault("sliding_window", None)
     return cls(**common)
 
@@ -103,7 +119,8 @@ def build_tiny_checkpoint(
     vocab_size: int = 512,
     **config_overrides,
 ) -> Path:
-    """Write a tokenizer and a random `arch` model (one of ARCHITECTURES) to `path`.
+    """Write a tokenizer and a random `arch` model (one of ARCHITECTURES or
+    MOE_ARCHITECTURES) to `path`.
 
     `config_overrides` go to the transformers config (e.g. `num_key_value_heads=1`,
     `tie_word_embeddings=True`, `rope_scaling={...}`). Deterministic for a given seed.
@@ -111,8 +128,8 @@ def build_tiny_checkpoint(
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
+    if arch not in ARCHITECTURES + MOE_ARCHITECTURES:
+        raise ValueError(f"arch must be one of {ARCHITECTURES + MOE_ARCHITECTURES}, got {arch!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(path, vocab_size=vocab_size, seed=seed)

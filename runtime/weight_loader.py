@@ -16,6 +16,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.quantized import install_split_quantized
 from sprig.runtime.distributed.shard import build_sharded
 from sprig.runtime.layers.linear import MergedLinear
+from sprig.runtime.layers.moe import FusedExperts
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import model_class
 from sprig.runtime.quantization.formats import WeightFormat
@@ -123,11 +125,10 @@ def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, devi
     its last tensor is in, so only one layer's staged pieces are held at a time. Loading
     again into a loaded model replaces its weights in place (a quantized layer's are
     rebuilt); pieces a failed load left staged are dropped first."""
-    packed: dict[str, tuple[str, str]] = model.packed_modules
     quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     for layer in quantized.values():
         layer.discard_staged()
-    plan = _plan(model, path, packed, quantized)
+    plan = _plan(model, path, _Names.of(model), quantized)
     pending = Counter(t[0].rpartition(".")[0] for _, _, t in plan)
     params = dict(model.named_parameters())
     for file, entries in itertools.groupby(plan, key=lambda entry: entry[0]):
@@ -154,7 +155,7 @@ def load_named_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tens
     twice, a tensor of another shape, or a quantized layer's weight (its codes would have
     to be computed again: load a checkpoint instead) is a ValueError naming it, and then
     nothing has changed. A tied head's `lm_head.weight` is skipped, as in a checkpoint."""
-    packed: dict[str, tuple[str, str]] = model.packed_modules
+    names = _Names.of(model)
     quantized = {n for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     params = dict(model.named_parameters())
     tied = model.config.tie_word_embeddings
@@ -162,7 +163,7 @@ def load_named_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tens
     for name, tensor in tensors:
         if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
-        target = _target(name, packed)
+        target = _target(name, names)
         if target[0].rpartition(".")[0] in quantized:
             raise ValueError(f"{name!r} belongs to a quantized layer, whose codes a tensor cannot replace "
                              "(update from a checkpoint on disk)")
@@ -183,10 +184,9 @@ def load_named_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tens
 def named_tensor(model: nn.Module, name: str) -> torch.Tensor:
     """The float weight a checkpoint names `name` (a view into its parameter, the slice of
     a fused one); ValueError if the model has none by that name, or only quantized codes."""
-    packed: dict[str, tuple[str, str]] = model.packed_modules
     if model.config.tie_word_embeddings and name == "lm_head.weight":
         name = "model.embed_tokens.weight"
-    target = _target(name, packed)
+    target = _target(name, _Names.of(model))
     if isinstance(dict(model.named_modules()).get(target[0].rpartition(".")[0]), QuantizedLinear):
         raise ValueError(f"{name!r} is a quantized layer's weight (codes and scales, no float tensor)")
     params = dict(model.named_parameters())
@@ -198,7 +198,7 @@ def named_tensor(model: nn.Module, name: str) -> torch.Tensor:
 def _plan(
     model: nn.Module,
     path: str | Path,
-    packed: dict[str, tuple[str, str]],
+    names: _Names,
     quantized: dict[str, QuantizedLinear],
 ) -> list[tuple[Path, str, Target]]:
     """(file, tensor name, target) of every checkpoint tensor to load, in file order; a
@@ -212,7 +212,7 @@ def _plan(
             for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
                 if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
                     continue
-                target = _target(name, packed)
+                target = _target(name, names)
                 if target not in accepted:
                     raise ValueError(f"{file}: unexpected tensor {name!r} (no such parameter in the model)")
                 if target in loaded:
@@ -221,8 +221,8 @@ def _plan(
                 plan.append((file, name, target))
     missing = sorted(required - loaded.keys(), key=str)
     if missing:
-        names = ", ".join(_hf_name(t, packed) for t in missing)
-        raise ValueError(f"{Path(path)}: checkpoint is missing tensor(s) {names}")
+        listed = ", ".join(_hf_name(t, names) for t in missing)
+        raise ValueError(f"{Path(path)}: checkpoint is missing tensor(s) {listed}")
     return plan
 
 
@@ -250,9 +250,12 @@ def _expected_targets(
     layer's required tensors; accepted adds the quantized layers' optional ones."""
     required: set[Target] = set()
     for name, _ in model.named_parameters():
-        owner = model.get_submodule(name.rpartition(".")[0])
+        owner_name, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
         if isinstance(owner, MergedLinear):
             required.update((name, shard) for shard in owner.out_sizes)
+        elif isinstance(owner, FusedExperts):
+            required.update((name, shard) for shard in owner.checkpoint_shards(leaf))
         else:
             required.add((name, None))
     optional: set[Target] = set()
@@ -263,24 +266,46 @@ def _expected_targets(
     return required, required | optional
 
 
-def _target(hf_name: str, packed: dict[str, tuple[str, str]]) -> Target:
+@dataclass(frozen=True)
+class _Names:
+    """How a model's checkpoint names map to its parameters: `packed` (HF module name ->
+    (fused module name, shard)) and `experts` (an expert's HF projection name ->
+    (`FusedExperts` parameter, kind)); see `LlamaForCausalLM`."""
+
+    packed: dict[str, tuple[str, str]]
+    experts: dict[str, tuple[str, str]]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> _Names:
+        return cls(model.packed_modules, getattr(model, "expert_projections", {}))
+
+
+def _target(hf_name: str, names: _Names) -> Target:
     """HF tensor name -> sprig parameter and shard, e.g. `...self_attn.k_proj.weight` ->
-    (`...self_attn.qkv_proj.weight`, "k")."""
+    (`...self_attn.qkv_proj.weight`, "k"), `...experts.3.up_proj.weight` ->
+    (`...experts.gate_up_proj`, "3.up")."""
     parts = hf_name.split(".")
     for i, part in enumerate(parts):
-        if part in packed:
-            fused, shard = packed[part]
+        if part == "experts" and i + 3 == len(parts) - 1 and parts[i + 1].isdigit() and parts[i + 2] in names.experts:
+            param, kind = names.experts[parts[i + 2]]
+            return ".".join([*parts[: i + 1], param]), f"{parts[i + 1]}.{kind}"
+        if part in names.packed:
+            fused, shard = names.packed[part]
             return ".".join([*parts[:i], fused, *parts[i + 1 :]]), shard
     return hf_name, None
 
 
-def _hf_name(target: Target, packed: dict[str, tuple[str, str]]) -> str:
+def _hf_name(target: Target, names: _Names) -> str:
     """Inverse of `_target`: the checkpoint name a missing target would have had."""
     name, shard = target
     if shard is None:
         return name
-    hf_part = {v: k for k, v in packed.items()}[(name.split(".")[-2], shard)]
     module, _, leaf = name.rpartition(".")
+    if module.endswith(".experts") or module == "experts":
+        expert, _, kind = shard.partition(".")
+        hf_part = {v: k for k, v in names.experts.items()}[(leaf, kind)]
+        return f"{module}.{expert}.{hf_part}.weight"
+    hf_part = {v: k for k, v in names.packed.items()}[(name.split(".")[-2], shard)]
     return f"{module.rpartition('.')[0]}.{hf_part}.{leaf}"
 
 

@@ -19,7 +19,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n N`: the workers share the cores
 from server_helpers import Server, running_server
 
 from sprig.runtime.demo import DEMO_MODEL_PATH
-from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint, build_tokenizer
+from sprig.runtime.tiny_checkpoint import (
+    ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    build_tiny_checkpoint,
+    build_tokenizer,
+)
 
 # Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE):
 # without it every server a test starts compiles sprig in each of its processes, and every
@@ -88,9 +93,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One tiny random checkpoint per supported architecture, keyed by arch name."""
+    """One tiny random checkpoint per supported architecture (dense and mixture-of-experts),
+    keyed by arch name."""
     root = tmp_path_factory.mktemp("checkpoints")
-    return {arch: build_tiny_checkpoint(root / arch, arch) for arch in ARCHITECTURES}
+    return {arch: build_tiny_checkpoint(root / arch, arch) for arch in ARCHITECTURES + MOE_ARCHITECTURES}
 
 
 @pytest.fixture(scope="session")

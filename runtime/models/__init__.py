@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from sprig.runtime.models.llama import LlamaForCausalLM, MistralForCausalLM
+from sprig.runtime.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from sprig.runtime.models.qwen2 import Qwen2ForCausalLM
 from sprig.runtime.models.qwen3 import Qwen3ForCausalLM
 
@@ -18,6 +19,9 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

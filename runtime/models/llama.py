@@ -13,16 +13,26 @@ from sprig.runtime.forward_batch import ForwardBatch
 from sprig.runtime.layers.attention import AttentionOptions, SelfAttention
 from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
 from sprig.runtime.layers.mlp import GatedMLP
+from sprig.runtime.layers.moe import SparseMoE
 from sprig.runtime.layers.norm import RMSNorm
 from sprig.runtime.layers.rotary import RotaryEmbedding
 from sprig.runtime.model_config import ModelConfig
 
 
+def feed_forward(config: ModelConfig, layer_id: int) -> nn.Module:
+    """Layer `layer_id`'s feed-forward block: sparse (`SparseMoE`) in a mixture-of-experts
+    model's sparse layers, else the dense SwiGLU MLP."""
+    if config.moe is not None and layer_id not in config.moe.dense_layers:
+        return SparseMoE(config.hidden_size, config.moe)
+    return GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream travels beside the hidden states so that each
-    norm fuses the previous residual add."""
+    norm fuses the previous residual add. The feed-forward block is the attribute
+    `ff_name` names (the checkpoint's name for it: `mlp`, Mixtral's `block_sparse_moe`)."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions, ff_name: str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = SelfAttention(
@@ -30,7 +40,8 @@ class DecoderLayer(nn.Module):
             layer_id=layer_id, options=options, norm_eps=config.rms_norm_eps,
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.ff_name = ff_name
+        setattr(self, ff_name, feed_forward(config, layer_id))
 
     def forward(
         self,
@@ -46,18 +57,18 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(hidden, batch, backend, rotary)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return getattr(self, self.ff_name)(hidden), residual
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
+    def __init__(self, config: ModelConfig, options: AttentionOptions, ff_name: str) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(
             config.head_dim, config.context_len, base=config.rope_theta, scaling=config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, options) for i in range(config.num_layers)
+            DecoderLayer(config, i, options, ff_name) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -72,7 +83,9 @@ class DecoderModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Parameter names mirror the HF checkpoint's, except the fused projections listed
-    in `packed_modules` (HF module name -> (sprig module name, shard))."""
+    in `packed_modules` (HF module name -> (sprig module name, shard)) and each expert's
+    projections, which `expert_projections` maps to their `FusedExperts` parameter and
+    kind (`experts.{e}.{name}.weight` -> (parameter, kind), shard `"{e}.{kind}"`)."""
 
     packed_modules: ClassVar[dict[str, tuple[str, str]]] = {
         "q_proj": ("qkv_proj", "q"),
@@ -81,6 +94,12 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", "gate"),
         "up_proj": ("gate_up_proj", "up"),
     }
+    expert_projections: ClassVar[dict[str, tuple[str, str]]] = {
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+        "down_proj": ("down_proj", "down"),
+    }
+    ff_name: ClassVar[str] = "mlp"
 
     @staticmethod
     def attention_options(config: ModelConfig) -> AttentionOptions:
@@ -89,7 +108,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, self.attention_options(config))
+        self.model = DecoderModel(config, self.attention_options(config), self.ff_name)
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied=config.tie_word_embeddings)
 
     def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:

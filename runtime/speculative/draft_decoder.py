@@ -56,11 +56,11 @@ class _Layer:
 
 
 def supports(runner: ModelRunner) -> bool:
-    """Whether `DraftDecoder` can run `runner`'s model: a Llama-family decoder on the CPU,
-    unsharded, with unquantized weights."""
+    """Whether `DraftDecoder` can run `runner`'s model: a dense Llama-family decoder on the
+    CPU, unsharded, with unquantized weights."""
     decoder = getattr(runner.model, "model", None)
     return (runner.device.type == "cpu" and isinstance(decoder, DecoderModel) and runner.config.quantization is None
-            and runner.model_config.num_layers == len(decoder.layers))
+            and runner.model_config.moe is None and runner.model_config.num_layers == len(decoder.layers))
 
 
 class DraftDecoder:
@@ -69,7 +69,7 @@ class DraftDecoder:
 
     def __init__(self, runner: ModelRunner, *, shadow: bool = False) -> None:
         if not supports(runner):
-            raise ValueError("DraftDecoder runs an unquantized Llama-family model on the CPU")
+            raise ValueError("DraftDecoder runs an unquantized dense Llama-family model on the CPU")
         self.runner = runner
         self.shadow = shadow
         decoder: DecoderModel = runner.model.model

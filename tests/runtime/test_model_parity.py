@@ -1,5 +1,6 @@
-"""The model runner against Hugging Face transformers on the same tiny checkpoints:
-prefill logits, greedy decoding, chunked prefill, bfloat16 (DESIGN.md §5)."""
+"""The model runner against Hugging Face transformers on the same tiny checkpoints (dense
+and mixture-of-experts): prefill logits, greedy decoding, chunked prefill, bfloat16
+(DESIGN.md §5)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.runner_config import RunnerConfig
-from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
+from sprig.runtime.tiny_checkpoint import ARCHITECTURES, MOE_ARCHITECTURES, build_tiny_checkpoint
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -33,6 +34,12 @@ VARIANTS = {
         "mistral",
         {"rope_scaling": {"rope_type": "linear", "factor": 4.0}, "initializer_range": 0.2},
     ),
+    # a dense first layer (mlp_only_layers), renormalized top-3 of 4, a tied head
+    "qwen3_moe-dense0-top3": ("qwen3_moe", {"mlp_only_layers": [0], "norm_topk_prob": True, "num_experts_per_tok": 3,
+                                           "tie_word_embeddings": True, "initializer_range": 0.2}),
+    # sparse only every second layer (decoder_sparse_step), 8 experts with a shared one
+    "qwen2_moe-step2-8experts": ("qwen2_moe", {"decoder_sparse_step": 2, "num_hidden_layers": 3, "num_experts": 8,
+                                              "initializer_range": 0.2}),
 }
 PROMPT_LENS = (7, 1, 12, 4)
 ATOL = 1e-4
@@ -59,7 +66,7 @@ def variant_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
     }
 
 
-@pytest.fixture(scope="module", params=[*ARCHITECTURES, *VARIANTS])
+@pytest.fixture(scope="module", params=[*ARCHITECTURES, *MOE_ARCHITECTURES, *VARIANTS])
 def pair(request, tiny_checkpoints, variant_checkpoints) -> tuple[ModelRunner, torch.nn.Module]:
     """(sprig runner, HF model), both float32 on CPU, for one checkpoint."""
     path = {**tiny_checkpoints, **variant_checkpoints}[request.param]
