@@ -60,7 +60,8 @@ def load_model(
     checkpoint, with the online format `quantization`. With a tensor-parallel group `tp`
     the model holds rank `tp.rank`'s part (`sprig.runtime.distributed.shard`): only that
     part of each float tensor is read (a quantized layer's tensors are read whole,
-    converted, then cut: `sprig.runtime.distributed.quantized`).
+    converted, then cut: `sprig.runtime.distributed.quantized`). A mixture-of-experts
+    model is float only: a quantized checkpoint or format is a ValueError.
     """
     fmt = config.quantization
     if quantization is not None:
@@ -70,6 +71,11 @@ def load_model(
                 f"quantization ({quantization.name}) applies to float checkpoints"
             )
         fmt = quantization
+    if fmt is not None and config.moe is not None:
+        raise ValueError(
+            f"{Path(path)}: {fmt.name} weights are not supported for mixture-of-experts models "
+            f"({config.architecture}): serve the float checkpoint (an int8 KV cache, --kv-cache-dtype int8, works)"
+        )
     with torch.device("meta"):
         model = model_class(config.architecture)(config) if tp is None else build_sharded(config, tp)
         if fmt is not None:
@@ -269,22 +275,24 @@ def _expected_targets(
 @dataclass(frozen=True)
 class _Names:
     """How a model's checkpoint names map to its parameters: `packed` (HF module name ->
-    (fused module name, shard)) and `experts` (an expert's HF projection name ->
-    (`FusedExperts` parameter, kind)); see `LlamaForCausalLM`."""
+    (fused module name, shard)), `experts` (an expert's HF projection name ->
+    (`FusedExperts` parameter, kind)) and `renamed` (HF module name -> sprig's); see
+    `LlamaForCausalLM`."""
 
     packed: dict[str, tuple[str, str]]
     experts: dict[str, tuple[str, str]]
+    renamed: dict[str, str]
 
     @classmethod
     def of(cls, model: nn.Module) -> _Names:
-        return cls(model.packed_modules, getattr(model, "expert_projections", {}))
+        return cls(model.packed_modules, getattr(model, "expert_projections", {}), getattr(model, "renamed_modules", {}))
 
 
 def _target(hf_name: str, names: _Names) -> Target:
     """HF tensor name -> sprig parameter and shard, e.g. `...self_attn.k_proj.weight` ->
     (`...self_attn.qkv_proj.weight`, "k"), `...experts.3.up_proj.weight` ->
     (`...experts.gate_up_proj`, "3.up")."""
-    parts = hf_name.split(".")
+    parts = [names.renamed.get(part, part) for part in hf_name.split(".")]
     for i, part in enumerate(parts):
         if part == "experts" and i + 3 == len(parts) - 1 and parts[i + 1].isdigit() and parts[i + 2] in names.experts:
             param, kind = names.experts[parts[i + 2]]
@@ -292,21 +300,22 @@ def _target(hf_name: str, names: _Names) -> Target:
         if part in names.packed:
             fused, shard = names.packed[part]
             return ".".join([*parts[:i], fused, *parts[i + 1 :]]), shard
-    return hf_name, None
+    return ".".join(parts), None
 
 
 def _hf_name(target: Target, names: _Names) -> str:
     """Inverse of `_target`: the checkpoint name a missing target would have had."""
     name, shard = target
-    if shard is None:
-        return name
     module, _, leaf = name.rpartition(".")
-    if module.endswith(".experts") or module == "experts":
+    if shard is not None and module.rpartition(".")[2] == "experts":
         expert, _, kind = shard.partition(".")
         hf_part = {v: k for k, v in names.experts.items()}[(leaf, kind)]
-        return f"{module}.{expert}.{hf_part}.weight"
-    hf_part = {v: k for k, v in names.packed.items()}[(name.split(".")[-2], shard)]
-    return f"{module.rpartition('.')[0]}.{hf_part}.{leaf}"
+        name = f"{module}.{expert}.{hf_part}.weight"
+    elif shard is not None:
+        hf_part = {v: k for k, v in names.packed.items()}[(name.split(".")[-2], shard)]
+        name = f"{module.rpartition('.')[0]}.{hf_part}.{leaf}"
+    original = {v: k for k, v in names.renamed.items()}
+    return ".".join(original.get(part, part) for part in name.split("."))
 
 
 def _destination(model: nn.Module, params: dict[str, nn.Parameter], target: Target) -> torch.Tensor:

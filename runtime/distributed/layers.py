@@ -11,6 +11,7 @@ from torch import nn
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
 from sprig.runtime.layers.linear import MergedLinear
+from sprig.runtime.layers.moe import FusedExperts
 
 Index = tuple[slice, ...]
 
@@ -50,6 +51,24 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in / tp] -> [T, out]
         y = self.group.all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
+
+
+class ExpertParallelSlices(FusedExperts):
+    """Every expert, holding intermediate features `start .. start + I / tp - 1` of each:
+    each expert's gate and up rows are column-parallel, its down columns row-parallel; the
+    experts' weighted outputs are summed over the ranks (one all-reduce)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, start: int,
+                 group: TPGroup) -> None:
+        super().__init__(num_experts, hidden_size, intermediate_size)  # intermediate_size: this rank's
+        self.start, self.group = start, group
+
+    def checkpoint_index(self, leaf: str, shard: str | None) -> Index:
+        features = slice(self.start, self.start + self.intermediate_size)
+        return (slice(None), features) if leaf == "down_proj" else (features,)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # [T, H]
+        return self.group.all_reduce(super().forward(x, weights, ids))
 
 
 class VocabParallelEmbedding(VocabEmbedding):

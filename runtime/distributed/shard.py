@@ -4,7 +4,9 @@ Rank r of n holds: q heads `r * Hq/n ..`; its KV heads (`Hkv/n` of them, or, wit
 heads than ranks, the one KV head its q heads read, replicated on `n/Hkv` ranks); the
 intermediate features `r * I/n ..` of the MLP; a contiguous slice of the vocabulary (sizes
 differ by at most one). q/k/v and gate/up are column-parallel, o and down row-parallel
-(one all-reduce each), the embedding and the LM head vocab-parallel. The model is built
+(one all-reduce each), the embedding and the LM head vocab-parallel. In a mixture-of-experts
+model every rank holds every expert's intermediate features `r * I/n ..` (and the shared
+expert's, split as an MLP); the router and the shared expert's gate are replicated. The model is built
 with the rank's local geometry (`local_config`), then its split layers are swapped in."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.layers import (
     ColumnParallelLinear,
+    ExpertParallelSlices,
     RowParallelLinear,
     VocabParallelEmbedding,
     VocabParallelLMHead,
@@ -23,6 +26,7 @@ from sprig.runtime.distributed.layers import (
 from sprig.runtime.layers.attention import SelfAttention
 from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
 from sprig.runtime.layers.mlp import GatedMLP
+from sprig.runtime.layers.moe import FusedExperts
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import model_class
 
@@ -46,6 +50,11 @@ class ShardPlan:
             )
         if c.intermediate_size % n:
             raise ValueError(f"tensor parallelism: intermediate size {c.intermediate_size} does not split over {n} ranks")
+        if c.moe is not None:
+            for what, size in (("expert intermediate size", c.moe.expert_intermediate_size),
+                               ("shared expert intermediate size", c.moe.shared_expert_intermediate_size)):
+                if size % n:
+                    raise ValueError(f"tensor parallelism: {what} {size} does not split over {n} ranks")
         if c.vocab_size < n:
             raise ValueError(f"tensor parallelism: a vocabulary of {c.vocab_size} does not split over {n} ranks")
 
@@ -65,9 +74,11 @@ class ShardPlan:
     def local_config(self) -> ModelConfig:
         """The geometry of this rank's part: the KV pool and attention backend use it."""
         c = self.full
+        moe = c.moe and replace(c.moe, expert_intermediate_size=c.moe.expert_intermediate_size // self.size,
+                                shared_expert_intermediate_size=c.moe.shared_expert_intermediate_size // self.size)
         return replace(c, num_heads=c.num_heads // self.size, num_kv_heads=self.kv_heads,
                        intermediate_size=c.intermediate_size // self.size,
-                       vocab_size=self.vocab_sizes()[self.rank])
+                       vocab_size=self.vocab_sizes()[self.rank], moe=moe)
 
 
 def build_sharded(config: ModelConfig, group: TPGroup) -> nn.Module:
@@ -99,15 +110,20 @@ def _attention(attn: SelfAttention, plan: ShardPlan, group: TPGroup) -> SelfAtte
 
 
 def _mlp(mlp: GatedMLP, plan: ShardPlan, group: TPGroup) -> GatedMLP:
-    rows = mlp.gate_up_proj.out_sizes["gate"]
+    rows = mlp.gate_up_proj.out_sizes["gate"]  # this rank's (of a dense MLP's or a shared expert's)
     start = plan.rank * rows
     mlp.gate_up_proj = ColumnParallelLinear(
         plan.full.hidden_size, mlp.gate_up_proj.out_sizes, bias=mlp.gate_up_proj.bias is not None,
         starts={"gate": start, "up": start},
-        full_sizes={"gate": plan.full.intermediate_size, "up": plan.full.intermediate_size},
+        full_sizes={"gate": rows * plan.size, "up": rows * plan.size},
     )
     mlp.down_proj = RowParallelLinear(rows, plan.full.hidden_size, bias=mlp.down_proj.bias is not None, group=group)
     return mlp
+
+
+def _experts(experts: FusedExperts, plan: ShardPlan, group: TPGroup) -> nn.Module:
+    rows = experts.intermediate_size  # this rank's
+    return ExpertParallelSlices(experts.num_experts, plan.full.hidden_size, rows, start=plan.rank * rows, group=group)
 
 
 def _embedding(embedding: VocabEmbedding, plan: ShardPlan, group: TPGroup) -> nn.Module:
@@ -119,4 +135,5 @@ def _lm_head(head: LMHead, plan: ShardPlan, group: TPGroup) -> nn.Module:
     return VocabParallelLMHead(plan.vocab_sizes(), plan.full.hidden_size, tied=head.weight is None, group=group)
 
 
-SPLITTERS = {SelfAttention: _attention, GatedMLP: _mlp, VocabEmbedding: _embedding, LMHead: _lm_head}
+SPLITTERS = {SelfAttention: _attention, GatedMLP: _mlp, FusedExperts: _experts, VocabEmbedding: _embedding,
+             LMHead: _lm_head}

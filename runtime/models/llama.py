@@ -29,10 +29,9 @@ def feed_forward(config: ModelConfig, layer_id: int) -> nn.Module:
 
 class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream travels beside the hidden states so that each
-    norm fuses the previous residual add. The feed-forward block is the attribute
-    `ff_name` names (the checkpoint's name for it: `mlp`, Mixtral's `block_sparse_moe`)."""
+    norm fuses the previous residual add."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions, ff_name: str) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = SelfAttention(
@@ -40,8 +39,7 @@ class DecoderLayer(nn.Module):
             layer_id=layer_id, options=options, norm_eps=config.rms_norm_eps,
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.ff_name = ff_name
-        setattr(self, ff_name, feed_forward(config, layer_id))
+        self.mlp = feed_forward(config, layer_id)
 
     def forward(
         self,
@@ -57,18 +55,18 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(hidden, batch, backend, rotary)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return getattr(self, self.ff_name)(hidden), residual
+        return self.mlp(hidden), residual
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, options: AttentionOptions, ff_name: str) -> None:
+    def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(
             config.head_dim, config.context_len, base=config.rope_theta, scaling=config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, options, ff_name) for i in range(config.num_layers)
+            DecoderLayer(config, i, options) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -83,9 +81,11 @@ class DecoderModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Parameter names mirror the HF checkpoint's, except the fused projections listed
-    in `packed_modules` (HF module name -> (sprig module name, shard)) and each expert's
+    in `packed_modules` (HF module name -> (sprig module name, shard)), each expert's
     projections, which `expert_projections` maps to their `FusedExperts` parameter and
-    kind (`experts.{e}.{name}.weight` -> (parameter, kind), shard `"{e}.{kind}"`)."""
+    kind (`experts.{e}.{name}.weight` -> (parameter, kind), shard `"{e}.{kind}"`), and the
+    modules `renamed_modules` names (checkpoint name -> sprig's, which is transformers'
+    module name)."""
 
     packed_modules: ClassVar[dict[str, tuple[str, str]]] = {
         "q_proj": ("qkv_proj", "q"),
@@ -99,7 +99,7 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up"),
         "down_proj": ("down_proj", "down"),
     }
-    ff_name: ClassVar[str] = "mlp"
+    renamed_modules: ClassVar[dict[str, str]] = {}
 
     @staticmethod
     def attention_options(config: ModelConfig) -> AttentionOptions:
@@ -108,7 +108,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, self.attention_options(config), self.ff_name)
+        self.model = DecoderModel(config, self.attention_options(config))
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied=config.tie_word_embeddings)
 
     def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:

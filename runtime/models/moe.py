@@ -13,15 +13,16 @@ from sprig.runtime.models.qwen3 import Qwen3ForCausalLM
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    """Mixtral: Mistral's attention; the sparse block is `block_sparse_moe`, each expert's
-    projections `w1` (gate), `w3` (up) and `w2` (down)."""
+    """Mixtral: Mistral's attention; checkpoints name the sparse block `block_sparse_moe`
+    (transformers' module, and sprig's, is `mlp`), each expert's projections `w1` (gate),
+    `w3` (up) and `w2` (down)."""
 
     expert_projections: ClassVar[dict[str, tuple[str, str]]] = {
         "w1": ("gate_up_proj", "gate"),
         "w3": ("gate_up_proj", "up"),
         "w2": ("down_proj", "down"),
     }
-    ff_name: ClassVar[str] = "block_sparse_moe"
+    renamed_modules: ClassVar[dict[str, str]] = {"block_sparse_moe": "mlp"}
 
     @staticmethod
     def attention_options(config: ModelConfig) -> AttentionOptions:

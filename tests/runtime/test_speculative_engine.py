@@ -18,7 +18,7 @@ from sprig.runtime.speculative.decode import SpeculativeDecoder
 from sprig.runtime.speculative.drafter import ContextDrafts
 
 ALGORITHMS = ["ngram", "radix", "draft"]
-ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe"]
 # repetitive prompts, so prompt lookup finds matches; tiny random models also loop
 PROMPTS = [
     "the cat the cat the cat the cat",

@@ -1,5 +1,5 @@
 """Tensor parallelism through the offline Engine: TP=2 and TP=4 over gloo on the CPU give
-the greedy tokens of TP=1 on every architecture, prompt and output logprobs within 1e-4,
+the greedy tokens of TP=1 on every architecture (dense and mixture-of-experts), prompt and output logprobs within 1e-4,
 through chunked prefill, radix reuse and sampling."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ SAMPLED = {"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9, "sampling_seed
 # head is replicated on two ranks; "gqa1" has one KV head, a tied head and a vocabulary of
 # 301 (an uneven split of the vocabulary). TP=4 (three more processes, about 20 s a case on
 # two cores) runs once per distinct wiring: Qwen2's is Llama's and Mistral's with q/k/v
-# biases, Qwen3's adds the q/k norms.
-CASES = [(arch, 2) for arch in ("llama", "mistral", "qwen2", "qwen3", "gqa1")] + [
+# biases, Qwen3's adds the q/k norms. Of the mixture-of-experts models, Mixtral (its block
+# named `block_sparse_moe`) and Qwen2-MoE (a shared expert beside the experts) run at TP=2.
+CASES = [(arch, 2) for arch in ("llama", "mistral", "qwen2", "qwen3", "gqa1", "mixtral", "qwen2_moe")] + [
     (arch, 4) for arch in ("qwen2", "qwen3")
 ]
 INT8_KV = {"kv_cache_dtype": "int8"}  # one scale per token and KV head: each rank scales its own heads

@@ -3,7 +3,7 @@ loaded from the checkpoint as its slices, against slices of the whole model."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -66,3 +66,34 @@ def test_each_rank_holds_its_slices(name: str, size: int, tiny_checkpoints: dict
             assert plan.kv_start == rank * Hq // size // (Hq // Hkv)
     assert torch.equal(torch.cat(vocab), full.model.embed_tokens.weight)  # 301 rows, split unevenly
     assert len({w.shape[0] for w in vocab}) == (1 if config.vocab_size % size == 0 else 2)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_each_rank_holds_every_experts_slice(size: int, tiny_checkpoints: dict[str, Path]) -> None:
+    """Qwen2-MoE: each expert's gate and up rows and down columns `rank * I/n ..`, the shared
+    expert split like an MLP, the router and the shared expert's gate whole."""
+    path = tiny_checkpoints["qwen2_moe"]
+    full = load(path)
+    moe = full.config.moe
+    for rank in range(size):
+        part = load(path, Ranks(rank, size))
+        for a, b in zip(part.model.layers, full.model.layers, strict=True):
+            inter = moe.expert_intermediate_size
+            cols = slice(rank * inter // size, (rank + 1) * inter // size)
+            gate, up = b.mlp.experts.gate_up_proj[:, :inter], b.mlp.experts.gate_up_proj[:, inter:]
+            assert torch.equal(a.mlp.experts.gate_up_proj, torch.cat([gate[:, cols], up[:, cols]], dim=1))
+            assert torch.equal(a.mlp.experts.down_proj, b.mlp.experts.down_proj[:, :, cols])
+            shared = moe.shared_expert_intermediate_size
+            cols = slice(rank * shared // size, (rank + 1) * shared // size)
+            sg, su = (b.mlp.shared_expert.gate_up_proj.weight[b.mlp.shared_expert.gate_up_proj.shard_rows(s)]
+                      for s in ("gate", "up"))
+            assert torch.equal(a.mlp.shared_expert.gate_up_proj.weight, torch.cat([sg[cols], su[cols]]))
+            assert torch.equal(a.mlp.shared_expert.down_proj.weight, b.mlp.shared_expert.down_proj.weight[:, cols])
+            assert torch.equal(a.mlp.gate.weight, b.mlp.gate.weight)
+            assert torch.equal(a.mlp.shared_expert_gate.weight, b.mlp.shared_expert_gate.weight)
+
+
+def test_experts_that_do_not_split_are_refused(tiny_checkpoints: dict[str, Path]) -> None:
+    config = ModelConfig.from_pretrained(tiny_checkpoints["qwen3_moe"])  # experts of 64 features
+    with pytest.raises(ValueError, match="expert intermediate size 64 does not split over 3 ranks"):
+        ShardPlan(replace(config, num_heads=6, num_kv_heads=3, intermediate_size=96), 0, 3)

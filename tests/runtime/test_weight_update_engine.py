@@ -5,8 +5,9 @@ decoding; no prefix cached before the update is reused after it; a checkpoint th
 load (missing, another shape, a missing tensor, a tensor of the wrong shape found after
 most of the others were copied) leaves the old weights generating what they did.
 `Engine.update_weights_from_tensor`: a transformers model's parameters after each
-'training step' (all, or chunks in another dtype) make the engine generate what that model
-does; tensors that do not fit change nothing."""
+'training step' (all, or chunks in another dtype; a mixture-of-experts model's stacked
+experts, or each expert's as a checkpoint names them) make the engine generate what that
+model does; tensors that do not fit change nothing."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import assert_idle_and_intact, hf_greedy, make_prompts
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from weight_checkpoints import edited_copy, perturbed_copy
 
 from sprig.runtime import Engine
-from sprig.runtime.tiny_checkpoint import ARCHITECTURES, build_tiny_checkpoint
+from sprig.runtime.tiny_checkpoint import ARCHITECTURES, MOE_ARCHITECTURES, build_tiny_checkpoint
 
 ENGINE = dict(dtype="float32", device="cpu", cpu_threads=1, max_total_tokens=2048)
 NEW_TOKENS = 10
@@ -44,7 +46,7 @@ def stepped(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPath
     return {arch: perturbed_copy(path, root / arch, seed=1) for arch, path in tiny_checkpoints.items()}
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", ARCHITECTURES + MOE_ARCHITECTURES)
 def test_updated_weights_generate_what_transformers_does(arch: str, tiny_checkpoints: dict[str, Path],
                                                          stepped: dict[str, Path]) -> None:
     old, new = tiny_checkpoints[arch], stepped[arch]
@@ -225,6 +227,34 @@ def test_tensors_of_a_trained_model_replace_the_weights(tiny_llama: Path, tmp_pa
         assert message == f"Succeeded to update model weights ({len(list(policy.parameters()))} tensors). " \
                           "Weight version updated to 2."
         assert engine.generate("a", {"max_new_tokens": 1})["meta_info"]["weight_version"] == "2"
+        assert_idle_and_intact(engine)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_tensors_of_a_trained_moe_model_in_either_naming(arch: str, tiny_checkpoints: dict[str, Path],
+                                                         stepped: dict[str, Path]) -> None:
+    """transformers' own names (Mixtral's block as `mlp`, each layer's experts stacked in
+    `experts.gate_up_proj` and `experts.down_proj`), then a checkpoint's (one tensor per
+    expert and projection, Mixtral's `block_sparse_moe.experts.{e}.w1`)."""
+    path = tiny_checkpoints[arch]
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    with Engine(str(path), **ENGINE) as engine:
+        _step(policy, seed=5)
+        assert any(n.endswith("mlp.experts.gate_up_proj") for n, _ in policy.named_parameters())
+        ok, message = engine.update_weights_from_tensor(list(policy.named_parameters()))
+        assert ok, message
+        assert greedy(engine) == hf_model_greedy(policy, tokenizer)
+        new = stepped[arch]
+        with safe_open(str(new / "model.safetensors"), framework="pt") as f:
+            tensors = [(name, f.get_tensor(name)) for name in f.keys()]  # noqa: SIM118
+        expert = "block_sparse_moe.experts.3.w2.weight" if arch == "mixtral" else "mlp.experts.3.down_proj.weight"
+        assert any(name.endswith(expert) for name, _ in tensors)
+        ok, message = engine.update_weights_from_tensor(tensors)
+        assert ok, message
+        assert greedy(engine) == hf_greedy(new, PROMPTS, NEW_TOKENS)
+        name = f"model.layers.1.{expert}"
+        assert engine.get_weights_by_name(name, 2) == dict(tensors)[name][:2].tolist()
         assert_idle_and_intact(engine)
 
 
