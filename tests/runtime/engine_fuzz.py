@@ -19,7 +19,9 @@ decoding off or with any drafter (the draft model: the target's first layer,
 `draft_checkpoints.truncated_draft`, its rounds in the CPU's draft decoder or through its
 runner as on CUDA; token trees up to 4 paths, half of the prompt-lookup workloads with
 `PerturbedTrees`' trees; alone runs never speculate), in shadow mode,
-driven step by step through the scheduler. In `STALE_START_SHARE` of workloads (drawn by a
+driven step by step through the scheduler, on one of the given models (dense, or in
+`MOE_SHARE` of workloads a mixture-of-experts one: routing is per token, so a request's
+experts never depend on its batch). In `STALE_START_SHARE` of workloads (drawn by a
 generator of their own) the engine starts on another checkpoint of the same model
 (`weight_checkpoints.perturbed_copy`), runs the whole workload there (caching its prefixes
 with K/V of the wrong weights), then loads the model's weights
@@ -70,6 +72,7 @@ from sprig.kernels.logit_mask import unpack_bitmask
 from sprig.runtime import Engine
 from sprig.runtime.constrained import Grammar, RoutedBackend, bitmask_width, spec_from_params
 from sprig.runtime.constrained.regex_text import lark_grammar
+from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.request_contract import (
     LogprobOptions,
@@ -91,6 +94,7 @@ EMBED_TOL = {"auto": 1e-5, "int8": 1e-3}
 EMBED_SHARE = 0.1
 STALE_START_SHARE = 0.15
 PRIORITY_SHARE = 0.25  # of workloads, those scheduled by priority (some requests preempting others)
+MOE_SHARE = 0.2  # of workloads, those on a mixture-of-experts model (where the fuzzer is given one)
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' names (the EOS's too), whole, as text
@@ -243,13 +247,15 @@ class Stats:
     by_weights: dict[str, int] = field(default_factory=dict)  # workloads by weight quantization
     by_spec: dict[str, int] = field(default_factory=dict)  # workloads by speculative drafter
     by_tp: dict[str, int] = field(default_factory=dict)  # workloads by tensor-parallel ranks
+    by_model: dict[str, int] = field(default_factory=dict)  # workloads by model
     alternatives: int = 0  # alternative paths of token trees verified (the ngram and radix drafters')
     alternatives_kept: int = 0  # of them, those the kept tokens lay on
     weight_updates: int = 0  # workloads run after a run on other weights and a weight update
     preemptions: int = 0  # running requests retracted for waiting ones of higher priority
 
     def line(self) -> str:
-        kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec}
+        kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec,
+                 **self.by_model}
         backends = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
@@ -777,22 +783,28 @@ def fuzz(
 ) -> Stats:
     """Run workloads `seed, seed + 1, ...` on `device` until `seconds` have passed (at least
     `min_workloads`); raises `Mismatch` (naming the workload's seed) at the first
-    difference. Triton attention is drawn only where it runs: on CUDA, or on the CPU under
+    difference. `MOE_SHARE` of workloads (drawn by a generator of their own) run a
+    mixture-of-experts model of `models` where there is one (never with int4 weights,
+    which sprig refuses for them). Triton attention is drawn only where it runs: on CUDA, or on the CPU under
     the interpreter (the test session sets it where there is no GPU)."""
     triton_runs = device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
     refs = {name: Reference(path, device) for name, path in models.items()}
     stats = Stats()
     start = time.monotonic()
-    names = sorted(models)
+    sparse = sorted(name for name, path in models.items() if ModelConfig.from_pretrained(path).moe is not None)
+    names = sorted(set(models) - set(sparse))
     i = 0
     while stats.workloads < min_workloads or time.monotonic() - start < seconds:
         workload_seed = seed + i
         rng = random.Random(workload_seed)
-        name = names[rng.randrange(len(names))]
+        name = names[rng.randrange(len(names))] if names else ""
+        moe = random.Random(f"moe {workload_seed}")  # apart from `rng`: older seeds replay unchanged
+        if sparse and (not names or moe.random() < MOE_SHARE):
+            name = moe.choice(sparse)
         triton = rng.random() < triton_share and triton_runs
         ref = refs[name]
-        workload = make_workload(workload_seed, name, ref.vocab, triton=triton, int4_share=int4_share,
-                                 tp_share=tp_share)
+        workload = make_workload(workload_seed, name, ref.vocab, triton=triton,
+                                 int4_share=0.0 if name in sparse else int4_share, tp_share=tp_share)
         run_one(workload, models[name], ref, stats)
         i += 1
         if progress is not None and (stats.workloads % 10 == 0):
@@ -851,3 +863,4 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
     stats.by_spec[spec] = stats.by_spec.get(spec, 0) + 1
     tp = f"tp {options.get('tp_size', 1)}"
     stats.by_tp[tp] = stats.by_tp.get(tp, 0) + 1
+    stats.by_model[workload.model] = stats.by_model.get(workload.model, 0) + 1

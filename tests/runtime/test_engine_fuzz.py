@@ -19,8 +19,10 @@ TP_CI_SECONDS = 12
 
 @pytest.fixture(scope="module")
 def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny llama and qwen3, and two with larger weights (sharp attention and logits,
-    so that a request reading another's rows shows): MQA llama and GQA mistral."""
+    """The tiny llama and qwen3, two with larger weights (sharp attention and logits, so
+    that a request reading another's rows shows): MQA llama and GQA mistral, and two
+    mixture-of-experts models (`engine_fuzz.MOE_SHARE` of workloads): Qwen2-MoE with its
+    shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts."""
     root = tmp_path_factory.mktemp("fuzz")
     return {
         "llama": tiny_checkpoints["llama"],
@@ -29,6 +31,9 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
             root / "mqa", "llama", seed=3, num_key_value_heads=1, initializer_range=0.15
         ),
         "mistral-sharp": build_tiny_checkpoint(root / "mistral", "mistral", seed=4, initializer_range=0.1),
+        "qwen2_moe": tiny_checkpoints["qwen2_moe"],
+        "qwen3_moe-sharp": build_tiny_checkpoint(root / "qwen3_moe", "qwen3_moe", seed=5, num_experts=8,
+                                                 initializer_range=0.1),
     }
 
 
@@ -54,6 +59,7 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], device: str,
     assert stats.requests > 0 and stats.tokens > 0 and stats.constrained > stats.context_free > 0 and stats.guided > 0
     assert stats.embeddings > 0
     assert stats.by_backend.get("torch", 0) > 0
+    assert stats.by_model.keys() & {"qwen2_moe", "qwen3_moe-sharp"}  # CI's first workloads include one
 
 
 def test_workloads_are_a_function_of_their_seed() -> None:
