@@ -8,9 +8,9 @@
 #
 #   usage: bash scripts/gpu_checks.sh PHASE...
 #   phases: info, kernels (Triton kernels and backend vs their references), gpumark
-#           (tests marked gpu), newpaths (speculative decoding, quantized weights and
+#           (tests marked gpu, the MoE experts in CUDA graphs among them), newpaths (speculative decoding, quantized weights and
 #           the quantized KV cache on CUDA), suite (runtime, lang and radix tests on CUDA), kbench
-#           (bench_kernels), obench (bench_offline, 1b bf16, with transformers),
+#           (bench_kernels), moebench (bench_moe: the experts' Triton path vs torch), obench (bench_offline, 1b bf16, with transformers),
 #           obench-eager (bench_offline without CUDA graphs, no transformers), sbench
 #           (bench_serving vs the offline engine: bench_offline's workload through a
 #           local server on the 1b model), sbench-poisson (random prompts at 32 requests/s),
@@ -46,6 +46,7 @@ for phase in "$@"; do
                 tests/runtime/test_speculative_distribution.py 2>&1 | tee "$OUT/newpaths.log" | tail -40;;
     suite) "${RUN[@]}" python3 -m pytest -q -p no:cacheprovider --maxfail 15 --durations 10 tests/runtime tests/lang tests/radix 2>&1 | tee "$OUT/suite.log" | tail -60;;
     kbench) "${RUN[@]}" python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.log";;
+    moebench) "${RUN[@]}" python3 benchmarks/bench_moe.py 2>&1 | tee "$OUT/bench_moe.log";;
     obench) "${RUN[@]}" python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b 2>&1 | tee "$OUT/bench_offline.log";;
     obench-eager) "${RUN[@]}" python3 benchmarks/bench_offline.py --device cuda --dtype bfloat16 --size 1b --skip-transformers --disable-cuda-graph 2>&1 | tee "$OUT/bench_offline_eager.log";;
     spbench) "${RUN[@]}" python3 benchmarks/bench_speculative.py --device cuda --repeats 3 2>&1 | tee "$OUT/bench_speculative.log";;
