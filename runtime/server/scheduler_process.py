@@ -283,6 +283,10 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         loaded = time.monotonic()
         log.info("model loaded in %.1f s (%s on %s, a KV pool of %d tokens); warming up",
                  loaded - started, info["dtype"], info["device"], info["kv_size"])
+        moe = runner.model_config.moe
+        if moe is not None:
+            log.info("%s: a mixture of %d experts, %d per token", runner.model_config.architecture, moe.num_experts,
+                     moe.top_k)
         warm_up(scheduler)
     except Exception as e:
         log.exception("the scheduler failed to start")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import assert_idle_and_intact, hf_greedy, make_prompts
+from server_helpers import running_server
 from weight_checkpoints import edited_copy
 
 from sprig.runtime import Engine
@@ -110,3 +111,24 @@ def test_decode_graphs_capture_the_experts_on_cuda(arch: str, tiny_checkpoints: 
         assert [o["output_ids"] for o in engine.generate(prompts, params)] == expected
         assert engine.runner.graphs.captured
         assert_idle_and_intact(engine)
+
+
+def test_served_over_http_with_the_openai_client(tiny_checkpoints: dict[str, Path]) -> None:
+    """`sprig serve` on a Mixtral checkpoint: the log says what it loaded; `/generate` and
+    the official client's chat completion return transformers' greedy tokens."""
+    import openai
+
+    path = tiny_checkpoints["mixtral"]
+    prompt = "the cat and the dog"
+    expected = hf_greedy(path, [prompt], 8)[0]
+    with running_server(path) as server:
+        assert "MixtralForCausalLM: a mixture of 4 experts, 2 per token" in server.log.read_text()
+        out = server.generate({"text": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+        assert out["output_ids"] == expected
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+        chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}],
+                                              max_tokens=6, temperature=0, logprobs=True)
+        assert chat.choices[0].finish_reason in ("stop", "length") and chat.usage.completion_tokens >= 1
+        tokens = [t.token for t in chat.choices[0].logprobs.content]
+        assert "".join(tokens) == chat.choices[0].message.content
+        server.wait_idle()
