@@ -78,6 +78,9 @@ class DisabledCache:
         """Nothing moves: the request keeps all its slots and no tree prefix."""
         return CachedPrefix(_EMPTY, self.root)
 
+    def drop_namespace(self, namespace: int) -> int:
+        return 0
+
     def check_integrity(self, held_by_requests: int = 0) -> None:
         free = self.allocator.available()
         if free + held_by_requests != self.allocator.size:

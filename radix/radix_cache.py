@@ -10,7 +10,7 @@ import torch
 
 from sprig.radix.allocator import SlotAllocator
 from sprig.radix.eviction import EvictionPolicy, make_policy
-from sprig.radix.tree import TokenIds, TreeNode, as_key, common_prefix_len
+from sprig.radix.tree import TokenIds, TreeNode, as_key, common_prefix_len, namespace_of
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -246,6 +246,25 @@ class RadixCache:
         self._leaves.discard(leaf)
         if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
             self._leaves.add(parent)
+
+    def drop_namespace(self, namespace: int) -> int:
+        """Free every cached prefix of `namespace` (`tree.namespaced`); returns the slots
+        freed. RuntimeError if a request holds one of them locked."""
+        doomed = [child for child in self.root.children.values() if namespace_of(child.key) == namespace]
+        nodes, stack = [], list(doomed)
+        while stack:
+            node = stack.pop()
+            if node.lock_ref:
+                raise RuntimeError(f"cannot drop namespace {namespace}: a request holds its prefix {node!r}")
+            nodes.append(node)
+            stack.extend(node.children.values())
+        for child in doomed:
+            del self.root.children[self._child_key(child.key)]
+        for node in nodes:
+            self.allocator.free(node.value)
+            self._evictable -= len(node)
+            self._leaves.discard(node)
+        return sum(len(node) for node in nodes)
 
     # ---------------------------------------------------------------- request helpers
     def cache_finished(

@@ -12,6 +12,25 @@ import numpy as np
 import torch
 
 TokenIds = Sequence[int] | np.ndarray | torch.Tensor
+# Namespaces keep K/V computed under different weights apart (LoRA adapters): namespace n > 0
+# keys token t as t + (n << NAMESPACE_SHIFT); namespace 0 keys tokens as they are. Token ids
+# stay below 1 << NAMESPACE_SHIFT, and namespaces below 1 << (31 - NAMESPACE_SHIFT).
+NAMESPACE_SHIFT = 24
+TOKEN_MASK = (1 << NAMESPACE_SHIFT) - 1
+MAX_NAMESPACES = 1 << (31 - NAMESPACE_SHIFT)
+
+
+def namespaced(token_ids: list[int], namespace: int) -> list[int]:
+    """`token_ids` as namespace `namespace` keys them (see `NAMESPACE_SHIFT`)."""
+    if not namespace:
+        return token_ids
+    offset = namespace << NAMESPACE_SHIFT
+    return [t + offset for t in token_ids]
+
+
+def namespace_of(key: np.ndarray) -> int:
+    """The namespace a non-empty key belongs to."""
+    return int(key[0]) >> NAMESPACE_SHIFT
 
 
 def as_key(token_ids: TokenIds) -> np.ndarray:

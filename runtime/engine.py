@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from sprig.runtime.request_contract import (
 )
 from sprig.runtime.response import ResponseBuilder
 from sprig.runtime.scheduler.config import check_weight_version
+from sprig.runtime.scheduler.intake import RequestRejected
 from sprig.runtime.scheduler.request import Req
 from sprig.runtime.scheduler.scheduler import Scheduler
 from sprig.runtime.tokenizer import load_tokenizer
@@ -98,6 +99,7 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         priority: int | None = None,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back) or a batch (a list, n outputs per prompt in
         order). `stream=True` returns an iterator of partial outputs with cumulative text,
@@ -107,14 +109,15 @@ class Engine:
         prompt; with `return_logprob`, `token_ids_logprob` (ids, or a list of ids per
         prompt) adds those tokens' logprobs at each position, as SGLang's does
         (`LogprobOptions.per_prompt`). `priority` ranks the call's requests where the
-        engine schedules by priority (`enable_priority_scheduling`; refused otherwise). An
-        invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the checks are
+        engine schedules by priority (`enable_priority_scheduling`; refused otherwise).
+        `lora_path` names the loaded LoRA adapter the prompts run with (or one name, or
+        None for the base model, per prompt), as SGLang's does. An invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the checks are
         the server's (`request_contract`)."""
         if self._driver.busy:
             raise RuntimeError("Engine.generate cannot run while async_generate calls are in flight: "
                                "await them first, or use async_generate")
         self._driver.call(lambda: None)  # the worker thread may still be retiring what async calls left
-        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, priority,
+        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, priority, lora_path,
                                              return_logprob, logprob_start_len, top_logprobs_num,
                                              return_text_in_logprobs, token_ids_logprob)
         updated = self._run(reqs, builder, partial=stream)
@@ -139,6 +142,7 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         priority: int | None = None,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """`generate` for many concurrent callers, as SGLang's `Engine.async_generate`: the
         requests of every call in flight run in one batch, and each call's outputs equal
@@ -149,7 +153,7 @@ class Engine:
         if self._sync_calls:
             raise RuntimeError("Engine.async_generate cannot run while a generate stream is being read: "
                                "finish or close it first")
-        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, priority,
+        batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, priority, lora_path,
                                              return_logprob, logprob_start_len, top_logprobs_num,
                                              return_text_in_logprobs, token_ids_logprob)
         if stream:
@@ -215,6 +219,29 @@ class Engine:
     def flush_cache(self) -> bool:
         """Empty the radix cache; False (nothing done) while requests are in flight."""
         return not self._driver.busy and self._driver.call(self.scheduler.flush_cache)
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> dict[str, Any]:
+        """Load the PEFT LoRA adapter at `lora_path` under `lora_name`, as SGLang's does:
+        `{"success", "error_message", "loaded_adapters": {name: path}}`. Later requests may
+        name it in `lora_path`. On failure nothing changes and `error_message` says why (not
+        an adapter, not enabled, the name taken, no free slot, layers or rank it does not
+        fit). Every loaded adapter stays loaded until unloaded (`pinned` changes nothing)."""
+        return self._lora_call(lambda: self.scheduler.load_lora_adapter(lora_name, str(lora_path)))
+
+    def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """Unload adapter `lora_name` and drop the prefixes cached with it; the same answer
+        as `load_lora_adapter`. Refused while a request in flight uses it."""
+        return self._lora_call(lambda: self.scheduler.unload_lora_adapter(lora_name))
+
+    def _lora_call(self, change: Callable[[], None]) -> dict[str, Any]:
+        error = None
+        try:
+            self._driver.call(change)
+        except ValueError as e:
+            error = str(e)
+        loaded = self._driver.call(self.scheduler.lora_adapters)
+        return {"success": error is None, "error_message": error,
+                "loaded_adapters": {a["name"]: a["path"] for a in loaded}}
 
     def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
                                  weight_version: str | None = None) -> tuple[bool, str, int]:
@@ -305,7 +332,7 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
     def _prepare(self, prompt: Prompt, input_ids: Any, sampling_params: SamplingArg, rid: Any, stream: bool,
-                 priority: int | None, *logprob_options: Any) -> tuple[bool, list[Req], ResponseBuilder]:
+                 priority: int | None, lora_path: Any, *logprob_options: Any) -> tuple[bool, list[Req], ResponseBuilder]:
         """(is_batch, the call's requests, their response builder), every check done."""
         if priority is not None and not self.config.scheduler.enable_priority_scheduling:
             raise InvalidRequest(PRIORITY_OFF, "priority")
@@ -314,8 +341,13 @@ class Engine:
         requests = build_requests(
             prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
             new_rid=self._new_rid,
-            prompt_field="prompt" if prompt is not None else "input_ids", priority=priority,
+            prompt_field="prompt" if prompt is not None else "input_ids", priority=priority, lora_path=lora_path,
         )
+        for name in {r.lora_path for r in requests} - {None}:
+            try:
+                self._driver.call(lambda name=name: self.scheduler.lora_slot(name))
+            except RequestRejected as e:
+                raise InvalidRequest(str(e), "lora_path") from None
         reqs = [Req.of(r) for r in requests]
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=logprobs[0].return_text_in_logprobs,
                                   stream=stream, indexed=batch or len(reqs) > 1)

@@ -40,6 +40,7 @@ class ForwardBatch:
     kv_cache: KVCache
     max_q_len: int
     max_kv_len: int
+    lora_slots: torch.Tensor | None = None  # [T] int64: each new token's LoRA slot (-1 none); None: no adapter
 
     @property
     def batch_size(self) -> int:

@@ -29,11 +29,14 @@ class ForwardStep:
     kv_lens: list[int]  # per request: tokens in its context, the new ones included
     kv_indices: torch.Tensor  # [sum(kv_lens)] int CPU: the contexts' slots, concatenated
     logits_from: list[int]  # per request: first new-token index whose next-token logits return
+    lora_slots: list[int] | None = None  # per request: its LoRA adapter's slot, -1 for none; None: no adapters
 
     def __post_init__(self) -> None:
         n = len(self.q_lens)
         if n == 0:
             raise ValueError("a step needs at least one request")
+        if self.lora_slots is not None and len(self.lora_slots) != n:
+            raise ValueError(f"lora_slots must have one entry per request; got {len(self.lora_slots)} for {n}")
         if len(self.kv_lens) != n or len(self.logits_from) != n:
             raise ValueError(
                 f"q_lens, kv_lens, logits_from must have one entry per request; got "
@@ -89,6 +92,9 @@ def build_forward_batch(
         parts[4] = kv_indices.to(torch.int64)
         parts = list(torch.cat(parts).to(device).split([p.numel() for p in parts]))
     ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d = parts
+    lora = None
+    if step.lora_slots is not None and max(step.lora_slots) >= 0:  # [T]: each new token's adapter slot
+        lora = torch.tensor(step.lora_slots, dtype=torch.int64)[req].to(device)
     batch = ForwardBatch(
         mode=step.mode,
         input_ids=ids_d,
@@ -100,5 +106,6 @@ def build_forward_batch(
         kv_cache=kv_cache,
         max_q_len=max(step.q_lens),
         max_kv_len=int(kv_lens.max()),
+        lora_slots=lora,
     )
     return batch, rows_d

@@ -18,6 +18,7 @@ from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.forward_step import ForwardStep, build_forward_batch
+from sprig.runtime.lora.manager import LoRAManager
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.quantization.formats import OnlineFormat
@@ -93,6 +94,7 @@ class ModelRunner:
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.random_seed)
         self.tp = tp
+        self.lora = self._lora(config)
         self.graphs = self._new_graphs()
 
     @property
@@ -193,11 +195,23 @@ class ModelRunner:
         load_weights(self.model, path, dtype=self.dtype, device=self.device)
         self.graphs = self._new_graphs()
 
+    def _lora(self, config: RunnerConfig) -> LoRAManager | None:
+        if not config.lora:
+            return None
+        if self.tp is not None:
+            raise ValueError("LoRA adapters are not supported with tensor parallelism (tp_size > 1)")
+        lora = LoRAManager(self.model, paths=config.lora_adapters(), slots=config.max_loras_per_batch,
+                           max_rank=config.max_lora_rank, target_modules=config.lora_target_modules,
+                           dtype=self.dtype, device=self.device)
+        if self.device.type == "cuda" and not config.disable_cuda_graph:
+            log.info("LoRA: decode runs without CUDA graphs")
+        return lora
+
     def _new_graphs(self) -> DecodeGraphs | None:
         """Decode graphs (captured lazily, per batch size) where they apply, else None."""
         config = self.config
         if (self.device.type != "cuda" or not self.backend.supports_cuda_graph or self.tp is not None
-                or config.disable_cuda_graph or config.shadow_attention):
+                or config.disable_cuda_graph or config.shadow_attention or self.lora is not None):
             return None
         return DecodeGraphs(self.model, self.backend, self.kv_cache, max_bs=config.cuda_graph_max_bs,
                             context_len=self.model_config.context_len, device=self.device)
@@ -214,7 +228,13 @@ class ModelRunner:
         batch, logit_rows = build_forward_batch(step, self.kv_cache, self.device)
         with torch.inference_mode():
             self.backend.begin_step(batch)
-            hidden = self.model(batch, self.backend)[logit_rows]  # [R, H]
+            if self.lora is not None:
+                self.lora.tokens.slots = batch.lora_slots
+            try:
+                hidden = self.model(batch, self.backend)[logit_rows]  # [R, H]
+            finally:
+                if self.lora is not None:
+                    self.lora.tokens.slots = None
             return self.model.compute_logits(hidden), hidden  # [R, V], [R, H]
 
 

@@ -127,6 +127,7 @@ class TokenizedRequest:
     stream: bool = False
     embed: bool = False
     priority: int | None = None  # under priority scheduling (`SchedulerConfig`); None: the default, 0
+    lora_path: str | None = None  # the name of the LoRA adapter it runs with (SGLang's field); None: the base model
 
 
 def prompt_rows(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *,
@@ -156,14 +157,15 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
                    rid: Any = None, new_rid: Callable[[], str],
                    logprobs: LogprobOptions | Sequence[LogprobOptions] = LogprobOptions(),
                    stream: bool = False, prompt_field: str = "input_ids",
-                   priority: int | None = None) -> list[TokenizedRequest]:
+                   priority: int | None = None, lora_path: Any = None) -> list[TokenizedRequest]:
     """Every sequence of one call in output order: prompt by prompt, `n` samples each
     (sample j of n > 1 has rid `f"{rid}-{j}"` and seed `seed + j`). `sampling`: one
     `SamplingParams` or dict for all prompts, or a list with one per prompt; `logprobs`
     likewise (`LogprobOptions.per_prompt`); `rid`: one string per prompt (or None:
     `new_rid()` each). `prompt_field` names the prompts in errors. `priority` (every
-    sequence's; a 32-bit int) is for a scheduler that schedules by it. Raises
-    `InvalidRequest` naming the field at fault."""
+    sequence's; a 32-bit int) is for a scheduler that schedules by it. `lora_path`: the
+    LoRA adapter's name for all prompts, or a list with one (or None) per prompt; the
+    scheduler checks it is loaded. Raises `InvalidRequest` naming the field at fault."""
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
                                  or not -(2**31) <= priority < 2**31):
         raise InvalidRequest(f"priority must be a 32-bit integer, got {priority!r}", "priority")
@@ -186,18 +188,32 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
         raise InvalidRequest(f"token_ids_logprob has token ids outside [0, {limits.vocab_size}): {bad[:5]}",
                              "token_ids_logprob")
     rids = _rids_per_prompt(rid, len(prompts), new_rid)
+    adapters = _adapters_per_prompt(lora_path, len(prompts))
     out = []
-    for r, ids, p, lp in zip(rids, prompts, params, options, strict=True):
+    for r, ids, p, lp, adapter in zip(rids, prompts, params, options, adapters, strict=True):
         for j in range(p.n):
             try:
                 seq_params = p if p.n == 1 or p.seed is None else replace(p, seed=p.seed + j)
             except ValueError as e:  # a seed + sample index out of range
                 raise InvalidRequest(str(e), "sampling_params") from None
             out.append(TokenizedRequest(f"{r}-{j}" if p.n > 1 else r, tuple(ids), seq_params, lp, stream,
-                                        priority=priority))
+                                        priority=priority, lora_path=adapter))
     if len({s.rid for s in out}) < len(out):
         raise InvalidRequest("the request ids of one call must be distinct", "rid")
     return out
+
+
+def _adapters_per_prompt(lora_path: Any, n: int) -> list[str | None]:
+    """One adapter name (or None) per prompt from `lora_path`: None, a name, or a list of n."""
+    if lora_path is None or isinstance(lora_path, str):
+        values = [lora_path] * n
+    elif isinstance(lora_path, list) and len(lora_path) == n:
+        values = lora_path
+    else:
+        raise InvalidRequest(f"lora_path must be an adapter name or a list of {n} (one per prompt)", "lora_path")
+    if not all(v is None or (isinstance(v, str) and v) for v in values):
+        raise InvalidRequest("lora_path must hold adapter names (non-empty strings) or null", "lora_path")
+    return values
 
 
 def build_embedding_requests(prompts: list[list[int]], limits: ModelLimits, *, rid: Any = None,

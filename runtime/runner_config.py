@@ -12,6 +12,7 @@ from sprig.runtime.quantization.online_schemes import check_online_scheme
 
 DTYPES = ("float32", "bfloat16", "float16")  # each the name of a torch dtype (`torch.<name>`)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")  # the keys of radix.kv_cache.KV_CACHE_DTYPES
+LORA_TARGET_KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DEVICE = re.compile(r"(cpu|cuda)(:(0|[1-9][0-9]*))?", re.ASCII)  # the device strings accepted besides "auto"
 
 
@@ -47,7 +48,13 @@ class RunnerConfig:
     runs attention twice and decodes without CUDA graphs.
     `context_length` overrides the checkpoint's max_position_embeddings as the longest
     context (prompt + output) served, within what its rope config covers
-    (`model_config.longest_context`; larger is a `ValueError` when the model loads)."""
+    (`model_config.longest_context`; larger is a `ValueError` when the model loads).
+    LoRA (`sprig.runtime.lora`; on when `enable_lora` or `lora_paths`): `lora_paths` are
+    the adapters loaded at start, each "NAME=PATH" or a PATH (named by itself; a dict
+    {name: path} is taken too), at most `max_loras_per_batch` adapters loaded at a time;
+    `max_lora_rank` and `lora_target_modules` (checkpoint module kinds, or "all") size the
+    adapter slots, by default from the starting adapters. LoRA decodes without CUDA
+    graphs and without tensor parallelism."""
 
     model_path: str | os.PathLike[str]
     dtype: str = "auto"
@@ -65,8 +72,21 @@ class RunnerConfig:
     quantization_group_size: int = 128
     kv_cache_dtype: str = "auto"
     context_length: int | None = None
+    enable_lora: bool = False
+    lora_paths: tuple[str, ...] = ()
+    max_loras_per_batch: int = 8
+    max_lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora_paths, dict):
+            object.__setattr__(self, "lora_paths", tuple(f"{k}={v}" for k, v in self.lora_paths.items()))
+        elif isinstance(self.lora_paths, str):
+            object.__setattr__(self, "lora_paths", (self.lora_paths,))
+        object.__setattr__(self, "lora_paths", tuple(str(p) for p in self.lora_paths))
+        if self.lora_target_modules is not None:
+            object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        self._check_lora()
         if not str(self.model_path):
             raise ValueError("model_path must not be empty")
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -98,3 +118,26 @@ class RunnerConfig:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_dtype == "fp8_e4m3" and self.device != "auto" and not self.device.startswith("cuda"):
             raise ValueError(f"kv_cache_dtype 'fp8_e4m3' needs a CUDA device, got device {self.device!r} (use 'int8')")
+
+    @property
+    def lora(self) -> bool:
+        """Whether the runner serves LoRA adapters."""
+        return self.enable_lora or bool(self.lora_paths)
+
+    def lora_adapters(self) -> dict[str, str]:
+        """The starting adapters, name -> path."""
+        named = (p.partition("=") if "=" in p else (p, "", p) for p in self.lora_paths)
+        return {name: path for name, _, path in named}
+
+    def _check_lora(self) -> None:
+        if self.max_loras_per_batch < 1:
+            raise ValueError(f"max_loras_per_batch must be >= 1, got {self.max_loras_per_batch}")
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        names = [p.partition("=")[0] if "=" in p else p for p in self.lora_paths]
+        if len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"lora_paths must name each adapter once (NAME=PATH), got {list(self.lora_paths)}")
+        known = (*LORA_TARGET_KINDS, "all")
+        for kind in self.lora_target_modules or ():
+            if kind not in known:
+                raise ValueError(f"lora_target_modules: {kind!r} is not one of {', '.join(known)}")

@@ -187,6 +187,13 @@ def load_named_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tens
     return len(copies)
 
 
+def checkpoint_target(model: nn.Module, hf_name: str) -> tuple[str, str | None]:
+    """The parameter of `model` a checkpoint tensor named `hf_name` loads into, and its
+    shard (None for a whole parameter), e.g. `model.layers.0.self_attn.k_proj.weight` ->
+    (`model.layers.0.self_attn.qkv_proj.weight`, "k"); the parameter may not exist."""
+    return _target(hf_name, _Names.of(model))
+
+
 def named_tensor(model: nn.Module, name: str) -> torch.Tensor:
     """The float weight a checkpoint names `name` (a view into its parameter, the slice of
     a fused one); ValueError if the model has none by that name, or only quantized codes."""

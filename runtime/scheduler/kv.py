@@ -32,7 +32,7 @@ class RequestKV:
         """The cached prefix `req` may reuse: at least one token is always left to compute,
         and prompt positions whose logprobs are wanted are recomputed. Not counted in the
         hit rate: `admit` counts the look-up that serves the request."""
-        return self.cache.match_prefix(req.fill_ids[: self._lookup_len(req)], record=False)
+        return self.cache.match_prefix(req.cache_key(self._lookup_len(req)), record=False)
 
     @staticmethod
     def _lookup_len(req: Req) -> int:
@@ -144,7 +144,7 @@ class RequestKV:
 
     def cache_prefix(self, req: Req) -> None:
         """Put `req`'s computed tokens in the tree so others can share them; it keeps going."""
-        ids = req.fill_ids[: req.kv_len]
+        ids = req.cache_key(req.kv_len)
         slots = self.table.read(req.row, req.alloc_len)
         kept = self.cache.cache_unfinished(ids, slots, prefix_len=req.prefix_len, last_node=req.last_node)
         self.table.write(req.row, 0, kept.indices)
@@ -155,7 +155,7 @@ class RequestKV:
         the tree, everything else is freed, its row and lock are released."""
         if req.row is None:
             return
-        ids = req.fill_ids[: req.kv_len]
+        ids = req.cache_key(req.kv_len)
         slots = self.table.read(req.row, req.alloc_len)
         self.cache.cache_finished(ids, slots, prefix_len=req.prefix_len, last_node=req.last_node)
         self.table.free(req.row)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sprig.radix import TreeNode
+from sprig.radix.tree import namespaced
 from sprig.runtime.request_contract import TokenizedRequest
 from sprig.runtime.sampling import SamplingParams
 
@@ -66,6 +67,8 @@ class Req:
     jump_forward_tokens: int = 0
     weight_version: str = ""  # the label of the weights it runs on, set when the scheduler takes it
     priority: int = 0  # under priority scheduling (`SchedulerConfig.enable_priority_scheduling`)
+    lora_name: str | None = None  # its LoRA adapter's name (None: the base model)
+    lora_slot: int = -1  # that adapter's slot in the runner, set when the scheduler takes it
     # speculative decoding: the verification passes that emitted its tokens, counted by how
     # many drafts each accepted (index k: passes that kept k drafts), and the drafts verified
     spec_accept_histogram: list[int] = field(default_factory=list)
@@ -91,7 +94,17 @@ class Req:
         return cls(rid=request.rid, prompt_ids=list(request.prompt_ids), params=request.params,
                    return_logprob=lp.return_logprob, logprob_start_len=lp.logprob_start_len,
                    top_logprobs_num=lp.top_logprobs_num, token_ids_logprob=lp.token_ids_logprob,
-                   embed=request.embed, priority=request.priority or 0)
+                   embed=request.embed, priority=request.priority or 0, lora_name=request.lora_path)
+
+    @property
+    def namespace(self) -> int:
+        """Its prefixes' radix namespace: its adapter's (slot + 1), or 0 for the base model
+        (K/V computed with an adapter is never shared with other adapters or the base)."""
+        return self.lora_slot + 1
+
+    def cache_key(self, end: int) -> list[int]:
+        """`fill_ids[:end]` as the radix tree keys them (`namespace`)."""
+        return namespaced(self.fill_ids[:end], self.namespace)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,8 @@ from sprig.runtime.scheduler.request import FinishReason, Req
 from sprig.runtime.scheduler.stops import Stops
 from sprig.runtime.speculative.decode import SpeculativeDecoder
 from sprig.runtime.wire import TokenOutput
+
+LORA_OFF = "LoRA is not enabled (start with lora_paths, or enable_lora with lora_target_modules and max_lora_rank)"
 
 log = logging.getLogger("sprig.scheduler")
 
@@ -96,6 +99,8 @@ class Scheduler:
         check_request(req, self.limits, known=req.rid in self._reqs, queued=len(self.waiting))
         if req.priority and not self.config.enable_priority_scheduling:
             raise RequestRejected("priority is only taken under priority scheduling (--enable-priority-scheduling)")
+        if req.lora_name is not None:
+            req.lora_slot = self.lora_slot(req.lora_name)
         try:
             self.stops.register(req)
         except ValueError as e:
@@ -138,6 +143,45 @@ class Scheduler:
             return False
         self.kv.cache.reset()
         return True
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """The loaded LoRA adapters: name, path, rank (empty without LoRA)."""
+        lora = self.runner.lora
+        return [] if lora is None else [{"name": a.name, "path": a.path, "rank": a.rank} for a in lora.loaded.values()]
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the adapter at `path` under `name` (`LoRAManager.load`); ValueError saying
+        why not (nothing changes then). Requests may run meanwhile: none uses the new slot,
+        whose cached prefixes were dropped when its last adapter was unloaded."""
+        if self.runner.lora is None:
+            raise ValueError(LORA_OFF)
+        self.runner.lora.load(name, path)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter `name` and drop the prefixes cached with it; ValueError if it is
+        not loaded or a request in flight uses it."""
+        lora = self.runner.lora
+        if lora is None:
+            raise ValueError(LORA_OFF)
+        slot = lora.get(name).slot
+        if any(r.lora_slot == slot and not r.finished for r in self._reqs.values()):
+            raise ValueError(f"LoRA adapter {name!r} is in use by requests in flight")
+        lora.unload(name)
+        self.kv.cache.drop_namespace(slot + 1)
+
+    def lora_slots(self, reqs: list[Req]) -> list[int] | None:
+        """Each request's adapter slot for a `ForwardStep` (None without LoRA)."""
+        return None if self.runner.lora is None else [r.lora_slot for r in reqs]
+
+    def lora_slot(self, name: str) -> int:
+        """The slot of loaded adapter `name`; `RequestRejected` saying why not."""
+        if self.runner.lora is None:
+            raise RequestRejected(f"lora_path {name!r}: {LORA_OFF}")
+        try:
+            return self.runner.lora.get(name).slot
+        except ValueError as e:
+            raise RequestRejected(str(e)) from None
 
     def update_weights(self, model_path: str, weight_version: str | None = None) -> None:
         """Load the weights at `model_path` (`ModelRunner.update_weights`), then
@@ -257,6 +301,7 @@ class Scheduler:
             kv_lens=ends,
             kv_indices=self.kv.contexts([e.req for e in extends], ends),
             logits_from=firsts,
+            lora_slots=self.lora_slots([e.req for e in extends]),
         )
         if any(e.req.embed and e.completes for e in extends):
             logits, hidden = self.runner.forward_with_hidden(step)
@@ -319,6 +364,7 @@ class Scheduler:
             kv_lens=ends,
             kv_indices=self.kv.contexts(batch, ends),
             logits_from=[n - 1 for n in pending],
+            lora_slots=self.lora_slots(batch),
         )
         start = time.perf_counter()
         logits = self.runner.forward(step)

@@ -176,6 +176,7 @@ class SpeculativeDecoder:
             kv_lens=ends + [batch[b.owner].kv_len + 1 + len(b.tokens) for b in branches],
             kv_indices=torch.cat(contexts) if branches else contexts[0],
             logits_from=[n - 1 for n in pending] + [b.depth + 1 for b in branches],
+            lora_slots=sched.lora_slots(batch + [batch[b.owner] for b in branches]),
         )
 
     def _keep_slots(self, sched: Scheduler, batch: list[Req], branches: list[Branch],

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sprig.radix import RadixCache
+from sprig.radix.tree import TOKEN_MASK
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_config import ModelConfig
@@ -261,7 +262,8 @@ class DraftModel:
         while stack:
             node, depth = stack.pop()
             for child in node.children.values():
-                self._check_slots(child.value, torch.from_numpy(child.key).to(torch.int64), depth, "the radix tree")
+                tokens = torch.from_numpy(child.key).to(torch.int64) & TOKEN_MASK  # keys of any namespace
+                self._check_slots(child.value, tokens, depth, "the radix tree")
                 stack.append((child, depth + len(child)))
 
     def _check_slots(self, slots: torch.Tensor, ids: torch.Tensor, start: int, holder: str) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from sprig.radix import PrefixCache
+from sprig.radix.tree import TOKEN_MASK
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.speculative.draft_model import DraftModel
@@ -89,14 +90,15 @@ class ContextDrafts:
               cap: Callable[[list[int]], int]) -> list[list[int]]:
         if cap(lengths) == 0:  # not worth it even if every request proposed all it may: propose nothing
             return [[] for _ in batch]
-        proposals = [self.drafter.propose(r.fill_ids, k) if k > 0 else [] for r, k in zip(batch, lengths, strict=True)]
+        proposals = [_plain(self.drafter.propose(r.cache_key(r.seq_len), k), r) if k > 0 else []
+                     for r, k in zip(batch, lengths, strict=True)]
         most = cap([len(p) for p in proposals])
         proposals = [p[:most] for p in proposals]
         return [p if p and kv.reserve_free(r, r.seq_len + len(p)) else [] for r, p in zip(batch, proposals, strict=True)]
 
     def alternatives(self, batch: list[Req], drafts: list[list[int]], limits: list[int],
                      width: int) -> list[list[list[int]]]:
-        return [self.drafter.alternatives(r.fill_ids, k, width) if d else []
+        return [[_plain(p, r) for p in self.drafter.alternatives(r.cache_key(r.seq_len), k, width)] if d else []
                 for r, d, k in zip(batch, drafts, limits, strict=True)]
 
     def mirror(self, step: ForwardStep) -> None:
@@ -119,3 +121,10 @@ DRAFTERS: dict[str, Callable[[SchedulerConfig, PrefixCache, ModelRunner], Drafte
     "radix": lambda config, cache, runner: ContextDrafts(RadixDrafter(cache)),
     "draft": _draft_model,
 }
+
+
+def _plain(keys: list[int], req: Req) -> list[int]:
+    """Tokens from keys of `req`'s radix namespace: a drafter sees a request's context as
+    the tree keys it (`Req.cache_key`), so the radix drafter reads only continuations
+    cached under the same adapter; an n-gram drafter finds the same matches either way."""
+    return [t & TOKEN_MASK for t in keys] if req.namespace else keys
