@@ -51,6 +51,13 @@ HELP = {
     "port": "port to listen on; 0 picks a free port (the 'ready at' log line names it)",
     "served_model_name": "model id in /v1/models and OpenAI responses (default: the checkpoint directory's name; sprig-demo for the demo model)",
     "max_request_bytes": "larger request bodies get 413",
+    "enable_lora": "serve LoRA adapters (on when --lora-paths names some): requests pick one by name in lora_path, "
+                   "or as the OpenAI model 'MODEL:ADAPTER' or 'ADAPTER'",
+    "lora_paths": "PEFT LoRA adapters to load at start, each NAME=PATH or PATH (named by itself)",
+    "max_loras_per_batch": "adapter slots: how many adapters can be loaded at once (every loaded one can run in any batch)",
+    "max_lora_rank": "the largest adapter rank a slot holds (default: the largest of --lora-paths)",
+    "lora_target_modules": "the module kinds adapters may adapt: q_proj k_proj v_proj o_proj gate_proj up_proj "
+                           "down_proj, or all (default: those --lora-paths adapt)",
     "responses_store_bytes": "memory for stored /v1/responses (previous_response_id, GET /v1/responses/ID), least "
                              "recently used dropped first; 0 stores none",
     "chat_template": "a Jinja chat template file to use instead of the model's",
@@ -203,6 +210,9 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
         if kind is bool:
             action = group.add_argument(flag, dest=f.name, default=f.default, help=help_text,
                                         action=argparse.BooleanOptionalAction)
+        elif typing.get_origin(kind) is tuple:  # a list of values: the flag takes one or more
+            action = group.add_argument(flag, dest=f.name, default=f.default, help=help_text, nargs="+",
+                                        type=str, metavar=f.name.upper().removesuffix("S"))
         else:
             action = group.add_argument(flag, dest=f.name, default=f.default, help=help_text,
                                         type=PARSERS.get(f.name) or (_optional(kind) if optional else kind),

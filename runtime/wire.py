@@ -72,8 +72,9 @@ class ControlReq:
     """A request answered by one `ControlReply` with the same token: `kind` is
     "flush_cache", "check_integrity", "update_weights" (`args`: `model_path`,
     `weight_version`, `abort_all_requests`), "update_weight_version" (`args`:
-    `weight_version`, `abort_all_requests`) or "get_weights_by_name" (`args`: `name`,
-    `truncate_size`); anything else gets `ok=False`."""
+    `weight_version`, `abort_all_requests`), "get_weights_by_name" (`args`: `name`,
+    `truncate_size`), "load_lora_adapter" (`args`: `lora_name`, `lora_path`) or
+    "unload_lora_adapter" (`args`: `lora_name`); anything else gets `ok=False`."""
 
     token: int
     kind: str

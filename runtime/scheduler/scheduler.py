@@ -181,7 +181,7 @@ class Scheduler:
         try:
             return self.runner.lora.get(name).slot
         except ValueError as e:
-            raise RequestRejected(str(e)) from None
+            raise RequestRejected(f"lora_path: {e}") from None
 
     def update_weights(self, model_path: str, weight_version: str | None = None) -> None:
         """Load the weights at `model_path` (`ModelRunner.update_weights`), then

@@ -1,6 +1,6 @@
 """The FastAPI application: the API-key / body-size guard, error handlers, the health,
 OpenAPI and metrics routes, and the routers of `routes_native`, `routes_openai`, `routes_responses`,
-`routes_score`, `routes_embeddings`, `routes_weights`, `routes_worker` and `routes_info` (which share
+`routes_score`, `routes_embeddings`, `routes_weights`, `routes_lora`, `routes_worker` and `routes_info` (which share
 `http_io`)."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sprig.runtime.server import (
     routes_embeddings,
     routes_info,
+    routes_lora,
     routes_native,
     routes_openai,
     routes_responses,
@@ -127,6 +128,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_score.router)
     app.include_router(routes_embeddings.router)
     app.include_router(routes_weights.router)
+    app.include_router(routes_lora.router)
     app.include_router(routes_worker.router)
     app.include_router(routes_info.router)
     return app

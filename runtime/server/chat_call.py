@@ -55,8 +55,32 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     own = constraint if tools.regex is None else None  # else the tools' grammar holds it
     sampling = [sampling_for(st, req, own, len(ids), max_tokens, **tools.grammar_params(st.context_free), **extra)]
     logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
-    return ChatCall(fmt, contract_requests(st, [ids], sampling, logprobs, req.stream, constraint, req.priority),
-                    constraint)
+    adapter = adapter_of(st, req.model, req.lora_path)
+    return ChatCall(fmt, contract_requests(st, [ids], sampling, logprobs, req.stream, constraint, req.priority,
+                                           adapter), constraint)
+
+
+def adapter_of(st: ServerState, model: str | None, lora_path: str | None) -> str | None:
+    """The LoRA adapter an OpenAI request runs with: `lora_path` (SGLang's field), else a
+    `model` that names a loaded adapter, alone ("ADAPTER", as vLLM's clients name it) or
+    after the served model ("MODEL:ADAPTER", as SGLang's); else None (the base model:
+    any other `model` is served by it, as before). A "MODEL:ADAPTER" whose adapter is not
+    loaded is a 400 naming `model`; an unknown `lora_path` is refused by the scheduler."""
+    if lora_path is not None:
+        return lora_path
+    adapters = st.manager.weights.adapters
+    if model is None or not adapters:
+        return None
+    if model in adapters:
+        return model
+    base, sep, name = model.rpartition(":")
+    if sep and base == st.model_name:
+        if name not in adapters:
+            loaded = ", ".join(repr(n) for n in adapters)
+            raise ApiError(400, f"model {model!r}: no LoRA adapter named {name!r} is loaded (loaded: {loaded})",
+                           "model")
+        return name
+    return None
 
 
 def sampling_for(st: ServerState, req: CompletionRequest | ChatCompletionRequest, constraint: Constraint | None,
@@ -71,12 +95,12 @@ def sampling_for(st: ServerState, req: CompletionRequest | ChatCompletionRequest
 
 def contract_requests(st: ServerState, prompts: list[list[int]], sampling: list[dict[str, Any]],
                       logprobs: LogprobOptions, stream: bool, constraint: Constraint | None,
-                      priority: int | None = None) -> list[TokenizedRequest]:
+                      priority: int | None = None, adapter: str | None = None) -> list[TokenizedRequest]:
     """The request contract over OpenAI prompts; an invalid constraint is a 400 naming
     the field it came from."""
     try:
         return st.builder.requests(prompts, sampling, None, logprobs, stream=stream, prompt_field="prompt",
-                                   priority=priority)
+                                   priority=priority, lora_path=adapter)
     except ApiError as e:
         if constraint is None or constraint.key not in e.message:
             raise

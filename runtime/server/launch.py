@@ -156,7 +156,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         model_info=info,
         manager=RequestManager(
             ipc, children, Metrics(), engine.scheduler.max_queued_requests, server.watchdog_timeout, on_fatal,
-            weights=ServedWeights(model_path, engine.scheduler.weight_version),
+            weights=ServedWeights(model_path, engine.scheduler.weight_version, dict(info["lora_adapters"])),
         ),
         builder=builder,
         tool_format=tool_format,

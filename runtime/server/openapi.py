@@ -19,7 +19,9 @@ from sprig.runtime.server.protocol import (
     EncodeRequest,
     GenerateRequest,
     GetWeightsByNameRequest,
+    LoadLoRAAdapterRequest,
     ScoringRequest,
+    UnloadLoRAAdapterRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightVersionRequest,
 )
@@ -40,6 +42,8 @@ BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's mod
     "/update_weights_from_disk": UpdateWeightsFromDiskRequest,
     "/update_weight_version": UpdateWeightVersionRequest,
     "/get_weights_by_name": GetWeightsByNameRequest,
+    "/load_lora_adapter": LoadLoRAAdapterRequest,
+    "/unload_lora_adapter": UnloadLoRAAdapterRequest,
 }
 ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
           "408": "the body arrived too slowly", "413": "the body is too large",

@@ -34,6 +34,7 @@ class GenerateRequest(_Body):
     stream: bool = False
     rid: str | list[str] | None = None
     priority: int | None = None  # under --enable-priority-scheduling
+    lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name (one per prompt in a list)
 
 
 class AbortRequest(_Body):
@@ -110,6 +111,7 @@ class _OpenAISampling(_Body):
     guided_decoding_backend: str | None = None  # the constraint is the same whichever backend
     structured_outputs: StructuredOutputs | None = None
     priority: int | None = None  # SGLang's and vLLM's, under --enable-priority-scheduling
+    lora_path: str | None = None  # SGLang's: a loaded LoRA adapter's name (or `model` "BASE:ADAPTER")
 
 
 class CompletionRequest(_OpenAISampling):
@@ -205,3 +207,17 @@ class GetWeightsByNameRequest(_Body):
 
     name: str = Field(min_length=1, max_length=1024)
     truncate_size: int = Field(100, ge=1)
+
+
+class LoadLoRAAdapterRequest(_Body):
+    """SGLang's `/load_lora_adapter`."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+    pinned: bool = False
+
+
+class UnloadLoRAAdapterRequest(_Body):
+    """SGLang's `/unload_lora_adapter`."""
+
+    lora_name: str = Field(min_length=1, max_length=256)

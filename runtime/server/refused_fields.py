@@ -41,7 +41,6 @@ _COMMON: dict[str, Rule] = {
     "logits_processors": (_unset, "the server runs no client code"),
     "return_tokens_as_token_ids": (_off, "logprobs carry token text"),
     "return_hidden_states": (_off, "no hidden states are returned"),
-    "lora_path": (_unset, "no adapters are loaded"),
 }
 CHAT: dict[str, Rule] = {
     **_COMMON,

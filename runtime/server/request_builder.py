@@ -114,7 +114,8 @@ class RequestBuilder:
 
     def requests(self, prompts: list[list[int]], sampling: SamplingArg, rid: Any,
                  logprobs: LogprobOptions | list[LogprobOptions], *,
-                 stream: bool, prompt_field: str = "input_ids", priority: int | None = None) -> list[TokenizedRequest]:
+                 stream: bool, prompt_field: str = "input_ids", priority: int | None = None,
+                 lora_path: Any = None) -> list[TokenizedRequest]:
         """One `TokenizedRequest` per sequence (n per prompt, in output order): the request
         contract's `build_requests`, its `InvalidRequest` as a 400 naming the field. A
         `priority` is a 400 unless the scheduler schedules by it."""
@@ -122,7 +123,8 @@ class RequestBuilder:
             raise ApiError(400, PRIORITY_OFF, "priority")
         try:
             return build_requests(prompts, sampling, self.limits, rid=rid, new_rid=self.new_rid,
-                                  logprobs=logprobs, stream=stream, prompt_field=prompt_field, priority=priority)
+                                  logprobs=logprobs, stream=stream, prompt_field=prompt_field, priority=priority,
+                                  lora_path=lora_path)
         except InvalidRequest as e:
             raise ApiError(400, str(e), e.field) from None
 

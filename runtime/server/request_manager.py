@@ -158,10 +158,12 @@ class Call:
 @dataclass
 class ServedWeights:
     """The checkpoint whose weights the scheduler runs, and their label: changed when the
-    scheduler's reply to a weight update (or a new label) says it succeeded."""
+    scheduler's reply to a weight update (or a new label) says it succeeded; and the LoRA
+    adapters loaded (name -> path), as the scheduler's last answer about them said."""
 
     model_path: str
     weight_version: str
+    adapters: dict[str, str] = field(default_factory=dict)
 
 
 class RequestManager:

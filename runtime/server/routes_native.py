@@ -48,7 +48,7 @@ async def generate(request: Request) -> Response:
                                               req.token_ids_logprob)
         return req, batch, st.builder.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
                                               prompt_field="text" if req.text is not None else "input_ids",
-                                              priority=req.priority)
+                                              priority=req.priority, lora_path=req.lora_path)
 
     req, batch, reqs = await prepare(request, build)
     call = st.manager.submit(reqs, client_of(request))

@@ -14,6 +14,7 @@ from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
 from sprig.runtime.server.chat_answer import DeltaState
 from sprig.runtime.server.chat_call import (
     ChatCall,
+    adapter_of,
     chat_call,
     collect,
     contract_requests,
@@ -63,19 +64,27 @@ class _Envelope:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model, **fields}
 
 
-def _card(st: ServerState) -> dict[str, Any]:
-    return {"id": st.model_name, "object": "model", "created": now_s(), "owned_by": "sprig",
-            "root": st.model_name, "max_model_len": st.model_info["context_len"]}
+def _card(st: ServerState, adapter: str | None = None) -> dict[str, Any]:
+    """The served model's card, or a loaded LoRA adapter's (vLLM's: its path as `root`,
+    the served model as `parent`)."""
+    card = {"id": st.model_name, "object": "model", "created": now_s(), "owned_by": "sprig",
+            "root": st.model_name, "parent": None, "max_model_len": st.model_info["context_len"]}
+    if adapter is not None:
+        card |= {"id": adapter, "root": st.manager.weights.adapters[adapter], "parent": st.model_name}
+    return card
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
-    return json_response({"object": "list", "data": [_card(state_of(request))]})
+    st = state_of(request)
+    return json_response({"object": "list", "data": [_card(st), *(_card(st, a) for a in st.manager.weights.adapters)]})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def model(request: Request, model_id: str) -> Response:
     st = state_of(request)
+    if model_id in st.manager.weights.adapters and model_id != st.model_name:
+        return json_response(_card(st, model_id))
     if model_id != st.model_name:
         raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {st.model_name!r}", "model")
     return json_response(_card(st))
@@ -97,7 +106,8 @@ async def completions(request: Request) -> Response:
         sampling = [sampling_for(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
         want = req.logprobs is not None
         logprobs = LogprobOptions(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
-        reqs = contract_requests(st, prompts, sampling, logprobs, req.stream, constraint, req.priority)
+        reqs = contract_requests(st, prompts, sampling, logprobs, req.stream, constraint, req.priority,
+                                 adapter_of(st, req.model, req.lora_path))
         texts = [st.builder.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
         return req, texts, reqs, constraint
 

@@ -116,6 +116,19 @@ class SchedulerLoop:
             )
         )
 
+    def _lora(self, msg: ControlReq) -> ControlReply:
+        """Load or unload an adapter; the reply carries the adapters loaded afterwards."""
+        error = None
+        try:
+            if msg.kind == "load_lora_adapter":
+                self.scheduler.load_lora_adapter(msg.args["lora_name"], msg.args["lora_path"])
+            else:
+                self.scheduler.unload_lora_adapter(msg.args["lora_name"])
+        except ValueError as e:
+            error = str(e)
+        loaded = {a["name"]: a["path"] for a in self.scheduler.lora_adapters()}
+        return ControlReply(msg.token, error is None, {"error_message": error, "loaded_adapters": loaded})
+
     def _control(self, msg: ControlReq) -> ControlReply | None:
         """The reply to `msg`, or None for a weight update (`WeightUpdates` answers it)."""
         if msg.kind in ("update_weights", "update_weight_version") and msg.args.get("abort_all_requests"):
@@ -132,6 +145,8 @@ class SchedulerLoop:
             except ValueError as e:
                 return ControlReply(msg.token, False, {"message": str(e)})
             return ControlReply(msg.token, True, {"weights": weights})
+        if msg.kind in ("load_lora_adapter", "unload_lora_adapter"):
+            return self._lora(msg)
         if msg.kind == "flush_cache":
             return ControlReply(msg.token, self.scheduler.flush_cache())
         if msg.kind == "check_integrity":
@@ -279,6 +294,7 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
             "dtype": str(runner.dtype).removeprefix("torch."),
             "attention_backend": runner.attention_backend,
             "tp_size": engine.dist.tp_size,
+            "lora_adapters": {a["name"]: a["path"] for a in scheduler.lora_adapters()},
         }
         loaded = time.monotonic()
         log.info("model loaded in %.1f s (%s on %s, a KV pool of %d tokens); warming up",
