@@ -75,11 +75,12 @@ FEED_STEPS = 4  # a request feeds at most this many tokens to the draft in a rou
 def draft_runner_config(path: str, target: ModelRunner) -> RunnerConfig:
     """The target's runner settings for the draft checkpoint at `path`: the same device,
     dtype, attention backend, page size and KV storage, exactly the target's slot count
-    and context length, no weight quantization."""
+    and context length, no weight quantization, no LoRA adapters (the draft proposes as the
+    base model; the target verifies each request with its adapter)."""
     dtype = str(target.dtype).removeprefix("torch.")  # one of runner_config.DTYPES: the target resolved it
     return replace(
         target.config, model_path=path, dtype=dtype, max_total_tokens=target.num_slots, quantization=None,
-        context_length=target.model_config.context_len,
+        context_length=target.model_config.context_len, enable_lora=False, lora_paths=(),
     )
 
 

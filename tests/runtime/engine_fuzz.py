@@ -65,6 +65,8 @@ from typing import Any
 import torch
 from draft_checkpoints import truncated_draft
 from hf_kv_quant import hf_model
+from lora_adapters import peft_adapter
+from peft import PeftModel
 from quant_checkpoints import with_rtn_weights
 from weight_checkpoints import perturbed_copy
 
@@ -94,6 +96,8 @@ EMBED_TOL = {"auto": 1e-5, "int8": 1e-3}
 EMBED_SHARE = 0.1
 STALE_START_SHARE = 0.15
 PRIORITY_SHARE = 0.25  # of workloads, those scheduled by priority (some requests preempting others)
+LORA_SHARE = 0.15  # of workloads (neither int4 nor tensor-parallel), those serving LoRA adapters
+LORA_NAMES = ("a", "b")  # `fuzz_adapters`' adapters
 MOE_SHARE = 0.2  # of workloads, those on a mixture-of-experts model (where the fuzzer is given one)
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
@@ -104,8 +108,9 @@ FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
 # engine options that change the model's numbers: alone runs and transformers take the workload's
 NUMERICS = ("kv_cache_dtype", "quantization", "quantization_group_size")
 # and what compiles regexes (the same outputs either way, masked by other code): alone runs and
-# transformers' masks take the workload's too
-REFERENCE_OPTIONS = (*NUMERICS, "grammar_backend")
+# transformers' masks take the workload's too; and the LoRA adapter slots (their number
+# sets the width the adapters' matmuls sum over): alone runs take the workload's
+REFERENCE_OPTIONS = (*NUMERICS, "grammar_backend", "max_loras_per_batch")
 REFERENCE_POOL = 4096  # the alone runs' KV tokens: every request fits a workload's loose pool of 4096 (on CUDA the default is most of the GPU)
 GUIDED_SHARE = 0.3  # of workloads, those whose regexes llguidance compiles (`grammar_backend`)
 ReferenceKey = tuple[tuple[str, Any], ...]  # a workload's `REFERENCE_OPTIONS` that are not the default
@@ -133,6 +138,7 @@ class Request:
     abort_at: int | None = None
     embed: bool = False  # an embedding request (its params unused): its prompt's embedding
     priority: int | None = None  # sent only where the workload's engine schedules by priority
+    lora: str | None = None  # the LoRA adapter it runs with (`fuzz_adapters`' names), in LoRA workloads
 
     @property
     def checked(self) -> bool:
@@ -252,6 +258,7 @@ class Stats:
     alternatives_kept: int = 0  # of them, those the kept tokens lay on
     weight_updates: int = 0  # workloads run after a run on other weights and a weight update
     preemptions: int = 0  # running requests retracted for waiting ones of higher priority
+    lora: int = 0  # sequences run with a LoRA adapter (checked against PEFT's model)
 
     def line(self) -> str:
         kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec,
@@ -265,7 +272,7 @@ class Stats:
             f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
             f"alternative paths verified, {self.alternatives_kept} followed; {self.weight_updates} after a weight update; "
-            f"{self.preemptions} preemptions by priority"
+            f"{self.preemptions} preemptions by priority; {self.lora} with a LoRA adapter"
         )
 
 
@@ -319,6 +326,11 @@ def make_workload(
         options["schedule_low_priority_values_first"] = ranks.random() < 0.5
         options["priority_scheduling_preemption_threshold"] = ranks.choice([0, 1, 10])
         requests = [replace(r, priority=ranks.choice([None, 0, 1, 5, 20, -3])) for r in requests]
+    adapters = random.Random(f"lora {seed}")  # likewise
+    if adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options:
+        options["max_loras_per_batch"] = adapters.choice([2, 3, 8])  # `run_one` adds the adapters' paths
+        requests = [replace(r, lora=None if r.embed else name)
+                    for r, name in ((r, adapters.choice([None, *LORA_NAMES])) for r in requests)]
     trees = options.get("speculative_algorithm") == "ngram" and options["speculative_alternatives"] > 0
     return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5,
                     stale_start=random.Random(f"weights {seed}").random() < STALE_START_SHARE)
@@ -428,7 +440,7 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
             priority = r.priority if sched.config.enable_priority_scheduling else None
             seqs = (build_embedding_requests([list(r.prompt)], limits, rid=r.rid, new_rid=str) if r.embed else
                     build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs,
-                                   priority=priority))
+                                   priority=priority, lora_path=r.lora))
             for seq in seqs:
                 req = Req.of(seq)
                 sched.add_request(req)
@@ -491,7 +503,7 @@ class Reference:
     def engine(self, key: ReferenceKey) -> Engine:
         if key not in self.engines:
             self.engines[key] = Engine(str(self.path), dtype="float32", device=self.device, max_total_tokens=REFERENCE_POOL,
-                                       shadow_attention=True, check_integrity=True, **dict(key))
+                                       shadow_attention=True, check_integrity=True, **lora_options(self.path, key))
         return self.engines[key]
 
     def alone(self, request: Request, key: ReferenceKey) -> dict[str, Outcome]:
@@ -499,20 +511,23 @@ class Reference:
         engine.flush_cache()
         return drive(engine, (replace(request, arrival=0, abort_at=None),))
 
-    def logits(self, ids: list[int], key: ReferenceKey) -> torch.Tensor:  # [len(ids), V] float32
+    def logits(self, ids: list[int], key: ReferenceKey, lora: str | None = None) -> torch.Tensor:  # [len(ids), V] f32
+        """transformers' logits (with PEFT's adapter `lora` of `fuzz_adapters`, if given)."""
         key = tuple(kv for kv in key if kv[0] in NUMERICS)
-        if key not in self.hf:
+        if (key, lora) not in self.hf:
             options = dict(key)
             hf = hf_model(self.path, options.get("kv_cache_dtype", "auto"))
             if "quantization" in options:
                 fmt = OnlineFormat.of(options["quantization"], options["quantization_group_size"])
                 hf = with_rtn_weights(hf, fmt.scheme)
-            self.hf[key] = hf
+            if lora is not None:
+                hf = PeftModel.from_pretrained(hf, fuzz_adapters(self.path)[lora]).eval()
+            self.hf[key, lora] = hf
         with torch.inference_mode():
-            return self.hf[key](torch.tensor([ids])).logits[0].float()
+            return self.hf[key, lora](torch.tensor([ids])).logits[0].float()
 
     def kv_rounding_effect(self, ids: list[int], key: ReferenceKey, rounded: torch.Tensor, top: int = 0,
-                           also: tuple[int, ...] = ()) -> float:
+                           also: tuple[int, ...] = (), lora: str | None = None) -> float:
         """The most the int8 KV cache's rounding moves a logprob of `ids`, of the tokens
         `also` at each position (where token_ids_logprob's are compared), or with `top`
         of any of the `top + 1` likeliest tokens at each position too (where top logprobs
@@ -532,7 +547,8 @@ class Reference:
         if len(ids) < 2:
             return 0.0
         float_key = tuple(kv for kv in key if kv[0] != "kv_cache_dtype")
-        with_rounding, exact = (torch.log_softmax(logits[:-1], -1) for logits in (rounded, self.logits(ids, float_key)))
+        with_rounding, exact = (torch.log_softmax(logits[:-1], -1)
+                                for logits in (rounded, self.logits(ids, float_key, lora)))
         compared = torch.tensor(ids[1:])[:, None]
         if also:
             compared = torch.cat([compared, torch.tensor(also).expand(len(ids) - 1, -1)], 1)
@@ -664,10 +680,11 @@ def _check_sequence(
         raise Mismatch(f"{where}\nthe request alone was aborted: {want.finish}")
     prompt = list(request.prompt)
     seq_params = want.params
-    logits = ref.logits(prompt + want.ids, key)  # transformers' after prompt + ids[:i], for each i
+    logits = ref.logits(prompt + want.ids, key, request.lora)  # transformers' after prompt + ids[:i], for each i
     rows = logits[len(prompt) - 1 :].clone()  # [len(want.ids) + 1, V], masked by a grammar below
     stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where, key)
     stats.hf_tokens += len(want.ids)
+    stats.lora += request.lora is not None
     stats.constrained += spec_from_params(seq_params) is not None
     stats.context_free += seq_params.ebnf is not None
     stats.guided += seq_params.regex is not None and ("grammar_backend", "llguidance") in key
@@ -684,12 +701,13 @@ def _check_sequence(
         raise Mismatch(f"{where}\nbatched {got.ids} {got.finish}\nalone   {want.ids} {want.finish}")
     tol = tol_top = tol_picked = LOGPROB_TOL
     if ("kv_cache_dtype", "int8") in key:
-        tol = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits))
+        tol = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits, lora=request.lora))
         if request.top_logprobs_num:
-            tol_top = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits, request.top_logprobs_num))
+            tol_top = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits, request.top_logprobs_num,
+                                                      lora=request.lora))
         if request.token_ids_logprob:
             tol_picked = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits,
-                                                         also=request.token_ids_logprob))
+                                                         also=request.token_ids_logprob, lora=request.lora))
     _close(got.logprobs[:n], want.logprobs[:n], f"{where}\noutput logprobs", tol)
     for a, b in zip(got.top[:n], want.top[:n], strict=True):
         _close_top(a, b, f"{where}\noutput top logprobs", tol_top)
@@ -812,6 +830,26 @@ def fuzz(
     return stats
 
 
+def fuzz_adapters(path: Path) -> dict[str, Path]:
+    """Two PEFT LoRA adapters of the model at `path` (`LORA_NAMES`), written beside it once:
+    one on attention (q, v, o; rank 8), one on k and the dense MLP (rank 4; on a
+    mixture-of-experts model without one, k alone)."""
+    a = peft_adapter(path, path.parent / f"{path.name}-lora-a", seed=1, targets=["q_proj", "v_proj", "o_proj"],
+                     scale=5.0)
+    b = peft_adapter(path, path.parent / f"{path.name}-lora-b", seed=2,
+                     targets=["k_proj", "gate_proj", "up_proj", "down_proj"], r=4, scale=5.0)
+    return dict(zip(LORA_NAMES, (a, b), strict=True))
+
+
+def lora_options(path: Path, options: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """Engine keywords from `options`, with the adapters' paths where it serves LoRA
+    (`max_loras_per_batch` set)."""
+    out = dict(options)
+    if "max_loras_per_batch" in out:
+        out["lora_paths"] = {name: str(p) for name, p in fuzz_adapters(path).items()}
+    return out
+
+
 def stale_copy(path: Path) -> Path:
     """The model at `path` after a 'training step' (other weights), saved beside it once."""
     out = path.parent / f"{path.name}-stale"
@@ -822,7 +860,7 @@ def stale_copy(path: Path) -> Path:
 
 def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> None:
     """One workload: batched on its engine, then each request against its alone run."""
-    options = workload.options
+    options = lora_options(path, tuple(workload.options.items()))
     if options.get("speculative_algorithm") == "draft":
         options = {**options, "speculative_draft_model_path": str(truncated_draft(path))}
     key = reference_key(workload.options)

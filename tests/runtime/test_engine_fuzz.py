@@ -53,13 +53,14 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], device: str,
             reporter.write_line(line)
             reporter.flush()
 
-    stats = fuzz(models, seconds=minutes * 60 if minutes else CI_SECONDS, seed=seed, min_workloads=8, progress=progress,
+    stats = fuzz(models, seconds=minutes * 60 if minutes else CI_SECONDS, seed=seed, min_workloads=10, progress=progress,
                  device=device)
     print(stats.line())
     assert stats.requests > 0 and stats.tokens > 0 and stats.constrained > stats.context_free > 0 and stats.guided > 0
     assert stats.embeddings > 0
     assert stats.by_backend.get("torch", 0) > 0
     assert stats.by_model.keys() & {"qwen2_moe", "qwen3_moe-sharp"}  # CI's first workloads include one
+    assert stats.lora > 0
 
 
 def test_workloads_are_a_function_of_their_seed() -> None:
@@ -98,6 +99,16 @@ def test_workloads_draw_priority_scheduling() -> None:
     assert any(w.seed < 8 for w in by_priority) and 4 <= len(by_priority) <= 20  # CI's first workloads include one
     assert all(r.priority is None for w in workloads if w not in by_priority for r in w.requests)
     assert {r.priority for w in by_priority for r in w.requests} >= {None, 0, 20, -3}
+
+
+def test_workloads_draw_lora_adapters() -> None:
+    workloads = [make_workload(seed, "m", 512, triton=False) for seed in range(60)]
+    served = [w for w in workloads if "max_loras_per_batch" in w.options]
+    assert any(w.seed < 10 for w in served) and 3 <= len(served) <= 20  # CI's first workloads include one
+    assert all("quantization" not in w.options and "tp_size" not in w.options for w in served)
+    assert {r.lora for w in served for r in w.requests} == {None, "a", "b"}
+    assert all(r.lora is None for w in workloads if w not in served for r in w.requests)
+    assert all(r.lora is None for w in served for r in w.requests if r.embed)
 
 
 def test_workloads_draw_speculative_decoding() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from draft_checkpoints import truncated_draft
 from engine_helpers import assert_idle_and_intact, make_prompts
 from lora_adapters import edit_config, peft_adapter, peft_greedy
 
@@ -72,10 +73,14 @@ def test_a_mixed_batch_equals_peft_per_adapter_cold_and_warm(arch: str, adapters
     {"kv_cache_dtype": "int8"},
     {"speculative_algorithm": "ngram", "speculative_pass_costs": "1,0,0,0,0,0,0"},
     {"speculative_algorithm": "radix", "speculative_pass_costs": "1,0,0,0,0,0,0"},
+    {"speculative_algorithm": "draft", "speculative_pass_costs": "1,0,0,0,0,0,0"},
     {"max_total_tokens": 80, "new_token_ratio": 0.0, "min_new_token_ratio": 0.0},
-], ids=["chunked-page4", "int8-kv", "ngram", "radix", "retraction"])
+], ids=["chunked-page4", "int8-kv", "ngram", "radix", "draft-model", "retraction"])
 def test_each_request_equals_itself_alone_under_engine_options(options: dict, adapters) -> None:
+    """(The draft model proposes as the base model: the target verifies with the adapters.)"""
     base, paths, refs = adapters("llama")
+    if options.get("speculative_algorithm") == "draft":
+        options = {**options, "speculative_draft_model_path": str(truncated_draft(base))}
     names = ["mlp", None, "attn"]
     lora = {k: str(v) for k, v in paths.items()}
     with Engine(str(base), **ENGINE, lora_paths=lora, **options) as engine:
