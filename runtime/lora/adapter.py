@@ -67,18 +67,19 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> LoRAAdapter:
             raise ValueError(f"{config_file}: {key} {config[key]!r} is not supported ({why})")
     alpha, rslora = float(config.get("lora_alpha", 8)), bool(config.get("use_rslora", False))
     pieces: dict[Target, dict[str, torch.Tensor]] = {}
-    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())  # float or quantized linear layers alike
     with safe_open(str(weights_file), framework="pt", device="cpu") as f:
         for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
             module, part = _split(key, weights_file)
             param, shard = checkpoint_target(model, module.removeprefix(PEFT_PREFIX) + ".weight")
-            if param not in params or not param.endswith(".weight"):
+            layer = param.removesuffix(".weight")
+            if not param.endswith(".weight") or layer not in modules:
                 raise ValueError(f"{weights_file}: tensor {key!r} is for {module!r}, which the model has no "
                                  "linear layer for")
-            pieces.setdefault((param.removesuffix(".weight"), shard), {})[part] = f.get_tensor(key).float()
+            pieces.setdefault((layer, shard), {})[part] = f.get_tensor(key).float()
     if not pieces:
         raise ValueError(f"{weights_file}: no lora_A/lora_B tensors")
-    modules = {}
+    adapted = {}
     for target, parts in pieces.items():
         if set(parts) != {"lora_A", "lora_B"}:
             raise ValueError(f"{weights_file}: {target[0]} ({target[1] or 'whole'}) has only {', '.join(parts)}")
@@ -87,8 +88,8 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> LoRAAdapter:
             raise ValueError(f"{weights_file}: {target[0]} ({target[1] or 'whole'}): lora_A {list(a.shape)} and "
                              f"lora_B {list(b.shape)} do not multiply")
         r = a.shape[0]
-        modules[target] = (a, b * (alpha / math.sqrt(r) if rslora else alpha / r))
-    return LoRAAdapter(name, str(path), max(a.shape[0] for a, _ in modules.values()), modules)
+        adapted[target] = (a, b * (alpha / math.sqrt(r) if rslora else alpha / r))
+    return LoRAAdapter(name, str(path), max(a.shape[0] for a, _ in adapted.values()), adapted)
 
 
 def _split(key: str, file: Path) -> tuple[str, str]:

@@ -10,11 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from draft_checkpoints import truncated_draft
 from engine_helpers import assert_idle_and_intact, make_prompts
 from lora_adapters import edit_config, peft_adapter, peft_greedy
+from peft import PeftModel
+from quant_checkpoints import with_rtn_weights
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sprig.runtime import Engine
+from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.request_contract import InvalidRequest
 
 PROMPTS = make_prompts(4, seed=21)
@@ -171,3 +176,26 @@ def test_what_cannot_be_applied_is_refused(adapters, tmp_path: Path) -> None:
         Engine(str(base), **ENGINE, enable_lora=True)
     with pytest.raises(ValueError, match="not supported with tensor parallelism"):
         Engine(str(base), **ENGINE, lora_paths=[f"attn={paths['attn']}"], tp_size=2)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_adapters_on_quantized_base_weights_equal_peft_on_the_rounded_weights(quantization: str, adapters) -> None:
+    """An adapter's delta adds to a quantized layer's output: PEFT over transformers with
+    the weights the RTN codes stand for gives the same greedy tokens."""
+    base, paths, _ = adapters("llama")
+    fmt = OnlineFormat.of(quantization, 32)
+    hf = with_rtn_weights(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), fmt.scheme)
+    peft = PeftModel.from_pretrained(hf, paths["attn"]).eval()
+    tok = AutoTokenizer.from_pretrained(base)
+    expected = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            ids = torch.tensor([tok.encode(p)])
+            out = peft.generate(input_ids=ids, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+            expected.append(out[0, ids.shape[1] :].tolist())
+    with Engine(str(base), **ENGINE, lora_paths={"attn": str(paths["attn"])}, quantization=quantization,
+                quantization_group_size=32) as engine:
+        got = engine.generate(PROMPTS * 2, GREEDY, lora_path=["attn"] * 4 + [None] * 4)
+        assert [o["output_ids"] for o in got[:4]] == expected
+        assert [o["output_ids"] for o in got[:4]] != [o["output_ids"] for o in got[4:]]
+        assert_idle_and_intact(engine)
