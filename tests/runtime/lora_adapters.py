@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -42,10 +43,14 @@ def edit_config(adapter: Path, out: Path, **changes) -> Path:
 def peft_greedy(base: Path, adapter: Path | None, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
     """transformers' greedy continuation of each prompt with PEFT's adapter (None: the
     base model), each prompt alone."""
-    tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     if adapter is not None:
         model = PeftModel.from_pretrained(model, adapter).eval()
+    return model_greedy(model, AutoTokenizer.from_pretrained(base), prompts, max_new_tokens)
+
+
+def model_greedy(model: torch.nn.Module, tok: Any, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """`model`'s greedy continuation of each prompt, each alone."""
     outs = []
     with torch.no_grad():
         for p in prompts:

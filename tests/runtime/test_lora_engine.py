@@ -13,7 +13,7 @@ import pytest
 import torch
 from draft_checkpoints import truncated_draft
 from engine_helpers import assert_idle_and_intact, make_prompts
-from lora_adapters import edit_config, peft_adapter, peft_greedy
+from lora_adapters import edit_config, model_greedy, peft_adapter, peft_greedy
 from peft import PeftModel
 from quant_checkpoints import with_rtn_weights
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -186,13 +186,7 @@ def test_adapters_on_quantized_base_weights_equal_peft_on_the_rounded_weights(qu
     fmt = OnlineFormat.of(quantization, 32)
     hf = with_rtn_weights(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), fmt.scheme)
     peft = PeftModel.from_pretrained(hf, paths["attn"]).eval()
-    tok = AutoTokenizer.from_pretrained(base)
-    expected = []
-    with torch.no_grad():
-        for p in PROMPTS:
-            ids = torch.tensor([tok.encode(p)])
-            out = peft.generate(input_ids=ids, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
-            expected.append(out[0, ids.shape[1] :].tolist())
+    expected = model_greedy(peft, AutoTokenizer.from_pretrained(base), PROMPTS, NEW)
     with Engine(str(base), **ENGINE, lora_paths={"attn": str(paths["attn"])}, quantization=quantization,
                 quantization_group_size=32) as engine:
         got = engine.generate(PROMPTS * 2, GREEDY, lora_path=["attn"] * 4 + [None] * 4)
