@@ -1,7 +1,8 @@
 #!/bin/bash
 # The GPU checks and benchmarks recorded in benchmarks/RESULTS.md, on a CUDA machine
 # whose python3 has torch and triton. Wheels for what it lacks (pyzmq, orjson,
-# outlines-core, FastAPI and their needs) may lie in $WHEELS (default: .whl); sprig is
+# outlines-core, FastAPI, peft and accelerate (the LoRA tests' and the fuzzer's reference)
+# and their needs) may lie in $WHEELS (default: .whl); sprig is
 # installed from this checkout into a scratch directory, so nothing global changes.
 # Logs go to $OUT (default: ./gpu-logs). $PHASE_TIMEOUT (seconds) bounds each test or
 # benchmark command, so that one phase that hangs leaves time for the others.

@@ -299,6 +299,9 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         loaded = time.monotonic()
         log.info("model loaded in %.1f s (%s on %s, a KV pool of %d tokens); warming up",
                  loaded - started, info["dtype"], info["device"], info["kv_size"])
+        if runner.lora is not None:
+            log.info("LoRA: %d adapter slots of rank %d on %s; loaded: %s", runner.lora.num_slots, runner.lora.rank,
+                     ", ".join(sorted(runner.lora.kinds)), ", ".join(info["lora_adapters"]) or "none")
         moe = runner.model_config.moe
         if moe is not None:
             log.info("%s: a mixture of %d experts, %d per token", runner.model_config.architecture, moe.num_experts,

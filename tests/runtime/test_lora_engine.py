@@ -193,3 +193,14 @@ def test_adapters_on_quantized_base_weights_equal_peft_on_the_rounded_weights(qu
         assert [o["output_ids"] for o in got[:4]] == expected
         assert [o["output_ids"] for o in got[:4]] != [o["output_ids"] for o in got[4:]]
         assert_idle_and_intact(engine)
+
+
+@pytest.mark.gpu
+def test_a_mixed_batch_equals_peft_on_cuda(adapters) -> None:
+    """On CUDA (decode eager while LoRA is on: no graphs captured)."""
+    base, paths, refs = adapters("llama")
+    names = [None, "attn", "mlp"]
+    with Engine(str(base), dtype="float32", device="cuda", lora_paths={k: str(v) for k, v in paths.items()}) as engine:
+        assert mixed(engine, names) == expected(refs, names)
+        assert engine.runner.graphs is None
+        assert_idle_and_intact(engine)

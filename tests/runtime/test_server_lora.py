@@ -46,6 +46,9 @@ def generate(server: Server, lora_path) -> list[list[int]]:
 
 def test_generate_runs_each_prompt_with_its_adapter(lora_server: Server, refs) -> None:
     server = lora_server
+    log = server.log.read_text()
+    assert "LoRA: 2 adapter slots of rank 8 on down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj; " \
+           "loaded: attn" in log
     assert generate(server, "attn") == refs["attn"]
     assert generate(server, [None, "attn", None]) == [refs[None][0], refs["attn"][1], refs[None][2]]
     r = server.post("/generate", {"text": "hi", "lora_path": "mlp"})
