@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print("MISMATCH: the LoRA engine's base-model requests differ from the engine without LoRA")
         return 1
     tokens = args.batch * args.new_tokens
-    print(f"{base.name}, {args.device} {args.dtype}: {args.batch} requests x {args.new_tokens} tokens, rank {args.rank} "
+    print(f"{args.model or 'the demo model'}, {args.device} {args.dtype}: {args.batch} requests x {args.new_tokens} tokens, rank {args.rank} "
           f"on {', '.join(TARGETS)}; median of {args.repeats}\n")
     print("| run | seconds | tokens/s | vs baseline |")
     print("| --- | ---: | ---: | ---: |")
