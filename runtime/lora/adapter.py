@@ -27,6 +27,7 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 # adapter_config.json settings sprig refuses when set: (key, its harmless values, why)
 _REFUSED: tuple[tuple[str, tuple[object, ...], str], ...] = (
+    ("target_parameters", (None, []), "LoRA on a mixture-of-experts block's experts is not implemented"),
     ("use_dora", (None, False), "DoRA's weight decomposition is not implemented"),
     ("bias", (None, "none"), "trained biases are not applied"),
     ("lora_bias", (None, False), "trained biases are not applied"),
@@ -34,7 +35,6 @@ _REFUSED: tuple[tuple[str, tuple[object, ...], str], ...] = (
     ("alpha_pattern", (None, {}), "a per-module lora_alpha is not read"),
     ("fan_in_fan_out", (None, False), "transposed (Conv1D) weights do not occur in the supported models"),
     ("layer_replication", (None, []), "replicated layers are not built"),
-    ("target_parameters", (None, []), "LoRA on expert parameters is not implemented"),
 )
 
 Target = tuple[str, str | None]  # (sprig linear module name, shard of a fused one or None)

@@ -833,11 +833,11 @@ def fuzz(
 def fuzz_adapters(path: Path) -> dict[str, Path]:
     """Two PEFT LoRA adapters of the model at `path` (`LORA_NAMES`), written beside it once:
     one on attention (q, v, o; rank 8), one on k and the dense MLP (rank 4; on a
-    mixture-of-experts model without one, k alone)."""
+    mixture-of-experts model, k alone: PEFT adapts the experts, which sprig refuses)."""
     a = peft_adapter(path, path.parent / f"{path.name}-lora-a", seed=1, targets=["q_proj", "v_proj", "o_proj"],
                      scale=5.0)
-    b = peft_adapter(path, path.parent / f"{path.name}-lora-b", seed=2,
-                     targets=["k_proj", "gate_proj", "up_proj", "down_proj"], r=4, scale=5.0)
+    mlp = [] if ModelConfig.from_pretrained(path).moe else ["gate_proj", "up_proj", "down_proj"]
+    b = peft_adapter(path, path.parent / f"{path.name}-lora-b", seed=2, targets=["k_proj", *mlp], r=4, scale=5.0)
     return dict(zip(LORA_NAMES, (a, b), strict=True))
 
 

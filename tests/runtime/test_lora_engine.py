@@ -204,3 +204,12 @@ def test_a_mixed_batch_equals_peft_on_cuda(adapters) -> None:
         assert mixed(engine, names) == expected(refs, names)
         assert engine.runner.graphs is None
         assert_idle_and_intact(engine)
+
+
+def test_an_adapter_of_the_experts_is_refused(tiny_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """PEFT adapts Qwen3-MoE's stacked experts (`target_parameters`) for MLP targets."""
+    base = tiny_checkpoints["qwen3_moe"]
+    adapter = peft_adapter(base, tmp_path / "experts", seed=3, targets=["q_proj", "gate_proj", "up_proj", "down_proj"])
+    with pytest.raises(ValueError, match=r"target_parameters .* is not supported \(LoRA on a mixture-of-experts "
+                                         r"block's experts is not implemented\)"):
+        Engine(str(base), **ENGINE, lora_paths={"experts": str(adapter)})

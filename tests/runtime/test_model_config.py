@@ -32,7 +32,9 @@ def test_tiny_checkpoints_parse(tiny_checkpoints: dict[str, Path]) -> None:
     configs = {arch: ModelConfig.from_pretrained(p) for arch, p in tiny_checkpoints.items()}
     assert {c.architecture for c in configs.values()} == {
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
     }
+    assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3")) for arch, c in configs.items())
     c = configs["qwen2"]  # no head_dim key in a Qwen2 config: hidden / heads
     assert (c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers) == (4, 2, 16, 2)
     assert (c.hidden_size, c.intermediate_size, c.vocab_size) == (64, 128, 512)
