@@ -833,11 +833,15 @@ def fuzz(
 def fuzz_adapters(path: Path) -> dict[str, Path]:
     """Two PEFT LoRA adapters of the model at `path` (`LORA_NAMES`), written beside it once:
     one on attention (q, v, o; rank 8), one on k and the dense MLP (rank 4; on a
-    mixture-of-experts model, k alone: PEFT adapts the experts, which sprig refuses)."""
+    mixture-of-experts model, k alone: PEFT adapts the experts, which sprig refuses). B is
+    scaled so that each `scale * B @ A` is about half the size of the tiny models' weights
+    (std 0.02): large enough to move their tokens, not so large that it dwarfs the model
+    (PEFT's random init alone gives deltas 4x the weights) and blows float32 rounding up past
+    the logprob tolerance (seed 95642 at 20x: 1.0e-5)."""
     a = peft_adapter(path, path.parent / f"{path.name}-lora-a", seed=1, targets=["q_proj", "v_proj", "o_proj"],
-                     scale=5.0)
+                     scale=0.1)
     mlp = [] if ModelConfig.from_pretrained(path).moe else ["gate_proj", "up_proj", "down_proj"]
-    b = peft_adapter(path, path.parent / f"{path.name}-lora-b", seed=2, targets=["k_proj", *mlp], r=4, scale=5.0)
+    b = peft_adapter(path, path.parent / f"{path.name}-lora-b", seed=2, targets=["k_proj", *mlp], r=4, scale=0.1)
     return dict(zip(LORA_NAMES, (a, b), strict=True))
 
 
