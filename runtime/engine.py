@@ -344,8 +344,8 @@ class Engine:
             prompt_field="prompt" if prompt is not None else "input_ids", priority=priority, lora_path=lora_path,
         )
         for name in {r.lora_path for r in requests} - {None}:
-            try:
-                self._driver.call(lambda name=name: self.scheduler.lora_slot(name))
+            try:  # a look-up only (the scheduler checks again when it takes the request)
+                self.scheduler.lora_slot(name)
             except RequestRejected as e:
                 raise InvalidRequest(str(e), "lora_path") from None
         reqs = [Req.of(r) for r in requests]

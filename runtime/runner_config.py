@@ -12,6 +12,7 @@ from sprig.runtime.quantization.online_schemes import check_online_scheme
 
 DTYPES = ("float32", "bfloat16", "float16")  # each the name of a torch dtype (`torch.<name>`)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")  # the keys of radix.kv_cache.KV_CACHE_DTYPES
+MAX_LORA_SLOTS = 126  # each slot keys its cached prefixes in a radix namespace of its own (`radix.tree`)
 LORA_TARGET_KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DEVICE = re.compile(r"(cpu|cuda)(:(0|[1-9][0-9]*))?", re.ASCII)  # the device strings accepted besides "auto"
 
@@ -130,8 +131,8 @@ class RunnerConfig:
         return {name: path for name, _, path in named}
 
     def _check_lora(self) -> None:
-        if self.max_loras_per_batch < 1:
-            raise ValueError(f"max_loras_per_batch must be >= 1, got {self.max_loras_per_batch}")
+        if not 1 <= self.max_loras_per_batch <= MAX_LORA_SLOTS:
+            raise ValueError(f"max_loras_per_batch must be in 1..{MAX_LORA_SLOTS}, got {self.max_loras_per_batch}")
         if self.max_lora_rank is not None and self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         names = [p.partition("=")[0] if "=" in p else p for p in self.lora_paths]

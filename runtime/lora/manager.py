@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sprig.radix.tree import TOKEN_MASK
 from sprig.runtime.layers.linear import MergedLinear
 from sprig.runtime.lora.adapter import LoRAAdapter, read_adapter
 from sprig.runtime.lora.layers import LoRALayer, LoRATokens
@@ -49,6 +50,9 @@ class LoRAManager:
     def __init__(self, model: nn.Module, *, paths: dict[str, str], slots: int, max_rank: int | None,
                  target_modules: tuple[str, ...] | None, dtype: torch.dtype, device: torch.device) -> None:
         self.model, self.num_slots = model, slots
+        if model.config.vocab_size > TOKEN_MASK + 1:
+            raise ValueError(f"LoRA: a vocabulary of {model.config.vocab_size} tokens exceeds the {TOKEN_MASK + 1} the "
+                             "radix cache's adapter namespaces leave")
         starting = [read_adapter(name, path, model) for name, path in paths.items()]
         if len(starting) > slots:
             raise ValueError(f"{len(starting)} LoRA adapters do not fit max_loras_per_batch {slots}")
