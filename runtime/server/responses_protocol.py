@@ -94,6 +94,7 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatComplet
     if not messages:
         raise ApiError(400, "input must hold at least one message", "input")
     body: dict[str, Any] = {
+        "model": req.model,  # it may name a LoRA adapter (`chat_call.adapter_of`)
         "messages": messages,
         "stream": req.stream,
         "logprobs": req.wants_logprobs,

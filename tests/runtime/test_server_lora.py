@@ -78,6 +78,13 @@ def test_openai_clients_name_the_adapter_as_the_model(lora_server: Server, refs)
     chat = client.chat.completions.create(model="attn", messages=[{"role": "user", "content": "hello"}],
                                           max_tokens=4, temperature=0)
     assert chat.choices[0].message.content is not None
+    messages = [{"role": "user", "content": "hello there"}]
+    chats = {m: client.chat.completions.create(model=m, messages=messages, max_tokens=6, temperature=0)
+             .choices[0].message.content for m in (base, "attn")}
+    assert chats[base] != chats["attn"]
+    for m in (base, "attn"):  # the Responses API names the adapter the same way
+        assert client.responses.create(model=m, input=messages, max_output_tokens=6, temperature=0).output_text \
+            == chats[m]
     with pytest.raises(openai.BadRequestError, match="no LoRA adapter named 'nope' is loaded"):
         client.chat.completions.create(model=f"{base}:nope", messages=[{"role": "user", "content": "hi"}])
     server.wait_idle()
