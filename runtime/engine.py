@@ -31,6 +31,7 @@ from sprig.runtime.request_contract import (
     LogprobOptions,
     ModelLimits,
     SamplingArg,
+    TokenizedRequest,
     build_embedding_requests,
     build_requests,
     prompt_rows,
@@ -164,30 +165,33 @@ class Engine:
         return outs if batch or len(outs) > 1 else outs[0]
 
     def encode(self, prompt: Prompt = None, input_ids: list[int] | list[list[int]] | None = None, *,
-               rid: str | list[str] | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+               rid: str | list[str] | None = None,
+               lora_path: str | list[str | None] | None = None) -> dict[str, Any] | list[dict[str, Any]]:
         """SGLang's `Engine.encode`: the embedding of one prompt (a dict back) or of each of
         a batch (a list), `{"embedding": [...], "meta_info": {...}}`. The embedding is the
         final-norm hidden state of the prompt's last token, L2-normalized (last-token
         pooling, as causal embedding models such as Qwen3-Embedding and e5-mistral pool);
-        the prompt's KV joins the radix cache like any prompt's. Invalid arguments raise
-        `InvalidRequest` naming them."""
+        the prompt's KV joins the radix cache like any prompt's. `lora_path` names a loaded
+        LoRA adapter, as in `generate`. Invalid arguments raise `InvalidRequest` naming
+        them."""
         if self._driver.busy:
             raise RuntimeError("Engine.encode cannot run while async_generate calls are in flight: "
                                "await them first, or use async_encode")
         self._driver.call(lambda: None)  # the worker thread may still be retiring what async calls left
-        batch, reqs, builder = self._prepare_embedding(prompt, input_ids, rid)
+        batch, reqs, builder = self._prepare_embedding(prompt, input_ids, rid, lora_path)
         for _ in self._run(reqs, builder, partial=False):
             pass
         outs = builder.responses()
         return outs if batch else outs[0]
 
     async def async_encode(self, prompt: Prompt = None, input_ids: list[int] | list[list[int]] | None = None, *,
-                           rid: str | list[str] | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+                           rid: str | list[str] | None = None,
+                           lora_path: str | list[str | None] | None = None) -> dict[str, Any] | list[dict[str, Any]]:
         """`encode` for concurrent callers, batched with every async call in flight."""
         if self._sync_calls:
             raise RuntimeError("Engine.async_encode cannot run while a generate stream is being read: "
                                "finish or close it first")
-        batch, reqs, builder = self._prepare_embedding(prompt, input_ids, rid)
+        batch, reqs, builder = self._prepare_embedding(prompt, input_ids, rid, lora_path)
         async for _ in self._driver.run(reqs, builder):
             pass
         outs = builder.responses()
@@ -343,22 +347,30 @@ class Engine:
             new_rid=self._new_rid,
             prompt_field="prompt" if prompt is not None else "input_ids", priority=priority, lora_path=lora_path,
         )
-        for name in {r.lora_path for r in requests} - {None}:
-            try:  # a look-up only (the scheduler checks again when it takes the request)
-                self.scheduler.lora_slot(name)
-            except RequestRejected as e:
-                raise InvalidRequest(str(e), "lora_path") from None
+        self._check_adapters(requests)
         reqs = [Req.of(r) for r in requests]
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=logprobs[0].return_text_in_logprobs,
                                   stream=stream, indexed=batch or len(reqs) > 1)
         return batch, reqs, builder
 
-    def _prepare_embedding(self, prompt: Prompt, input_ids: Any, rid: Any) -> tuple[bool, list[Req], ResponseBuilder]:
+    def _prepare_embedding(self, prompt: Prompt, input_ids: Any, rid: Any,
+                           lora_path: Any) -> tuple[bool, list[Req], ResponseBuilder]:
         batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
         requests = build_embedding_requests(prompts, self.limits, rid=rid, new_rid=self._new_rid,
-                                            prompt_field="prompt" if prompt is not None else "input_ids")
+                                            prompt_field="prompt" if prompt is not None else "input_ids",
+                                            lora_path=lora_path)
+        self._check_adapters(requests)
         reqs = [Req.of(r) for r in requests]
         return batch, reqs, ResponseBuilder(self.tokenizer, reqs, stream=False)
+
+    def _check_adapters(self, requests: list[TokenizedRequest]) -> None:
+        """`InvalidRequest` naming `lora_path` unless every adapter the requests name is
+        loaded (a look-up only: the scheduler checks again when it takes them)."""
+        for name in {r.lora_path for r in requests} - {None}:
+            try:
+                self.scheduler.lora_slot(name)
+            except RequestRejected as e:
+                raise InvalidRequest(str(e), "lora_path") from None
 
     def _update_refusal(self) -> str | None:
         """Why the weights cannot change now (requests in flight), or None."""

@@ -217,15 +217,18 @@ def _adapters_per_prompt(lora_path: Any, n: int) -> list[str | None]:
 
 
 def build_embedding_requests(prompts: list[list[int]], limits: ModelLimits, *, rid: Any = None,
-                             new_rid: Callable[[], str], prompt_field: str = "input_ids") -> list[TokenizedRequest]:
-    """One `embed` request per prompt, in order (`rid` as in `build_requests`). Raises
-    `InvalidRequest` naming the field at fault."""
+                             new_rid: Callable[[], str], prompt_field: str = "input_ids",
+                             lora_path: Any = None) -> list[TokenizedRequest]:
+    """One `embed` request per prompt, in order (`rid` and `lora_path` as in
+    `build_requests`). Raises `InvalidRequest` naming the field at fault."""
     for row in prompts:
         _check_prompt(row, limits, prompt_field)
     rids = _rids_per_prompt(rid, len(prompts), new_rid)
     if len(set(rids)) < len(rids):
         raise InvalidRequest("the request ids of one call must be distinct", "rid")
-    return [TokenizedRequest(r, tuple(ids), EMBED_PARAMS, embed=True) for r, ids in zip(rids, prompts, strict=True)]
+    adapters = _adapters_per_prompt(lora_path, len(prompts))
+    return [TokenizedRequest(r, tuple(ids), EMBED_PARAMS, embed=True, lora_path=adapter)
+            for r, ids, adapter in zip(rids, prompts, adapters, strict=True)]
 
 
 def _check_prompt(row: list[int], limits: ModelLimits, field: str) -> None:

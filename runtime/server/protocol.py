@@ -169,6 +169,7 @@ class EncodeRequest(_Body):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     rid: str | list[str] | None = None
+    lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name (one per prompt in a list)
 
 
 class EmbeddingRequest(_Body):

@@ -25,6 +25,7 @@ from sprig.runtime.request_contract import (
     TokenizedRequest,
     build_embedding_requests,
 )
+from sprig.runtime.server.chat_call import adapter_of
 from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.http_io import (
     ServerState,
@@ -46,7 +47,7 @@ async def encode(request: Request) -> Response:
     def build(body: Any) -> tuple[bool, list[TokenizedRequest]]:
         req: EncodeRequest = parse(EncodeRequest, body)
         batch, prompts = st.builder.prompts(req.text, req.input_ids)
-        return batch, _requests(st, prompts, req.rid, "text" if req.text is not None else "input_ids")
+        return batch, _requests(st, prompts, req.rid, "text" if req.text is not None else "input_ids", req.lora_path)
 
     batch, reqs = await prepare(request, build)
     outs = await _collect(st, request, reqs)
@@ -65,7 +66,7 @@ async def embeddings(request: Request) -> Response:
         p = req.input
         is_ids = isinstance(p, list) and bool(p) and not isinstance(p[0], str)
         _, prompts = st.builder.prompts(None if is_ids else p, p if is_ids else None, param="input")
-        return req, _requests(st, prompts, None, "input")
+        return req, _requests(st, prompts, None, "input", adapter_of(st, req.model, None))
 
     req, reqs = await prepare(request, build)
     outs = await _collect(st, request, reqs)
@@ -75,10 +76,11 @@ async def embeddings(request: Request) -> Response:
                           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
-def _requests(st: ServerState, prompts: list[list[int]], rid: Any, field: str) -> list[TokenizedRequest]:
+def _requests(st: ServerState, prompts: list[list[int]], rid: Any, field: str,
+              lora_path: Any = None) -> list[TokenizedRequest]:
     try:
         return build_embedding_requests(prompts, st.builder.limits, rid=rid, new_rid=st.builder.new_rid,
-                                        prompt_field=field)
+                                        prompt_field=field, lora_path=lora_path)
     except InvalidRequest as e:
         raise ApiError(400, str(e), e.field) from None
 

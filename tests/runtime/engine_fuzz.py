@@ -329,8 +329,7 @@ def make_workload(
     adapters = random.Random(f"lora {seed}")  # likewise
     if adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options:
         options["max_loras_per_batch"] = adapters.choice([2, 3, 8])  # `run_one` adds the adapters' paths
-        requests = [replace(r, lora=None if r.embed else name)
-                    for r, name in ((r, adapters.choice([None, *LORA_NAMES])) for r in requests)]
+        requests = [replace(r, lora=adapters.choice([None, *LORA_NAMES])) for r in requests]
     trees = options.get("speculative_algorithm") == "ngram" and options["speculative_alternatives"] > 0
     return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5,
                     stale_start=random.Random(f"weights {seed}").random() < STALE_START_SHARE)
@@ -438,7 +437,8 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
             logprobs = LogprobOptions(r.return_logprob, r.logprob_start_len, r.top_logprobs_num,
                                       token_ids_logprob=r.token_ids_logprob)
             priority = r.priority if sched.config.enable_priority_scheduling else None
-            seqs = (build_embedding_requests([list(r.prompt)], limits, rid=r.rid, new_rid=str) if r.embed else
+            seqs = (build_embedding_requests([list(r.prompt)], limits, rid=r.rid, new_rid=str, lora_path=r.lora)
+                    if r.embed else
                     build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs,
                                    priority=priority, lora_path=r.lora))
             for seq in seqs:

@@ -108,7 +108,6 @@ def test_workloads_draw_lora_adapters() -> None:
     assert all("quantization" not in w.options and "tp_size" not in w.options for w in served)
     assert {r.lora for w in served for r in w.requests} == {None, "a", "b"}
     assert all(r.lora is None for w in workloads if w not in served for r in w.requests)
-    assert all(r.lora is None for w in served for r in w.requests if r.embed)
 
 
 def test_workloads_draw_speculative_decoding() -> None:

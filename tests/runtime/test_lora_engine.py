@@ -213,3 +213,20 @@ def test_an_adapter_of_the_experts_is_refused(tiny_checkpoints: dict[str, Path],
     with pytest.raises(ValueError, match=r"target_parameters .* is not supported \(LoRA on a mixture-of-experts "
                                          r"block's experts is not implemented\)"):
         Engine(str(base), **ENGINE, lora_paths={"experts": str(adapter)})
+
+
+def test_embeddings_with_an_adapter_equal_peft(adapters) -> None:
+    """`Engine.encode(lora_path=...)`: the adapter's model's last-token final hidden state,
+    L2-normalized, as PEFT's model computes it; other prompts of the batch on the base."""
+    base, paths, _ = adapters("llama")
+    tok = AutoTokenizer.from_pretrained(base)
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                                     paths["attn"]).eval()
+    with torch.no_grad():
+        hidden = peft(torch.tensor([tok.encode(PROMPTS[0])]), output_hidden_states=True).hidden_states[-1][0, -1]
+    want = torch.nn.functional.normalize(hidden, dim=0)
+    with Engine(str(base), **ENGINE, lora_paths={k: str(v) for k, v in paths.items()}) as engine:
+        got = engine.encode([PROMPTS[0], PROMPTS[0]], lora_path=["attn", None])
+        torch.testing.assert_close(torch.tensor(got[0]["embedding"]), want, atol=1e-5, rtol=0)
+        assert (torch.tensor(got[1]["embedding"]) - want).abs().max() > 1e-2  # the base model's differs
+        assert_idle_and_intact(engine)

@@ -85,6 +85,9 @@ def test_openai_clients_name_the_adapter_as_the_model(lora_server: Server, refs)
     for m in (base, "attn"):  # the Responses API names the adapter the same way
         assert client.responses.create(model=m, input=messages, max_output_tokens=6, temperature=0).output_text \
             == chats[m]
+    vectors = {m: client.embeddings.create(model=m, input=PROMPTS[0]).data[0].embedding for m in (base, "attn")}
+    native = server.post("/encode", {"text": PROMPTS[0], "lora_path": "attn"}).json()["embedding"]
+    assert vectors["attn"] == pytest.approx(native, abs=1e-6) and vectors["attn"] != pytest.approx(vectors[base], abs=1e-3)
     with pytest.raises(openai.BadRequestError, match="no LoRA adapter named 'nope' is loaded"):
         client.chat.completions.create(model=f"{base}:nope", messages=[{"role": "user", "content": "hi"}])
     server.wait_idle()
