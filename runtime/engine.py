@@ -112,7 +112,8 @@ class Engine:
         (`LogprobOptions.per_prompt`). `priority` ranks the call's requests where the
         engine schedules by priority (`enable_priority_scheduling`; refused otherwise).
         `lora_path` names the loaded LoRA adapter the prompts run with (or one name, or
-        None for the base model, per prompt), as SGLang's does. An invalid argument raises `InvalidRequest` (a `ValueError`) naming it: the checks are
+        None for the base model, per prompt), as SGLang's does. An invalid argument raises
+        `InvalidRequest` (a `ValueError`) naming it: the checks are
         the server's (`request_contract`)."""
         if self._driver.busy:
             raise RuntimeError("Engine.generate cannot run while async_generate calls are in flight: "
@@ -243,9 +244,8 @@ class Engine:
             self._driver.call(change)
         except ValueError as e:
             error = str(e)
-        loaded = self._driver.call(self.scheduler.lora_adapters)
         return {"success": error is None, "error_message": error,
-                "loaded_adapters": {a["name"]: a["path"] for a in loaded}}
+                "loaded_adapters": self._driver.call(self.scheduler.lora_adapters)}
 
     def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
                                  weight_version: str | None = None) -> tuple[bool, str, int]:

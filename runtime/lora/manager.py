@@ -40,7 +40,6 @@ class LoadedAdapter:
     name: str
     path: str
     slot: int
-    rank: int
 
 
 class LoRAManager:
@@ -72,9 +71,9 @@ class LoRAManager:
                 continue
             if kinds & set(kinds_here.values()):
                 out = dict(module.out_sizes) if hasattr(module, "out_sizes") else {None: module.out_features}
-                self.layers[name] = LoRALayer(module, out, module.in_features if hasattr(module, "in_features")
-                                              else module.weight.shape[1], slots=slots, rank=rank,
-                                              tokens=self.tokens, dtype=dtype, device=device)
+                inputs = getattr(module, "in_features", None) or module.weight.shape[1]  # MergedLinear: its weight's
+                self.layers[name] = LoRALayer(module, out, inputs, slots=slots, rank=rank, tokens=self.tokens,
+                                              dtype=dtype, device=device)
         self.kinds = frozenset(kinds)
         self.loaded: dict[str, LoadedAdapter] = {}
         for adapter in starting:
@@ -127,6 +126,6 @@ class LoRAManager:
             self.layers[module].check(slot, modules, f"{adapter.path}: {module}")
         for module, layer in self.layers.items():
             layer.write(slot, by_layer.get(module, {}))
-        loaded = LoadedAdapter(adapter.name, adapter.path, slot, adapter.rank)
+        loaded = LoadedAdapter(adapter.name, adapter.path, slot)
         self.loaded[adapter.name] = loaded
         return loaded

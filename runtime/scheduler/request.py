@@ -104,7 +104,8 @@ class Req:
 
     def cache_key(self, end: int) -> list[int]:
         """`fill_ids[:end]` as the radix tree keys them (`namespace`)."""
-        return namespaced(self.fill_ids[:end], self.namespace)
+        ids = self.fill_ids
+        return namespaced(ids if end >= len(ids) else ids[:end], self.namespace)
 
     @property
     def fill_ids(self) -> list[int]:

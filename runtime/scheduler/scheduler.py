@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -145,10 +144,10 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------------------ LoRA adapters
-    def lora_adapters(self) -> list[dict[str, Any]]:
-        """The loaded LoRA adapters: name, path, rank (empty without LoRA)."""
+    def lora_adapters(self) -> dict[str, str]:
+        """The loaded LoRA adapters, name -> path (empty without LoRA)."""
         lora = self.runner.lora
-        return [] if lora is None else [{"name": a.name, "path": a.path, "rank": a.rank} for a in lora.loaded.values()]
+        return {} if lora is None else {a.name: a.path for a in lora.loaded.values()}
 
     def load_lora_adapter(self, name: str, path: str) -> None:
         """Load the adapter at `path` under `name` (`LoRAManager.load`); ValueError saying

@@ -126,8 +126,8 @@ class SchedulerLoop:
                 self.scheduler.unload_lora_adapter(msg.args["lora_name"])
         except ValueError as e:
             error = str(e)
-        loaded = {a["name"]: a["path"] for a in self.scheduler.lora_adapters()}
-        return ControlReply(msg.token, error is None, {"error_message": error, "loaded_adapters": loaded})
+        return ControlReply(msg.token, error is None,
+                            {"error_message": error, "loaded_adapters": self.scheduler.lora_adapters()})
 
     def _control(self, msg: ControlReq) -> ControlReply | None:
         """The reply to `msg`, or None for a weight update (`WeightUpdates` answers it)."""
@@ -294,7 +294,7 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
             "dtype": str(runner.dtype).removeprefix("torch."),
             "attention_backend": runner.attention_backend,
             "tp_size": engine.dist.tp_size,
-            "lora_adapters": {a["name"]: a["path"] for a in scheduler.lora_adapters()},
+            "lora_adapters": scheduler.lora_adapters(),
         }
         loaded = time.monotonic()
         log.info("model loaded in %.1f s (%s on %s, a KV pool of %d tokens); warming up",
