@@ -4,7 +4,7 @@ Every public dispatcher runs Triton when its tensors are on CUDA (or when
 `SPRIG_FORCE_TRITON=1`) and the torch reference otherwise.
 """
 
-from .activation import silu_and_mul, silu_and_mul_ref
+from .activation import act_and_mul, act_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .decode_attention import decode_attention, decode_attention_ref
 from .extend_attention import extend_attention, extend_attention_ref
 from .logit_mask import apply_token_bitmask, apply_token_bitmask_ref
@@ -14,6 +14,8 @@ from .rotary import apply_rotary, apply_rotary_ref, rope_cos_sin
 from .store_kv import store_kv, store_kv_ref
 
 __all__ = [
+    "act_and_mul",
+    "act_and_mul_ref",
     "apply_rotary",
     "apply_rotary_ref",
     "apply_token_bitmask",

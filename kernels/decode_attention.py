@@ -1,9 +1,11 @@
 """Decode attention over a paged KV pool: one new query token per request.
 
 Request b attends, without a mask, over the slots kv_indices[kv_indptr[b]:kv_indptr[b+1]]
-of k_buffer / v_buffer (of a quantized pool: dequantized on load by `k_scale` / `v_scale`,
-`kv_quant`'s rule). GQA: query head h reads kv head h // (Hq // Hkv). Softmax is
-computed in float32; the output has q's dtype. A request with no context gets zeros.
+of k_buffer / v_buffer, or with a sliding `window` W over the last min(len, W) of them
+(the new token at position len - 1 sees positions len - W ..= len - 1). A quantized
+pool's K/V are dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule). GQA:
+query head h reads kv head h // (Hq // Hkv). Softmax is computed in float32; the output
+has q's dtype. A request with no context gets zeros.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 from ._dispatch import dot_in_f32, next_pow2, use_triton
 from ._triton import tl, triton
 from .kv_quant import dequantize_tile, kernel_scales
-from .paged import request_attention_ref
+from .paged import check_window, request_attention_ref
 
 
 @triton.jit
@@ -28,6 +30,7 @@ def _decode_stage1_kernel(
     part_o_ptr,  # [B, Hq, NUM_SPLITS, BLOCK_D] float32: split-normalised partial output
     part_lse_ptr,  # [B, Hq, NUM_SPLITS] float32: log-sum-exp of the split (-inf if empty)
     sm_scale,
+    window,  # positions a token sees, its own included (read when WINDOWED)
     stride_qb,
     stride_qh,
     stride_ks,
@@ -44,15 +47,23 @@ def _decode_stage1_kernel(
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,  # upcast tl.dot operands (the interpreter mis-multiplies bf16)
     KV_QUANT: tl.constexpr,  # the pool is quantized: dequantize K and V to q's dtype on load
+    WINDOWED: tl.constexpr,  # only the last `window` positions are visible
 ):
-    """One program: request b, one KV head with all its query heads, one split of the context."""
+    """One program: request b, one KV head with all its query heads, one split of the
+    visible context [first, ctx_len). A split past the visible positions (more splits
+    than positions) writes log-sum-exp -inf, which stage 2 gives weight 0."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
     ctx_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - ctx_start
-    split_len = tl.cdiv(ctx_len, num_splits)
-    lo = split * split_len
+    if WINDOWED:
+        first = tl.maximum(ctx_len - window, 0)
+        split_len = tl.cdiv(ctx_len - first, num_splits)
+        lo = first + split * split_len
+    else:
+        split_len = tl.cdiv(ctx_len, num_splits)
+        lo = split * split_len
     hi = tl.minimum(lo + split_len, ctx_len)
 
     g = tl.arange(0, BLOCK_H)  # [BH]
@@ -169,12 +180,17 @@ def decode_attention_triton(
     out: torch.Tensor | None = None,  # [B, Hq, D]
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Split-KV flash decoding: stage 1 per (request, KV head, split), stage 2 merges.
 
     `num_kv_splits` None picks `default_num_kv_splits` (a function of B and Hkv only, so a
-    captured CUDA graph stays valid). Requires the last dim of q, k_buffer, v_buffer (and out) to be contiguous.
+    captured CUDA graph stays valid). With a sliding `window` the splits share each
+    request's visible positions, found on the device (the window is a kernel argument:
+    a captured graph stays valid for any context lengths). Requires the last dim of q,
+    k_buffer, v_buffer (and out) to be contiguous.
     """
+    check_window(window)
     B, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
@@ -194,13 +210,13 @@ def decode_attention_triton(
     k_scale_arg, v_scale_arg, quantized = kernel_scales(k_buffer, v_buffer, k_scale, v_scale)
     _decode_stage1_kernel[(B, Hkv, splits)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices,
-        k_scale_arg, v_scale_arg, part_o, part_lse, sm_scale,
+        k_scale_arg, v_scale_arg, part_o, part_lse, sm_scale, 0 if window is None else window,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), Hkv, splits,
         GROUP=group, D=D, BLOCK_H=max(16, next_pow2(group)), BLOCK_D=block_d,
         BLOCK_N=32 if block_d > 128 else 64,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized,
+        DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized, WINDOWED=window is not None,
         num_warps=4, num_stages=2,
     )
     _decode_stage2_kernel[(B, Hq)](
@@ -220,9 +236,11 @@ def decode_attention_ref(
     sm_scale: float,
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Torch reference: request by request, its one query token attends to its whole
-    context (`request_attention_ref`), in float32. A request with no context gets zeros."""
+    context, or to its last `window` slots (`request_attention_ref`), in float32. A
+    request with no context gets zeros."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     bounds = kv_indptr.tolist()
     for b in range(q.shape[0]):
@@ -230,7 +248,8 @@ def decode_attention_ref(
         if end > start:
             slots = kv_indices[start:end].to(torch.int64)
             out[b] = request_attention_ref(
-                q[b : b + 1], k_buffer, v_buffer, slots, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale
+                q[b : b + 1], k_buffer, v_buffer, slots,
+                sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window,
             )[0]
     return out
 
@@ -247,15 +266,18 @@ def decode_attention(
     out: torch.Tensor | None = None,  # [B, Hq, D]
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Decode attention; Triton split-KV flash-decoding on CUDA, the reference otherwise."""
+    """Decode attention (over the last `window` slots of each context with a sliding
+    window); Triton split-KV flash-decoding on CUDA, the reference otherwise."""
     if use_triton(q, k_buffer, v_buffer, kv_indptr, kv_indices):
         return decode_attention_triton(
-            q, k_buffer, v_buffer, kv_indptr, kv_indices,
-            sm_scale=sm_scale, num_kv_splits=num_kv_splits, out=out, k_scale=k_scale, v_scale=v_scale,
+            q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale=sm_scale, num_kv_splits=num_kv_splits,
+            out=out, k_scale=k_scale, v_scale=v_scale, window=window,
         )
     o = decode_attention_ref(
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale
+        q, k_buffer, v_buffer, kv_indptr, kv_indices,
+        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window,
     )
     if out is None:
         return o

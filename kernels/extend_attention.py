@@ -2,10 +2,11 @@
 
 Request b has q_len = qo_indptr[b+1]-qo_indptr[b] new tokens and kv_len =
 kv_indptr[b+1]-kv_indptr[b] context slots (prefix then new tokens, in position order;
-kv_len >= q_len). New token i sits at position kv_len - q_len + i and attends to context
-positions 0 .. kv_len - q_len + i inclusive. GQA: query head h reads kv head
-h // (Hq // Hkv). Softmax in float32; output in q's dtype. A quantized pool's K/V are
-dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule).
+kv_len >= q_len). New token i sits at position p = kv_len - q_len + i and attends to
+context positions 0 ..= p, or with a sliding `window` W to max(0, p - W + 1) ..= p.
+GQA: query head h reads kv head h // (Hq // Hkv). Softmax in float32; output in q's
+dtype. A quantized pool's K/V are dequantized on load by `k_scale` / `v_scale`
+(`kv_quant`'s rule).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from ._dispatch import dot_in_f32, next_pow2, use_triton
 from ._triton import tl, triton
 from .kv_quant import dequantize_tile, kernel_scales
-from .paged import request_attention_ref
+from .paged import check_window, request_attention_ref
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 
@@ -28,9 +29,11 @@ def _attend_range(
     stride_ks, stride_kh, stride_vs, stride_vh,
     k_scale_ptr, v_scale_ptr, stride_scale,  # a quantized pool's scales [S, Hkv] (KV_QUANT)
     lo, hi,  # context positions [lo, hi) to visit
-    row_pos,  # [BM] position of each query row (used when CAUSAL)
+    row_pos,  # [BM] position of each query row (used when CAUSAL or WINDOWED)
+    window,  # positions a row sees, its own included (used when WINDOWED)
     qk_scale,  # sm_scale * log2(e): scores in base 2, so the softmax uses exp2
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr,  # a row sees no position past its own
+    WINDOWED: tl.constexpr,  # a row sees no position `window` or more before its own
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -40,7 +43,8 @@ def _attend_range(
     KV_DTYPE: tl.constexpr,  # what quantized K/V dequantize to: q's dtype
 ):
     """Online-softmax accumulation over one range of context positions; m_i is the running
-    max of the base-2 scores."""
+    max of the base-2 scores (-inf while a row has seen nothing, which only a WINDOWED
+    range can leave it at)."""
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
     for start in range(lo, hi, BLOCK_N):
@@ -59,10 +63,16 @@ def _attend_range(
         keep = nmask[None, :]
         if CAUSAL:
             keep = keep & (n[None, :] <= row_pos[:, None])
+        if WINDOWED:
+            keep = keep & (n[None, :] > row_pos[:, None] - window)
         qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        if WINDOWED:  # a row that has seen nothing yet: exp2(-inf - 0) = 0, not NaN
+            m_exp = tl.where(m_new > float("-inf"), m_new, 0.0)
+        else:
+            m_exp = m_new
+        alpha = tl.exp2(m_i - m_exp)
+        p = tl.exp2(qk - m_exp[:, None])
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0)  # [BN, BD]
         if KV_QUANT:
@@ -88,6 +98,7 @@ def _extend_kernel(
     k_scale_ptr,  # [S, Hkv] float16 (read when KV_QUANT)
     v_scale_ptr,  # [S, Hkv] float16
     qk_scale,
+    window,  # positions a token sees, its own included (read when WINDOWED)
     stride_qt,
     stride_qh,
     stride_ks,
@@ -105,8 +116,12 @@ def _extend_kernel(
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
     KV_QUANT: tl.constexpr,  # the pool is quantized: dequantize K and V to q's dtype on load
+    WINDOWED: tl.constexpr,  # a row sees only the `window` positions ending at its own
 ):
-    """One program: request b, query head h, BLOCK_M consecutive new tokens."""
+    """One program: request b, query head h, BLOCK_M consecutive new tokens. The block's
+    rows see positions below the diagonal block without a causal mask; with a window, the
+    positions some row of the block no longer sees are skipped whole and those only its
+    later rows no longer see are masked."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     mb = tl.program_id(2)
@@ -130,22 +145,41 @@ def _extend_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         row_pos = prefix + m  # [BM]
-        # every row of this block sees all of [0, prefix + m_start): no causal mask there
-        diag = prefix + m_start
+        diag = prefix + m_start  # the block's first row's position
+        if WINDOWED:
+            # a row sees from its position - window + 1 on: the first row from `lo`, the
+            # last real one from `seen_by_all`; [lo, full) is masked, in whole blocks
+            # from lo, so that the unmasked range adds no partial block
+            lo = tl.maximum(diag - window + 1, 0)
+            last = prefix + tl.minimum(m_start + BLOCK_M, q_len) - 1
+            seen_by_all = tl.maximum(last - window + 1, lo)
+            full = tl.minimum(lo + tl.cdiv(seen_by_all - lo, BLOCK_N) * BLOCK_N, diag)
+            acc, l_i, m_i = _attend_range(
+                acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
+                stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
+                lo, full, row_pos, window, qk_scale,
+                CAUSAL=False, WINDOWED=True, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+                PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
+            )
+        else:
+            full = 0
+        # every row of this block sees all of [full, diag): no mask there
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
             stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
-            0, diag, row_pos, qk_scale,
-            CAUSAL=False, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+            full, diag, row_pos, window, qk_scale,
+            CAUSAL=False, WINDOWED=False, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
             stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
-            diag, tl.minimum(diag + BLOCK_M, kv_len), row_pos, qk_scale,
-            CAUSAL=True, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+            diag, tl.minimum(diag + BLOCK_M, kv_len), row_pos, window, qk_scale,
+            CAUSAL=True, WINDOWED=WINDOWED, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
+        if WINDOWED:  # a padding row past the last real one may have seen nothing
+            l_i = tl.where(l_i > 0, l_i, 1.0)
         o = acc / l_i[:, None]
         tl.store(o_ptr + (q_start + m[:, None]) * stride_ot + h * stride_oh + d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
@@ -164,12 +198,15 @@ def extend_attention_triton(
     out: torch.Tensor | None = None,  # [T, Hq, D]
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous
+    window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Flash-attention launcher: grid (requests, query heads, blocks of max_q_len).
 
     `max_q_len` must be >= every request's q_len (rows past it are silently not computed).
-    Requires the last dim of q, k_buffer, v_buffer (and out) to be contiguous.
+    A sliding `window` is a kernel argument (the positions a block visits are found on
+    the device). Requires the last dim of q, k_buffer, v_buffer (and out) to be contiguous.
     """
+    check_window(window)
     T, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
@@ -187,12 +224,13 @@ def extend_attention_triton(
     k_scale_arg, v_scale_arg, quantized = kernel_scales(k_buffer, v_buffer, k_scale, v_scale)
     _extend_kernel[(B, Hq, triton.cdiv(max_q_len, block))](
         q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices,
-        k_scale_arg, v_scale_arg, sm_scale * LOG2E,
+        k_scale_arg, v_scale_arg, sm_scale * LOG2E, 0 if window is None else window,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1), Hkv,
         GROUP=Hq // Hkv, D=D, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized, num_warps=4, num_stages=stages,
+        DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized, WINDOWED=window is not None,
+        num_warps=4, num_stages=stages,
     )
     return out
 
@@ -208,8 +246,10 @@ def extend_attention_ref(
     sm_scale: float,
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
+    window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Torch reference (the CPU path): per request, gather K/V and one masked SDPA."""
+    """Torch reference (the CPU path): per request, gather the K/V its new tokens see and
+    one masked SDPA (`request_attention_ref`)."""
     out = torch.empty_like(q)
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
@@ -221,7 +261,8 @@ def extend_attention_ref(
             raise ValueError(f"request {b}: kv_len {k1 - k0} < q_len {q1 - q0}")
         slots = kv_indices[k0:k1].to(torch.int64)  # [L]
         out[q0:q1] = request_attention_ref(
-            q[q0:q1], k_buffer, v_buffer, slots, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale
+            q[q0:q1], k_buffer, v_buffer, slots,
+            sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window,
         )
     return out
 
@@ -239,16 +280,18 @@ def extend_attention(
     out: torch.Tensor | None = None,  # [T, Hq, D]
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
+    window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Extend attention; Triton flash attention on CUDA, the reference otherwise."""
+    """Extend attention (within a sliding `window` when one is given); Triton flash
+    attention on CUDA, the reference otherwise."""
     if use_triton(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices):
         return extend_attention_triton(
-            q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-            sm_scale=sm_scale, max_q_len=max_q_len, out=out, k_scale=k_scale, v_scale=v_scale,
+            q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale=sm_scale,
+            max_q_len=max_q_len, out=out, k_scale=k_scale, v_scale=v_scale, window=window,
         )
     o = extend_attention_ref(
         q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale,
+        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window,
     )
     if out is None:
         return o

@@ -27,6 +27,12 @@ def gather_kv(
     return rows if scale is None else dequantize_kv_ref(rows, gather_rows(scale, slots), dtype)
 
 
+def check_window(window: int | None) -> None:
+    """`ValueError` unless `window` is None (full causal attention) or an int >= 1."""
+    if window is not None and window < 1:
+        raise ValueError(f"a sliding window holds at least one position, got {window}")
+
+
 def request_attention_ref(
     q: torch.Tensor,  # [Lq, Hq, D]: the last Lq tokens of the context
     k_buffer: torch.Tensor,  # [S, Hkv, D]
@@ -36,22 +42,34 @@ def request_attention_ref(
     sm_scale: float,
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16 for a quantized pool
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
+    window: int | None = None,
 ) -> torch.Tensor:  # [Lq, Hq, D] in q.dtype
-    """One request's attention: new token i attends to context positions
-    `0 ..= L - Lq + i`, in float32 (one SDPA call; the fused causal kernel when nothing
-    is cached) over the K/V as `gather_kv` reads them. GQA: query head h reads KV head
-    h // (Hq // Hkv). The inputs carry a batch dimension: on the CPU, 3-D GQA inputs take
-    SDPA's unfused path (6x slower for 544 tokens, 8 query and 4 KV heads)."""
+    """One request's attention: new token i, at position p = L - Lq + i, attends to context
+    positions `0 ..= p`, or with a sliding `window` W to `max(0, p - W + 1) ..= p`, in
+    float32 (one SDPA call; the fused causal kernel when nothing is cached and no window
+    bites) over the K/V as `gather_kv` reads them. Only the slots some token sees are
+    gathered. GQA: query head h reads KV head h // (Hq // Hkv). The inputs carry a batch
+    dimension: on the CPU, 3-D GQA inputs take SDPA's unfused path (6x slower for 544
+    tokens, 8 query and 4 KV heads)."""
+    check_window(window)
     Hq, Hkv = q.shape[1], k_buffer.shape[1]
-    q_len, kv_len = q.shape[0], slots.numel()
+    q_len = q.shape[0]
+    if window is not None:  # the first token sees from L - Lq - W + 1 on; later ones from further on
+        slots = slots[max(0, slots.numel() - q_len - window + 1) :]
+    kv_len = slots.numel()
     k = gather_kv(k_buffer, slots, k_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
     v = gather_kv(v_buffer, slots, v_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
     qb = q.float().transpose(0, 1)[None]  # [1, Hq, Lq, D]
-    if kv_len == q_len:
+    # the window bites when the last token, which starts furthest in, does not see slot 0
+    bites = window is not None and kv_len > window
+    if kv_len == q_len and not bites:
         mask, causal = None, True
     else:
         rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # [Lq, 1]
-        mask, causal = torch.arange(kv_len, device=q.device)[None, :] <= rows, False  # [Lq, L]
+        cols = torch.arange(kv_len, device=q.device)[None, :]  # [1, L]
+        mask, causal = cols <= rows, False  # [Lq, L]
+        if bites:
+            mask &= cols > rows - window
     o = F.scaled_dot_product_attention(
         qb, k, v, attn_mask=mask, is_causal=causal, scale=sm_scale, enable_gqa=Hq != Hkv
     )  # [1, Hq, Lq, D]

@@ -1,6 +1,8 @@
-"""RMSNorm with an optional fused residual add (Hugging Face `LlamaRMSNorm` semantics).
+"""RMSNorm with an optional fused residual add, in two conventions.
 
-y = (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype) * weight
+Hugging Face `LlamaRMSNorm`: y = (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype) * weight.
+Gemma's (`unit_offset`): y = (x_f32 * rsqrt(mean(x_f32^2) + eps) * (1 + weight_f32)).to(x.dtype),
+rounded once, in x's dtype whatever the weight's.
 With a residual: s = x + residual (in x.dtype), y = norm(s), returns (y, s).
 """
 
@@ -22,6 +24,7 @@ def _rms_norm_kernel(
     H,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,  # Gemma's norm: scale by 1 + weight in float32, round once
     BLOCK_H: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -37,8 +40,11 @@ def _rms_norm_kernel(
     h = x.to(tl.float32)
     var = tl.sum(h * h, axis=0) / H
     h = h * (1.0 / tl.sqrt(var + eps))
-    h = h.to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        w = 1.0 + w
+    else:
+        h = h.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(y_ptr + row * H + cols, (h * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -47,20 +53,22 @@ def rms_norm_triton(
     weight: torch.Tensor,  # [H]
     eps: float,
     residual: torch.Tensor | None = None,  # [..., H]
+    *,
+    unit_offset: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton launcher: one program per row."""
     shape = x.shape
     H = shape[-1]
     x2 = x.reshape(-1, H).contiguous()  # [T, H]
     T = x2.shape[0]
-    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    out_dtype = x.dtype if unit_offset else torch.promote_types(x.dtype, weight.dtype)
     y = torch.empty((T, H), dtype=out_dtype, device=x.device)
     s = torch.empty_like(x2) if residual is not None else x2
     r = residual.reshape(-1, H).contiguous() if residual is not None else x2
     if T > 0:
         _rms_norm_kernel[(T,)](
             x2, r, weight.contiguous(), y, s, H, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK_H=next_pow2(H),
+            HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset, BLOCK_H=next_pow2(H),
         )
     if residual is None:
         return y.view(shape)
@@ -72,12 +80,18 @@ def rms_norm_ref(
     weight: torch.Tensor,  # [H]
     eps: float,
     residual: torch.Tensor | None = None,  # [..., H]
+    *,
+    unit_offset: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Torch reference, bit-identical to HF `LlamaRMSNorm` (float32 math, cast, then * weight)."""
+    """Torch reference, bit-identical to HF `LlamaRMSNorm` (float32 math, cast, then * weight),
+    or with `unit_offset` to Gemma's (float32 math * (1 + weight), then cast)."""
     if residual is not None:
         x = x + residual
     h = x.float()
     h = h * h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # a new tensor: x is kept
+    if unit_offset:
+        y = h.mul_(weight.float() + 1.0).to(x.dtype)
+        return y if residual is None else (y, x)
     y = h.to(x.dtype)
     y = y.mul_(weight) if weight.dtype == y.dtype else weight * y  # in place on a temporary
     return y if residual is None else (y, x)
@@ -88,8 +102,11 @@ def rms_norm(
     weight: torch.Tensor,  # [H]
     eps: float,
     residual: torch.Tensor | None = None,  # [..., H]
+    *,
+    unit_offset: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm; returns y, or (y, x + residual) when a residual is given."""
+    """RMSNorm (Gemma's with `unit_offset`); returns y, or (y, x + residual) when a residual
+    is given."""
     if use_triton(x, weight, residual):
-        return rms_norm_triton(x, weight, eps, residual)
-    return rms_norm_ref(x, weight, eps, residual)
+        return rms_norm_triton(x, weight, eps, residual, unit_offset=unit_offset)
+    return rms_norm_ref(x, weight, eps, residual, unit_offset=unit_offset)

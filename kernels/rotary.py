@@ -1,13 +1,16 @@
 """Rotary position embeddings, neox / Hugging Face `rotate_half` style.
 
-`rope_cos_sin` builds the HF cos/sin tables ([P, D], frequencies concatenated twice);
-`apply_rotary` rotates heads (q's, k's, or both side by side) by the table rows at `positions`:
+`rope_cos_sin` builds the HF cos/sin tables ([P, D], frequencies concatenated twice, times
+the rope type's attention factor); `apply_rotary` rotates heads (q's, k's, or both side by
+side) by the table rows at `positions`:
     out = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[D/2:], x[:D/2])
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -16,32 +19,87 @@ from ._dispatch import next_pow2, use_triton
 from ._triton import tl, triton
 
 
-def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int,
-              device: torch.device | str | None) -> torch.Tensor:  # [D/2] float32
-    """Inverse frequencies with exactly HF transformers' float32 math per rope type."""
+def _wavelength_powers(head_dim: int, base: float, device: torch.device | str | None) -> torch.Tensor:
+    """base ** (2i / D) for i < D/2, in float32: the reciprocal of plain RoPE's frequencies."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float)
-    inv_freq = 1.0 / (base ** (exponent / head_dim))
-    rope_type = "default"
-    if scaling:
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "default":
-        return inv_freq
-    if rope_type == "linear":
-        return inv_freq / scaling["factor"]
-    if rope_type == "llama3":
-        factor = scaling["factor"]
-        low_ff = scaling["low_freq_factor"]
-        high_ff = scaling["high_freq_factor"]
-        old_len = scaling.get("original_max_position_embeddings", max_positions)
-        low_freq_wavelen = old_len / low_ff
-        high_freq_wavelen = old_len / high_ff
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-        return torch.where(is_medium, smoothed, scaled)
-    raise ValueError(f"unsupported rope_type {rope_type!r} (default, linear, llama3)")
+    return base ** (exponent / head_dim)  # [D/2]
+
+
+def _plain(head_dim: int, base: float, scaling: dict[str, Any], max_positions: int,
+           device: torch.device | str | None) -> tuple[torch.Tensor, float]:
+    return 1.0 / _wavelength_powers(head_dim, base, device), 1.0
+
+
+def _linear(head_dim: int, base: float, scaling: dict[str, Any], max_positions: int,
+            device: torch.device | str | None) -> tuple[torch.Tensor, float]:
+    return 1.0 / _wavelength_powers(head_dim, base, device) / scaling["factor"], 1.0
+
+
+def _llama3(head_dim: int, base: float, scaling: dict[str, Any], max_positions: int,
+            device: torch.device | str | None) -> tuple[torch.Tensor, float]:
+    inv_freq = 1.0 / _wavelength_powers(head_dim, base, device)
+    factor = scaling["factor"]
+    low_ff = scaling["low_freq_factor"]
+    high_ff = scaling["high_freq_factor"]
+    old_len = scaling.get("original_max_position_embeddings", max_positions)
+    low_freq_wavelen = old_len / low_ff
+    high_freq_wavelen = old_len / high_ff
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled), 1.0
+
+
+def _yarn_attention_factor(scaling: dict[str, Any]) -> float:
+    """The cos/sin multiplier: `attention_factor` when given, else 0.1 ln(factor) + 1
+    (DeepSeek's ratio of that with `mscale` over that with `mscale_all_dim` when both are
+    set), and 1 for a factor <= 1."""
+    if scaling.get("attention_factor") is not None:
+        return scaling["attention_factor"]
+    factor = scaling["factor"]
+
+    def magnitude(weight: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return float(magnitude(mscale) / magnitude(mscale_all_dim))
+    return magnitude(1)
+
+
+def _yarn(head_dim: int, base: float, scaling: dict[str, Any], max_positions: int,
+          device: torch.device | str | None) -> tuple[torch.Tensor, float]:
+    """YaRN: dimensions turning more than `beta_fast` times over the original context keep
+    their frequency, those turning fewer than `beta_slow` times are divided by `factor`,
+    with a linear blend between (its ends rounded outwards to whole dimensions unless
+    `truncate` is false)."""
+    factor = scaling["factor"]
+    old_len = scaling.get("original_max_position_embeddings", max_positions)
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dim_turning(turns: float) -> float:  # the (fractional) dimension index that turns `turns` times
+        return (head_dim * math.log(old_len / (turns * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dim_turning(fast), dim_turning(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = (1 - ramp).to(device=device, dtype=torch.float)  # [D/2], 1 where the frequency is kept
+    powers = _wavelength_powers(head_dim, base, device)
+    inv_freq = 1.0 / (factor * powers) * (1 - keep) + 1.0 / powers * keep
+    return inv_freq, _yarn_attention_factor(scaling)
+
+
+# (head_dim, base, scaling, max_positions, device) -> (inv_freq [D/2] float32, cos/sin multiplier)
+_RopeInit = Callable[[int, float, dict[str, Any], int, "torch.device | str | None"], tuple[torch.Tensor, float]]
+_ROPE_TYPES: MappingProxyType[str, _RopeInit] = MappingProxyType({
+    "default": _plain, "linear": _linear, "llama3": _llama3, "yarn": _yarn,
+})
 
 
 def rope_cos_sin(
@@ -53,12 +111,22 @@ def rope_cos_sin(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin: [max_positions, head_dim]
-    """HF cos/sin tables for positions 0..max_positions-1 (computed in float32, then cast)."""
-    inv_freq = _inv_freq(head_dim, base, scaling, max_positions, device)  # [D/2]
+    """HF cos/sin tables for positions 0..max_positions-1, computed in float32 with exactly
+    transformers' operations per rope type (`ROPE_INIT_FUNCTIONS`), then cast.
+
+    `scaling` is None or a dict whose `rope_type` (or `type`) is default, linear, llama3 or
+    yarn, with that type's transformers keys; a missing `original_max_position_embeddings`
+    means `max_positions`. Yarn's `factor` must be a number (`ModelConfig` fills it)."""
+    rope_type = "default"
+    if scaling:
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in _ROPE_TYPES:
+        raise ValueError(f"unsupported rope_type {rope_type!r} ({', '.join(_ROPE_TYPES)})")
+    inv_freq, attention_factor = _ROPE_TYPES[rope_type](head_dim, base, scaling or {}, max_positions, device)
     positions = torch.arange(max_positions, device=device, dtype=torch.int64).float()
     freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * attention_factor).to(dtype), (emb.sin() * attention_factor).to(dtype)
 
 
 @triton.jit

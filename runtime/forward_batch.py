@@ -27,7 +27,8 @@ class ForwardBatch:
     - `out_cache_loc[qo_indptr[b]:qo_indptr[b+1]]` equals those last `q_len` slots:
       a layer stores its new K/V there before attending.
     - New token i (0-based) of request b sits at context position `kv_len - q_len + i`
-      and attends to context positions `0 ..= kv_len - q_len + i`.
+      and attends to context positions `0 ..= kv_len - q_len + i` (in a layer with a
+      sliding window, only to the last `window` of them: `AttentionBackend.forward`).
     """
 
     mode: ForwardMode

@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sprig.runtime.quantization.formats import WeightFormat
 
+# config.json's `hidden_act` (Gemma: `hidden_activation`) values sprig computes: the gate's
+# activation of a gated MLP (`sprig.kernels.activation`)
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # rope types sprig computes exactly as transformers does (see sprig.kernels.rotary)
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-_ROPE_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor",
-              "original_max_position_embeddings")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_ROPE_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+              "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
 
 
 @dataclass(frozen=True)
@@ -50,15 +53,24 @@ class ModelConfig:
     """A checkpoint's architecture and geometry.
 
     Invariants: `num_heads % num_kv_heads == 0`; `rope_scaling` is None for plain RoPE,
-    else a dict with `rope_type` in ("linear", "llama3") and that type's parameters (for
-    llama3 `original_max_position_embeddings` is always present); `context_len` is the
+    else a dict with `rope_type` in ("linear", "llama3", "yarn") and that type's parameters
+    (for llama3 and yarn `original_max_position_embeddings` is always present, for yarn
+    `factor` is a number); `context_len` is the
     longest context sprig serves: the checkpoint's `max_position_embeddings`, or the
-    `context_length` asked of `from_pretrained`, never past what the rope config covers
-    nor past a sliding window (sprig does not implement one, so it computes exactly only
-    within it); `eos_token_ids` is the union of config.json's and
+    `context_length` asked of `from_pretrained`, never past what the rope config covers;
+    `eos_token_ids` is the union of config.json's and
     generation_config.json's, in that order; `quantization` is the format config.json's
     `quantization_config` names (None for a float checkpoint); `moe` describes the sparse
     blocks of a mixture-of-experts model (None for a dense one).
+
+    Attention: the layers in `sliding_layers` attend within a sliding window, a token at
+    position p to positions p - sliding_window + 1 .. p (`attention_window`); the others to
+    their whole context. `sliding_window` is None exactly when `sliding_layers` is empty.
+    `attention_scale` replaces the softmax scale head_dim ** -0.5 when set (Gemma's
+    query_pre_attn_scalar ** -0.5); `sliding_rope_theta`, when set, is the RoPE base of the
+    sliding layers (unscaled; Gemma 3's local base), the full layers keep `rope_theta` and
+    `rope_scaling`. `hidden_act` is one of `GATED_ACTIVATIONS`; `final_logit_softcap` c,
+    when set, maps logits x to c * tanh(x / c).
     """
 
     architecture: str
@@ -81,6 +93,12 @@ class ModelConfig:
     torch_dtype: str | None = None  # the checkpoint's dtype name, e.g. "bfloat16"
     quantization: WeightFormat | None = field(default=None, hash=False)  # quantization_config's
     moe: MoEConfig | None = None
+    hidden_act: str = "silu"
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
+    attention_scale: float | None = None
+    sliding_rope_theta: float | None = None
+    final_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -93,6 +111,18 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.hidden_act not in GATED_ACTIVATIONS:
+            raise ValueError(f"unsupported activation {self.hidden_act!r}; supported: {GATED_ACTIVATIONS}")
+        if (self.sliding_window is None) != (not self.sliding_layers) or (self.sliding_window or 1) < 1:
+            raise ValueError(f"sliding_window {self.sliding_window} with sliding layers {self.sliding_layers}")
+        if self.moe is not None and self.hidden_act != "silu":
+            raise ValueError(f"mixture-of-experts layers compute SwiGLU only, not {self.hidden_act!r}")
+        if any(not 0 <= i < self.num_layers for i in self.sliding_layers):
+            raise ValueError(f"sliding layers {self.sliding_layers} outside 0..{self.num_layers - 1}")
+
+    def attention_window(self, layer_id: int) -> int | None:
+        """The sliding window layer `layer_id` attends within; None: its whole context."""
+        return self.sliding_window if layer_id in self.sliding_layers else None
 
     @classmethod
     def from_pretrained(
@@ -112,12 +142,20 @@ class ModelConfig:
                 f"{path / 'config.json'}: unsupported architecture {archs[:1] or None}; "
                 f"supported: {', '.join(supported or ())}"
             )
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{path / 'config.json'}: hidden_act {cfg['hidden_act']!r} is not silu")
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+        if act not in GATED_ACTIVATIONS:
+            raise ValueError(f"{path / 'config.json'}: hidden_act {act!r} is not one of {GATED_ACTIVATIONS}")
+        for unsupported in ("attn_logit_softcapping", "use_bidirectional_attention"):
+            if cfg.get(unsupported):
+                raise ValueError(f"{path / 'config.json'}: {unsupported} is not supported")
         num_heads = cfg["num_attention_heads"]
         gen = _read_json(path / "generation_config.json", required=False)
         eos = _as_ids(cfg.get("eos_token_id")) + _as_ids(gen.get("eos_token_id"))
         rope_theta, rope_scaling = _rope(cfg)
+        sliding_theta = None
+        if archs[0] in _PER_LAYER_TYPE_ROPE:
+            rope_theta, rope_scaling, sliding_theta = _layer_type_rope(cfg)
+        window, sliding_layers = _sliding(cfg, archs[0])
         return cls(
             architecture=archs[0],
             vocab_size=cfg["vocab_size"],
@@ -139,7 +177,62 @@ class ModelConfig:
             torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
             quantization=_quantization(path / "config.json", cfg.get("quantization_config")),
             moe=_moe(cfg),
+            hidden_act=act,
+            sliding_window=window,
+            sliding_layers=sliding_layers,
+            attention_scale=cfg["query_pre_attn_scalar"] ** -0.5 if cfg.get("query_pre_attn_scalar") else None,
+            sliding_rope_theta=sliding_theta,
+            final_logit_softcap=cfg.get("final_logit_softcapping") or None,
         )
+
+
+# families whose windowed layers are the ones config.json's `layer_types` marks (or, in
+# older configs, the family's default pattern); Mistral, Mixtral and Qwen3-MoE apply a
+# window to every layer; Llama has none
+_LAYER_TYPED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Gemma3ForCausalLM")
+_EVERY_LAYER = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+# families whose sliding layers have a RoPE of their own (`_layer_type_rope`)
+_PER_LAYER_TYPE_ROPE = ("Gemma3ForCausalLM",)
+
+
+def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...]]:
+    """(window, the layers that attend within it), as transformers reads config.json: the
+    Qwen families' window counts only with `use_sliding_window`; without `layer_types`,
+    Qwen2/Qwen3 slide in layers >= `max_window_layers`, Qwen2-MoE in the even layers below
+    it, Gemma 3 in all but every `sliding_window_pattern`-th layer."""
+    window = cfg.get("sliding_window")
+    if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
+        window = None
+    if not window or arch not in _LAYER_TYPED + _EVERY_LAYER:
+        return None, ()
+    n = cfg["num_hidden_layers"]
+    if arch in _EVERY_LAYER:
+        layers = range(n)
+    elif cfg.get("layer_types"):
+        layers = [i for i, kind in enumerate(cfg["layer_types"]) if kind == "sliding_attention"]
+    elif arch == "Gemma3ForCausalLM":
+        pattern = cfg.get("sliding_window_pattern", 6)
+        layers = [i for i in range(n) if (i + 1) % pattern]
+    elif arch == "Qwen2MoeForCausalLM":
+        layers = [i for i in range(min(n, cfg.get("max_window_layers", 28))) if i % 2 == 0]
+    else:
+        layers = range(cfg.get("max_window_layers", 28), n)
+    layers = tuple(layers)
+    return (int(window), layers) if layers else (None, ())
+
+
+def _layer_type_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
+    """Gemma 3's two RoPEs: (full layers' theta, their scaling, sliding layers' theta), from
+    transformers 5's `rope_parameters` keyed by layer type or the older `rope_theta`,
+    `rope_scaling` (the full layers') and `rope_local_base_freq`. The sliding layers' RoPE
+    is never scaled."""
+    params = cfg.get("rope_parameters") or {}
+    full = params.get("full_attention") or cfg.get("rope_scaling") or {}
+    local = params.get("sliding_attention") or {}
+    if local.get("rope_type", local.get("type", "default")) != "default":
+        raise ValueError(f"unsupported rope_type {local.get('rope_type')!r} for the sliding layers")
+    theta, scaling = _rope({**cfg, "rope_parameters": {"rope_theta": cfg.get("rope_theta", 1_000_000.0)} | full})
+    return theta, scaling, float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
 
 
 def _moe(cfg: dict[str, Any]) -> MoEConfig | None:
@@ -194,7 +287,12 @@ def _as_ids(value: int | list[int] | None) -> list[int]:
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(theta, scaling) from transformers 5.x `rope_parameters` or the older
-    top-level `rope_theta` + `rope_scaling` (whose type key may be spelt `type`)."""
+    top-level `rope_theta` + `rope_scaling` (whose type key may be spelt `type`).
+
+    As transformers fills them for llama3 and yarn: `original_max_position_embeddings` is
+    a top-level one when config.json has it (Phi-3 style), else the dict's, else
+    `max_position_embeddings`; a yarn `factor` left null (DeepSeek style) is
+    max_position_embeddings / original_max_position_embeddings."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -203,35 +301,43 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if rope_type == "default":
         return theta, None
     scaling = {k: params[k] for k in _ROPE_KEYS if k in params} | {"rope_type": rope_type}
-    if rope_type == "llama3":
-        scaling.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
+    if rope_type in ("llama3", "yarn"):
+        original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = original or cfg["max_position_embeddings"]
+    if rope_type == "yarn" and scaling.get("factor") is None:
+        scaling["factor"] = cfg["max_position_embeddings"] / scaling["original_max_position_embeddings"]
     return theta, scaling
 
 
 def longest_context(cfg: dict[str, Any]) -> tuple[int, str]:
     """The longest context a checkpoint's config covers, and why: max_position_embeddings,
     times the factor of linear rope scaling (which stretches positions; llama3 scaling's
-    max_position_embeddings is already the stretched length), capped by a sliding window
-    when one is in use."""
+    max_position_embeddings is already the stretched length, as is Gemma 3's, whose linear
+    factor scales its full layers' RoPE).
+
+    For yarn it is the larger of max_position_embeddings and original_max_position_embeddings
+    x factor (as `_rope` fills them): the length yarn stretches the pretraining context to,
+    as vLLM derives it, which Qwen2.5/Qwen3 configs (max_position_embeddings 32768/40960,
+    yarn x4 over 32768) need for their 131072 tokens; a config whose max_position_embeddings
+    already is at least that (DeepSeek-V3: 163840 = 4096 x 40) keeps it."""
     limit = cfg["max_position_embeddings"]
     why = f"max_position_embeddings {limit}"
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if params.get("rope_type", params.get("type")) == "linear":
+    rope_type = params.get("rope_type", params.get("type"))
+    if rope_type == "linear" and (cfg.get("architectures") or [None])[0] not in _PER_LAYER_TYPE_ROPE:
         limit = int(limit * params["factor"])
         why += f" x rope_scaling linear factor {params['factor']}"
-    window = cfg.get("sliding_window")
-    if "layer_types" in cfg:
-        sliding = "sliding_attention" in cfg["layer_types"]
-    else:
-        sliding = cfg.get("use_sliding_window", True)
-    if sliding and window and window < limit:
-        limit, why = window, f"its sliding window of {window} tokens (sprig computes attention only within one)"
+    elif rope_type == "yarn":
+        _, scaling = _rope(cfg)
+        original, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+        if int(original * factor) > limit:
+            limit = int(original * factor)
+            why = f"rope_scaling yarn original_max_position_embeddings {original} x factor {factor}"
     return limit, why
 
 
 def _context_len(cfg: dict[str, Any], requested: int | None) -> int:
-    """max_position_embeddings (capped by the sliding window), or `requested` if it is
-    within `longest_context`."""
+    """max_position_embeddings, or `requested` if it is within `longest_context`."""
     limit, why = longest_context(cfg)
     if requested is None:
         return min(cfg["max_position_embeddings"], limit)

@@ -32,10 +32,15 @@ class AttentionBackend(Protocol):
         batch: ForwardBatch,
         *,
         sm_scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, num_q_heads, head_dim]
         """Write k, v at `batch.out_cache_loc` of `layer`, then return attention output.
 
         Extend: new token i of request b attends causally to its context (see
         `ForwardBatch`). Decode: each request's single token attends to its whole context.
+        `window` W (an int >= 1; None: full attention) is the layer's sliding window: the
+        token at context position p then attends only to positions `max(0, p - W + 1) ..= p`
+        (a decode token to its context's last min(len, W) slots). A layer's window is the
+        same at every step; K/V outside it stay in the pool, written as usual.
         """
         ...

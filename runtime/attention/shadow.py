@@ -55,9 +55,10 @@ class ShadowAttention:
         batch: ForwardBatch,
         *,
         sm_scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
-        got = self.backend.forward(q, k, v, layer, batch, sm_scale=sm_scale)
-        want = self.reference.forward(q, k, v, layer, batch, sm_scale=sm_scale)
+        got = self.backend.forward(q, k, v, layer, batch, sm_scale=sm_scale, window=window)
+        want = self.reference.forward(q, k, v, layer, batch, sm_scale=sm_scale, window=window)
         atol, rtol = TOLERANCES[batch.kv_cache.shape.dtype]
         excess = (got.float() - want.float()).abs() - (atol + rtol * want.float().abs())  # [T, Hq, D]
         bad = excess.amax(dim=(1, 2)) > 0  # [T]

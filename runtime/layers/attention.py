@@ -1,5 +1,6 @@
-"""Self-attention of the Llama family: fused qkv projection, optional per-head q/k norm,
-RoPE, the attention backend (paged KV store + attention), output projection."""
+"""Self-attention of the Llama family (and Gemma 3): fused qkv projection, optional per-head
+q/k norm, RoPE, the attention backend (paged KV store + attention, within a sliding window
+in a windowed layer), output projection."""
 
 from __future__ import annotations
 
@@ -17,15 +18,19 @@ from sprig.runtime.layers.rotary import RotaryEmbedding
 
 @dataclass(frozen=True)
 class AttentionOptions:
-    """How a family's attention differs: biases, and RMSNorm of each q/k head before RoPE."""
+    """How a family's attention differs: biases, and RMSNorm of each q/k head before RoPE
+    (Gemma's `unit_offset` norm with `gemma_norm`)."""
 
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    gemma_norm: bool = False
 
 
 class SelfAttention(nn.Module):
-    """MHA, GQA or MQA (`num_heads % num_kv_heads == 0`) for decoder layer `layer_id`."""
+    """MHA, GQA or MQA (`num_heads % num_kv_heads == 0`) for decoder layer `layer_id`: a
+    token attends to its whole context, or with `window` W to its last W positions
+    (itself included). Softmax scale `sm_scale`, head_dim ** -0.5 unless given."""
 
     def __init__(
         self,
@@ -37,20 +42,24 @@ class SelfAttention(nn.Module):
         layer_id: int,
         options: AttentionOptions,
         norm_eps: float,
+        sm_scale: float | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.layer_id = layer_id
-        self.sm_scale = head_dim**-0.5
+        self.sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+        self.window = window
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.qkv_proj = MergedLinear(
             hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=options.qkv_bias
         )
         self.o_proj = nn.Linear(q_size, hidden_size, bias=options.o_bias)
-        self.q_norm = RMSNorm(head_dim, norm_eps) if options.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, norm_eps) if options.qk_norm else None
+        gemma = options.gemma_norm
+        self.q_norm = RMSNorm(head_dim, norm_eps, unit_offset=gemma) if options.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, norm_eps, unit_offset=gemma) if options.qk_norm else None
 
     def forward(
         self,
@@ -69,5 +78,5 @@ class SelfAttention(nn.Module):
         else:  # q's and k's heads side by side in the projection: one rotation for both
             qk = rotary(batch.positions, qkv[:, : q_size + kv_size].view(T, Hq + Hkv, D))
             q, k = qk[:, :Hq], qk[:, Hq:]  # [T, Hq, D], [T, Hkv, D]
-        o = backend.forward(q, k, v, self.layer_id, batch, sm_scale=self.sm_scale)  # [T, Hq, D]
+        o = backend.forward(q, k, v, self.layer_id, batch, sm_scale=self.sm_scale, window=self.window)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, q_size))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from sprig.runtime.models.gemma3 import Gemma3ForCausalLM
 from sprig.runtime.models.llama import LlamaForCausalLM, MistralForCausalLM
 from sprig.runtime.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from sprig.runtime.models.qwen2 import Qwen2ForCausalLM
@@ -22,6 +23,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 

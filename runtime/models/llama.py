@@ -24,7 +24,18 @@ def feed_forward(config: ModelConfig, layer_id: int) -> nn.Module:
     model's sparse layers, else the dense SwiGLU MLP."""
     if config.moe is not None and layer_id not in config.moe.dense_layers:
         return SparseMoE(config.hidden_size, config.moe)
-    return GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+    return GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
+                    gelu=config.hidden_act == "gelu_pytorch_tanh")
+
+
+def self_attention(config: ModelConfig, layer_id: int, options: AttentionOptions) -> SelfAttention:
+    """Layer `layer_id`'s attention: the config's heads, softmax scale and (in a sliding
+    layer) window."""
+    return SelfAttention(
+        config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+        layer_id=layer_id, options=options, norm_eps=config.rms_norm_eps,
+        sm_scale=config.attention_scale, window=config.attention_window(layer_id),
+    )
 
 
 class DecoderLayer(nn.Module):
@@ -34,10 +45,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = SelfAttention(
-            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
-            layer_id=layer_id, options=options, norm_eps=config.rms_norm_eps,
-        )
+        self.self_attn = self_attention(config, layer_id, options)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = feed_forward(config, layer_id)
 
@@ -105,10 +113,16 @@ class LlamaForCausalLM(nn.Module):
     def attention_options(config: ModelConfig) -> AttentionOptions:
         return AttentionOptions(qkv_bias=config.attention_bias, o_bias=config.attention_bias)
 
+    @classmethod
+    def decoder(cls, config: ModelConfig) -> nn.Module:
+        """The network below the head: `forward(batch, backend) -> hidden [T, H]`, with the
+        token embedding as `embed_tokens`."""
+        return DecoderModel(config, cls.attention_options(config))
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, self.attention_options(config))
+        self.model = self.decoder(config)
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied=config.tie_word_embeddings)
 
     def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
@@ -120,7 +134,8 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral without a sliding window (ModelConfig caps context_len to the window)."""
+    """Mistral: Llama's network without biases; a sliding window, when its config.json sets
+    one, in every layer (`ModelConfig.attention_window`)."""
 
     @staticmethod
     def attention_options(config: ModelConfig) -> AttentionOptions:

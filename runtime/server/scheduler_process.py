@@ -306,6 +306,10 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
         if moe is not None:
             log.info("%s: a mixture of %d experts, %d per token", runner.model_config.architecture, moe.num_experts,
                      moe.top_k)
+        config = runner.model_config
+        if config.sliding_window is not None:
+            log.info("%s: %d of %d layers attend within a sliding window of %d tokens (the KV pool keeps every "
+                     "token)", config.architecture, len(config.sliding_layers), config.num_layers, config.sliding_window)
         warm_up(scheduler)
     except Exception as e:
         log.exception("the scheduler failed to start")

@@ -56,11 +56,13 @@ class _Layer:
 
 
 def supports(runner: ModelRunner) -> bool:
-    """Whether `DraftDecoder` can run `runner`'s model: a dense Llama-family decoder on the
-    CPU, unsharded, with unquantized weights."""
+    """Whether `DraftDecoder` can run `runner`'s model: a dense Llama-family decoder with
+    SwiGLU and full attention in every layer on the CPU, unsharded, with unquantized weights."""
     decoder = getattr(runner.model, "model", None)
+    config = runner.model_config
     return (runner.device.type == "cpu" and isinstance(decoder, DecoderModel) and runner.config.quantization is None
-            and runner.model_config.moe is None and runner.model_config.num_layers == len(decoder.layers))
+            and config.moe is None and config.sliding_window is None and config.hidden_act == "silu"
+            and config.attention_scale is None and config.num_layers == len(decoder.layers))
 
 
 class DraftDecoder:

@@ -1,4 +1,5 @@
-"""silu_and_mul, store_kv and the token bitmask: references vs ground truth, Triton vs reference."""
+"""Gated activations, store_kv and the token bitmask: references vs ground truth, Triton vs
+reference."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pytest
 import torch
 
 from sprig.kernels import (
+    act_and_mul,
+    act_and_mul_ref,
     apply_token_bitmask,
     apply_token_bitmask_ref,
     silu_and_mul,
@@ -33,6 +36,31 @@ def test_silu_and_mul_triton(
     x = torch.randn(shape, dtype=dtype) * 3
     got = silu_and_mul(x.to(device))
     expected = silu_and_mul_ref(x)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got.cpu(), expected, **tol[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_and_mul_ref_matches_gemma(dtype: torch.dtype) -> None:
+    from transformers.activations import ACT2FN
+
+    torch.manual_seed(3)
+    gate, up = torch.randn(2, 5, 24, dtype=dtype) * 3
+    expected = ACT2FN["gelu_pytorch_tanh"](gate) * up  # transformers' Gemma MLP
+    got = act_and_mul_ref(torch.cat([gate, up], -1), gelu=True)
+    torch.testing.assert_close(got, expected)  # float32: a strided gate rounds some rows 1 ulp apart
+    assert not torch.equal(got, act_and_mul_ref(torch.cat([gate, up], -1), gelu=False))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 2 * 300), (2, 3, 2 * 64), (0, 32)])
+def test_gelu_tanh_and_mul_triton(
+    dtype: torch.dtype, shape: tuple[int, ...], device: str, force_triton: None, tol: dict
+) -> None:
+    torch.manual_seed(4)
+    x = torch.randn(shape, dtype=dtype) * 4  # tanh's saturated tails included
+    got = act_and_mul(x.to(device), gelu=True)
+    expected = act_and_mul_ref(x, gelu=True)
     assert got.shape == expected.shape
     torch.testing.assert_close(got.cpu(), expected, **tol[dtype])
 

@@ -1,9 +1,11 @@
-"""rms_norm: the reference against HF LlamaRMSNorm, the Triton kernel against the reference."""
+"""rms_norm: the reference against HF LlamaRMSNorm and Gemma3RMSNorm, the Triton kernel
+against the reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from sprig.kernels import rms_norm, rms_norm_ref
@@ -67,3 +69,40 @@ def test_triton_float32_weight_on_half_input(device: str, force_triton: None, to
     got = rms_norm(x.to(device), w.to(device), 1e-5)
     assert got.dtype == expected.dtype == torch.float32
     torch.testing.assert_close(got.cpu(), expected, **tol[torch.float16])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, None])
+def test_unit_offset_ref_matches_gemma_bitwise(dtype: torch.dtype, weight_dtype: torch.dtype | None) -> None:
+    torch.manual_seed(4)
+    hf = Gemma3RMSNorm(48, eps=1e-6).to(weight_dtype or dtype)
+    with torch.no_grad():
+        hf.weight.copy_(torch.randn(48) * 0.5)
+    x = torch.randn(6, 48, dtype=dtype) * 3
+    with torch.no_grad():
+        expected = hf(x)
+    got = rms_norm_ref(x, hf.weight.detach(), 1e-6, unit_offset=True)
+    assert got.dtype == expected.dtype == dtype
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, rms_norm_ref(x, hf.weight.detach(), 1e-6))
+    r = torch.randn(6, 48, dtype=dtype)
+    y, s = rms_norm_ref(x, hf.weight.detach(), 1e-6, r, unit_offset=True)
+    with torch.no_grad():
+        assert torch.equal(y, hf(x + r)) and torch.equal(s, x + r)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_unit_offset_triton_matches_ref(
+    dtype: torch.dtype, with_residual: bool, device: str, force_triton: None, tol: dict
+) -> None:
+    torch.manual_seed(5)
+    x = torch.randn(9, 40, dtype=dtype) * 2
+    w = torch.randn(40)  # a float32 weight: the output stays in x's dtype
+    r = torch.randn(9, 40, dtype=dtype) if with_residual else None
+    expected = rms_norm_ref(x, w, 1e-6, r, unit_offset=True)
+    got = rms_norm(x.to(device), w.to(device), 1e-6, None if r is None else r.to(device), unit_offset=True)
+    got, expected = (got, expected) if with_residual else ((got,), (expected,))
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == e.dtype == dtype
+        torch.testing.assert_close(g.cpu(), e, **tol[dtype])

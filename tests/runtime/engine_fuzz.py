@@ -21,7 +21,8 @@ runner as on CUDA; token trees up to 4 paths, half of the prompt-lookup workload
 `PerturbedTrees`' trees; alone runs never speculate), in shadow mode,
 driven step by step through the scheduler, on one of the given models (dense, or in
 `MOE_SHARE` of workloads a mixture-of-experts one: routing is per token, so a request's
-experts never depend on its batch). In `STALE_START_SHARE` of workloads (drawn by a
+experts never depend on its batch; in `WINDOW_SHARE` of the others one whose layers attend
+within sliding windows shorter than most prompts). In `STALE_START_SHARE` of workloads (drawn by a
 generator of their own) the engine starts on another checkpoint of the same model
 (`weight_checkpoints.perturbed_copy`), runs the whole workload there (caching its prefixes
 with K/V of the wrong weights), then loads the model's weights
@@ -99,6 +100,7 @@ PRIORITY_SHARE = 0.25  # of workloads, those scheduled by priority (some request
 LORA_SHARE = 0.15  # of workloads (neither int4 nor tensor-parallel), those serving LoRA adapters
 LORA_NAMES = ("a", "b")  # `fuzz_adapters`' adapters
 MOE_SHARE = 0.2  # of workloads, those on a mixture-of-experts model (where the fuzzer is given one)
+WINDOW_SHARE = 0.2  # of the others, those on a model with sliding-window layers (where given one)
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' names (the EOS's too), whole, as text
@@ -803,22 +805,28 @@ def fuzz(
     `min_workloads`); raises `Mismatch` (naming the workload's seed) at the first
     difference. `MOE_SHARE` of workloads (drawn by a generator of their own) run a
     mixture-of-experts model of `models` where there is one (never with int4 weights,
-    which sprig refuses for them). Triton attention is drawn only where it runs: on CUDA, or on the CPU under
+    which sprig refuses for them), `WINDOW_SHARE` of the others (another generator) a
+    sliding-window model. Triton attention is drawn only where it runs: on CUDA, or on the CPU under
     the interpreter (the test session sets it where there is no GPU)."""
     triton_runs = device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
     refs = {name: Reference(path, device) for name, path in models.items()}
     stats = Stats()
     start = time.monotonic()
-    sparse = sorted(name for name, path in models.items() if ModelConfig.from_pretrained(path).moe is not None)
-    names = sorted(set(models) - set(sparse))
+    configs = {name: ModelConfig.from_pretrained(path) for name, path in models.items()}
+    sparse = sorted(name for name, c in configs.items() if c.moe is not None)
+    windowed = sorted(name for name, c in configs.items() if c.moe is None and c.sliding_window is not None)
+    names = sorted(set(models) - set(sparse) - set(windowed))
     i = 0
     while stats.workloads < min_workloads or time.monotonic() - start < seconds:
         workload_seed = seed + i
         rng = random.Random(workload_seed)
         name = names[rng.randrange(len(names))] if names else ""
         moe = random.Random(f"moe {workload_seed}")  # apart from `rng`: older seeds replay unchanged
+        window = random.Random(f"window {workload_seed}")
         if sparse and (not names or moe.random() < MOE_SHARE):
             name = moe.choice(sparse)
+        elif windowed and (not names or window.random() < WINDOW_SHARE):
+            name = window.choice(windowed)
         triton = rng.random() < triton_share and triton_runs
         ref = refs[name]
         workload = make_workload(workload_seed, name, ref.vocab, triton=triton,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from sprig.kernels.kv_quant import dequantize_kv_ref, quantize_kv_ref
 from sprig.radix.kv_cache import KV_CACHE_DTYPES
@@ -35,4 +36,5 @@ def hf_model(path: Path, kv_cache_dtype: str = "auto") -> torch.nn.Module:
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     name = f"sprig_kv_{kv_cache_dtype}"
     AttentionInterface.register(name, _attention(storage))
+    AttentionMaskInterface.register(name, sdpa_mask)  # without a mask of its own, SDPA sees no sliding window
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=name).eval()

@@ -22,8 +22,9 @@ from sprig.runtime.runner_config import RunnerConfig
         ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, 512, "linear factor 2.0"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 32}}, 256, "max_position_embeddings 256"),
-        ({"sliding_window": 128}, 128, "sliding window of 128"),
-        ({"sliding_window": 128, "use_sliding_window": False}, 256, "max_position_embeddings 256"),
+        ({"sliding_window": 128}, 256, "max_position_embeddings 256"),  # sprig computes the window
+        ({"architectures": ["Gemma3ForCausalLM"], "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, 256,
+         "max_position_embeddings 256"),  # Gemma 3's max_position_embeddings is the scaled length
     ],
 )
 def test_the_longest_context_follows_the_rope_config(tmp_path: Path, extra, limit, why) -> None:

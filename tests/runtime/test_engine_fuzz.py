@@ -22,7 +22,9 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     """The tiny llama and qwen3, two with larger weights (sharp attention and logits, so
     that a request reading another's rows shows): MQA llama and GQA mistral, and two
     mixture-of-experts models (`engine_fuzz.MOE_SHARE` of workloads): Qwen2-MoE with its
-    shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts."""
+    shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts; two
+    with sliding windows shorter than most prompts (`engine_fuzz.WINDOW_SHARE`): Gemma 3
+    (a window of 6 in two of its three layers) and Qwen2 (12, in its second layer)."""
     root = tmp_path_factory.mktemp("fuzz")
     return {
         "llama": tiny_checkpoints["llama"],
@@ -34,6 +36,10 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
         "qwen2_moe": tiny_checkpoints["qwen2_moe"],
         "qwen3_moe-sharp": build_tiny_checkpoint(root / "qwen3_moe", "qwen3_moe", seed=5, num_experts=8,
                                                  initializer_range=0.1),
+        "gemma3-sharp": build_tiny_checkpoint(root / "gemma3", "gemma3", seed=6, sliding_window=6,
+                                              num_hidden_layers=3, initializer_range=0.1),
+        "qwen2-window-sharp": build_tiny_checkpoint(root / "qwen2w", "qwen2", seed=7, use_sliding_window=True,
+                                                    sliding_window=12, max_window_layers=1, initializer_range=0.1),
     }
 
 
@@ -60,6 +66,7 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], device: str,
     assert stats.embeddings > 0
     assert stats.by_backend.get("torch", 0) > 0
     assert stats.by_model.keys() & {"qwen2_moe", "qwen3_moe-sharp"}  # CI's first workloads include one
+    assert stats.by_model.keys() & {"gemma3-sharp", "qwen2-window-sharp"}  # and a sliding-window one
     assert stats.lora > 0
 
 

@@ -32,9 +32,13 @@ def test_tiny_checkpoints_parse(tiny_checkpoints: dict[str, Path]) -> None:
     configs = {arch: ModelConfig.from_pretrained(p) for arch, p in tiny_checkpoints.items()}
     assert {c.architecture for c in configs.values()} == {
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM",
     }
-    assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3")) for arch, c in configs.items())
+    assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3", "gemma3"))
+               for arch, c in configs.items())
+    gemma = configs["gemma3"]
+    assert (gemma.sliding_window, gemma.sliding_layers, gemma.hidden_act) == (8, (0,), "gelu_pytorch_tanh")
+    assert gemma.attention_scale == 24**-0.5 and gemma.sliding_rope_theta == 10_000.0
     c = configs["qwen2"]  # no head_dim key in a Qwen2 config: hidden / heads
     assert (c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers) == (4, 2, 16, 2)
     assert (c.hidden_size, c.intermediate_size, c.vocab_size) == (64, 128, 512)
@@ -72,17 +76,55 @@ def test_llama3_original_max_defaults_to_max_positions(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("extra", "context_len"),
+    ("arch", "extra", "window", "layers"),
     [
-        ({"sliding_window": 100}, 100),  # Mistral v0.1 style: window applies
-        ({"sliding_window": 100, "use_sliding_window": False}, 256),  # Qwen2 4.x style
-        ({"sliding_window": 100, "layer_types": ["full_attention"] * 2}, 256),
-        ({"sliding_window": 100, "layer_types": ["sliding_attention"] * 2}, 100),
-        ({"sliding_window": None}, 256),
+        ("MistralForCausalLM", {"sliding_window": 100}, 100, (0, 1, 2, 3)),  # Mistral v0.1: every layer
+        ("MistralForCausalLM", {"sliding_window": None}, None, ()),
+        ("MixtralForCausalLM", {"sliding_window": 100}, 100, (0, 1, 2, 3)),
+        ("LlamaForCausalLM", {"sliding_window": 100}, None, ()),  # Llama has none
+        ("Qwen2ForCausalLM", {"sliding_window": 100, "use_sliding_window": False}, None, ()),  # Qwen2.5's
+        ("Qwen2ForCausalLM", {"sliding_window": 100, "use_sliding_window": True, "max_window_layers": 1}, 100,
+         (1, 2, 3)),
+        ("Qwen3ForCausalLM", {"sliding_window": 100, "use_sliding_window": True,
+                              "layer_types": ["full_attention", "sliding_attention"] * 2}, 100, (1, 3)),
+        ("Qwen2MoeForCausalLM", {"sliding_window": 100, "use_sliding_window": True, "max_window_layers": 3}, 100,
+         (0, 2)),
+        ("Qwen3MoeForCausalLM", {"sliding_window": 100, "use_sliding_window": True}, 100, (0, 1, 2, 3)),
+        ("Gemma3ForCausalLM", {"sliding_window": 100, "sliding_window_pattern": 2}, 100, (0, 2)),
+        ("Gemma3ForCausalLM", {"sliding_window": 100, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
+         100, (0, 1, 2)),
+        ("Gemma3ForCausalLM", {"sliding_window": 100, "layer_types": ["full_attention"] * 4}, None, ()),
     ],
 )
-def test_context_len_capped_by_sliding_window(tmp_path: Path, extra: dict, context_len: int) -> None:
-    assert ModelConfig.from_pretrained(write_config(tmp_path, {**BASE, **extra})).context_len == context_len
+def test_sliding_window_layers_as_transformers_reads_them(
+    tmp_path: Path, arch: str, extra: dict, window: int | None, layers: tuple[int, ...]
+) -> None:
+    cfg = {**BASE, "architectures": [arch], "num_hidden_layers": 4, **extra}
+    if "Moe" in arch or "Mixtral" in arch:
+        cfg |= {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    c = ModelConfig.from_pretrained(write_config(tmp_path, cfg))
+    assert (c.sliding_window, c.sliding_layers) == (window, layers)
+    assert [c.attention_window(i) for i in range(4)] == [window if i in layers else None for i in range(4)]
+    assert c.context_len == 256  # sprig computes the window: it no longer caps the context
+
+
+def test_gemma3_reads_both_ropes_and_its_scales(tmp_path: Path) -> None:
+    gemma = {**BASE, "architectures": ["Gemma3ForCausalLM"], "hidden_activation": "gelu_pytorch_tanh",
+             "query_pre_attn_scalar": 256, "final_logit_softcapping": 30.0, "sliding_window": 512}
+    older = {**gemma, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+             "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    newer = {**gemma, "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    for cfg in (older, newer):
+        c = ModelConfig.from_pretrained(write_config(tmp_path, cfg))
+        assert (c.rope_theta, c.rope_scaling, c.sliding_rope_theta) == (1e6, {"rope_type": "linear", "factor": 8.0}, 1e4)
+        assert (c.hidden_act, c.attention_scale, c.final_logit_softcap) == ("gelu_pytorch_tanh", 256**-0.5, 30.0)
+        assert c.sliding_layers == (0, 1) and c.context_len == 256
+    for key, value in (("attn_logit_softcapping", 50.0), ("use_bidirectional_attention", True)):
+        with pytest.raises(ValueError, match=f"{key} is not supported"):
+            ModelConfig.from_pretrained(write_config(tmp_path, {**newer, key: value}))
+    with pytest.raises(ValueError, match="hidden_act 'relu' is not one of"):
+        ModelConfig.from_pretrained(write_config(tmp_path, {**BASE, "hidden_act": "relu"}))
 
 
 def test_missing_directory(tmp_path: Path) -> None:
@@ -104,7 +146,7 @@ def test_unknown_architecture_lists_supported(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope_type 'yarn'"),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "unsupported rope_type 'longrope'"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"num_key_value_heads": 3}, "multiple of num_kv_heads"),
     ],

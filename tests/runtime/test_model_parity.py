@@ -1,6 +1,6 @@
-"""The model runner against Hugging Face transformers on the same tiny checkpoints (dense
-and mixture-of-experts): prefill logits, greedy decoding, chunked prefill, bfloat16
-(DESIGN.md §5)."""
+"""The model runner against Hugging Face transformers on the same tiny checkpoints (dense,
+mixture-of-experts, sliding-window): prefill logits, greedy decoding, chunked prefill,
+bfloat16 (DESIGN.md §5)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,16 @@ VARIANTS = {
     # sparse only every second layer (decoder_sparse_step), 8 experts with a shared one
     "qwen2_moe-step2-8experts": ("qwen2_moe", {"decoder_sparse_step": 2, "num_hidden_layers": 3, "num_experts": 8,
                                               "initializer_range": 0.2}),
+    # sliding windows shorter than the prompts: in every layer (Mistral v0.1), in the layers
+    # from max_window_layers on (Qwen2), and Gemma 3's with its own RoPE per layer kind, a
+    # linearly scaled full RoPE and soft-capped logits
+    "mistral-window5": ("mistral", {"sliding_window": 5, "initializer_range": 0.2}),
+    "qwen2-window3-from-layer1": ("qwen2", {"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1,
+                                           "initializer_range": 0.2}),
+    "gemma3-window4-softcap": ("gemma3", {
+        "sliding_window": 4, "num_hidden_layers": 3, "final_logit_softcapping": 3.0, "initializer_range": 0.2,
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 777.0}}}),
 }
 PROMPT_LENS = (7, 1, 12, 4)
 ATOL = 1e-4

@@ -9,8 +9,11 @@ tokens, so the slots a running request holds keep their contents from one decode
 the next, and a slot can come to hold other K/V only through an extend step. Every entry
 is checked against the step's own slots before it is reused (same slots, or the same
 slots plus one new slot per row), and the owner calls `clear()` before every step that is
-not a decode step. The shadow mode (`sprig.runtime.attention.shadow`) checks each use
-against the plain path.
+not a decode step. An entry's key is (layer, bucket index, *tag): the tag tells apart
+plans over other views of the contexts (a sliding window's cut contexts are tagged with
+the window). A cut context that slid by one slot (same length, its first slot dropped)
+is not "the same slots plus one": its remainder is gathered again. The shadow mode
+(`sprig.runtime.attention.shadow`) checks each use against the plain path.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class PrefixKV:
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._entries: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -48,8 +51,9 @@ class PrefixKV:
         self._entries.clear()
         self._bytes = 0
 
-    def get(self, key: tuple[int, int], bucket: PaddedGroups, kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of `bucket` (`key`: layer, bucket index), reused when its slots are unchanged."""
+    def get(self, key: tuple[int, ...], bucket: PaddedGroups, kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of `bucket` (`key`: layer, bucket index, *tag), reused when its slots are
+        unchanged."""
         hit = self._entries.get(key)
         if hit is not None and hit[0].shape == bucket.slots.shape and torch.equal(hit[0], bucket.slots):
             return hit[1], hit[2]
@@ -83,11 +87,11 @@ class TailKV:
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._entries: dict[tuple[int, int], _Tails] = {}
+        self._entries: dict[tuple[int, ...], _Tails] = {}
         self._bytes = 0
-        # bucket index -> (kept bucket, step's bucket, each row's new slot or None), so
+        # (bucket index, *tag) -> (kept bucket, step's bucket, each row's new slot or None), so
         # that every layer of a step reuses the first layer's verdict
-        self._verdicts: dict[int, tuple[PaddedRows, PaddedRows, torch.Tensor | None]] = {}
+        self._verdicts: dict[tuple[int, ...], tuple[PaddedRows, PaddedRows, torch.Tensor | None]] = {}
 
     def __len__(self) -> int:
         """Buckets whose K/V are kept."""
@@ -98,14 +102,14 @@ class TailKV:
         self._verdicts.clear()
         self._bytes = 0
 
-    def get(self, key: tuple[int, int], bucket: PaddedRows, kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of `bucket` (`key`: layer, bucket index), `[b, Hkv, L, D]` float32 each: the
-        kept ones extended by a step, or gathered (and kept, within the budget)."""
+    def get(self, key: tuple[int, ...], bucket: PaddedRows, kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of `bucket` (`key`: layer, bucket index, *tag), `[b, Hkv, L, D]` float32
+        each: the kept ones extended by a step, or gathered (and kept, within the budget)."""
         L = bucket.slots.shape[1]
         kept = self._entries.pop(key, None)
         if kept is not None:
             self._bytes -= kept.k.nbytes + kept.v.nbytes
-            fresh = self._new_slots(key[1], kept.bucket, bucket)
+            fresh = self._new_slots(key[1:], kept.bucket, bucket)
             kept = None if fresh is None else _extend(kept, bucket, fresh, kv)
         if kept is None:
             rows = _head_major_rows(bucket.slots, kv.k.shape[1])
@@ -118,10 +122,11 @@ class TailKV:
             self._bytes += kept.k.nbytes + kept.v.nbytes
         return kept.k[:, :, :L], kept.v[:, :, :L]
 
-    def _new_slots(self, index: int, old: PaddedRows, new: PaddedRows) -> torch.Tensor | None:
+    def _new_slots(self, bucket_key: tuple[int, ...], old: PaddedRows, new: PaddedRows) -> torch.Tensor | None:
         """Each row's new slot `[b]` if `new` is `old` one decode step later (the same rows,
-        each context the old one plus one slot), else None."""
-        seen = self._verdicts.get(index)
+        each context the old one plus one slot), else None. `bucket_key`: the entry key
+        without its layer, which the step's layers share."""
+        seen = self._verdicts.get(bucket_key)
         if seen is not None and seen[0] is old and seen[1] is new:
             return seen[2]
         fresh = None
@@ -133,7 +138,7 @@ class TailKV:
                 same = torch.equal(new.slots[:, :L][old.valid], old.slots[old.valid])
             if same:
                 fresh = new.slots[torch.arange(new.slots.shape[0]), old.lens]
-        self._verdicts[index] = (old, new, fresh)
+        self._verdicts[bucket_key] = (old, new, fresh)
         return fresh
 
 

@@ -92,6 +92,25 @@ def _groups(indptr: torch.Tensor, indices: torch.Tensor, lens: torch.Tensor, min
     ]
 
 
+def window_bites(kv_indptr: torch.Tensor, window: int) -> bool:
+    """Whether a sliding `window` hides some position from some token: whether a context
+    is longer than it (its last token, which starts furthest in, then misses slot 0)."""
+    return bool((kv_indptr[1:] - kv_indptr[:-1] > window).any())
+
+
+def trim_to_window(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each context cut to its last `window` slots, all that its decode token sees: the
+    cut contexts' (kv_indptr [B+1], kv_indices), int64."""
+    indptr = kv_indptr.to(torch.int64)
+    kept = (indptr[1:] - indptr[:-1]).clamp(max=window)  # [B]
+    cut = torch.zeros_like(indptr)
+    cut[1:] = kept.cumsum(0)
+    total = int(cut[-1])
+    # cut slot r of request b is slot r - cut[b] + (indptr[b+1] - kept[b]) of kv_indices
+    shift = torch.repeat_interleave(indptr[1:] - kept - cut[:-1], kept, output_size=total)  # [total]
+    return cut, kv_indices.to(torch.int64)[torch.arange(total, device=indptr.device) + shift]
+
+
 @dataclass(frozen=True)
 class DecodePlan:
     """A decode step's plan: the remainders bucketed by length (`rests`) and the shared
