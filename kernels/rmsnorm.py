@@ -1,8 +1,9 @@
-"""RMSNorm with an optional fused residual add, in two conventions.
+"""RMSNorm with an optional fused residual add, in three conventions.
 
 Hugging Face `LlamaRMSNorm`: y = (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype) * weight.
-Gemma's (`unit_offset`): y = (x_f32 * rsqrt(mean(x_f32^2) + eps) * (1 + weight_f32)).to(x.dtype),
-rounded once, in x's dtype whatever the weight's.
+OLMo's (`round_once`): y = (x_f32 * rsqrt(mean(x_f32^2) + eps) * weight_f32).to(x.dtype).
+Gemma's (`unit_offset`, which implies `round_once`): the same with 1 + weight_f32.
+The last two are rounded once, in x's dtype whatever the weight's.
 With a residual: s = x + residual (in x.dtype), y = norm(s), returns (y, s).
 """
 
@@ -24,7 +25,8 @@ def _rms_norm_kernel(
     H,
     eps,
     HAS_RESIDUAL: tl.constexpr,
-    UNIT_OFFSET: tl.constexpr,  # Gemma's norm: scale by 1 + weight in float32, round once
+    ROUND_ONCE: tl.constexpr,  # scale by the weight in float32, round once (OLMo's, Gemma's)
+    UNIT_OFFSET: tl.constexpr,  # scale by 1 + weight (Gemma's)
     BLOCK_H: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -43,7 +45,7 @@ def _rms_norm_kernel(
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if UNIT_OFFSET:
         w = 1.0 + w
-    else:
+    if not ROUND_ONCE:
         h = h.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(y_ptr + row * H + cols, (h * w).to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -55,20 +57,23 @@ def rms_norm_triton(
     residual: torch.Tensor | None = None,  # [..., H]
     *,
     unit_offset: bool = False,
+    round_once: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton launcher: one program per row."""
+    round_once = round_once or unit_offset
     shape = x.shape
     H = shape[-1]
     x2 = x.reshape(-1, H).contiguous()  # [T, H]
     T = x2.shape[0]
-    out_dtype = x.dtype if unit_offset else torch.promote_types(x.dtype, weight.dtype)
+    out_dtype = x.dtype if round_once else torch.promote_types(x.dtype, weight.dtype)
     y = torch.empty((T, H), dtype=out_dtype, device=x.device)
     s = torch.empty_like(x2) if residual is not None else x2
     r = residual.reshape(-1, H).contiguous() if residual is not None else x2
     if T > 0:
         _rms_norm_kernel[(T,)](
             x2, r, weight.contiguous(), y, s, H, eps,
-            HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset, BLOCK_H=next_pow2(H),
+            HAS_RESIDUAL=residual is not None, ROUND_ONCE=round_once, UNIT_OFFSET=unit_offset,
+            BLOCK_H=next_pow2(H),
         )
     if residual is None:
         return y.view(shape)
@@ -82,15 +87,17 @@ def rms_norm_ref(
     residual: torch.Tensor | None = None,  # [..., H]
     *,
     unit_offset: bool = False,
+    round_once: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Torch reference, bit-identical to HF `LlamaRMSNorm` (float32 math, cast, then * weight),
-    or with `unit_offset` to Gemma's (float32 math * (1 + weight), then cast)."""
+    with `round_once` to OLMo's (float32 math * weight, then cast), with `unit_offset` to
+    Gemma's (float32 math * (1 + weight), then cast)."""
     if residual is not None:
         x = x + residual
     h = x.float()
     h = h * h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # a new tensor: x is kept
-    if unit_offset:
-        y = h.mul_(weight.float() + 1.0).to(x.dtype)
+    if unit_offset or round_once:
+        y = h.mul_(weight.float() + 1.0 if unit_offset else weight.float()).to(x.dtype)
         return y if residual is None else (y, x)
     y = h.to(x.dtype)
     y = y.mul_(weight) if weight.dtype == y.dtype else weight * y  # in place on a temporary
@@ -104,9 +111,10 @@ def rms_norm(
     residual: torch.Tensor | None = None,  # [..., H]
     *,
     unit_offset: bool = False,
+    round_once: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm (Gemma's with `unit_offset`); returns y, or (y, x + residual) when a residual
-    is given."""
+    """RMSNorm (OLMo's with `round_once`, Gemma's with `unit_offset`); returns y, or
+    (y, x + residual) when a residual is given."""
     if use_triton(x, weight, residual):
-        return rms_norm_triton(x, weight, eps, residual, unit_offset=unit_offset)
-    return rms_norm_ref(x, weight, eps, residual, unit_offset=unit_offset)
+        return rms_norm_triton(x, weight, eps, residual, unit_offset=unit_offset, round_once=round_once)
+    return rms_norm_ref(x, weight, eps, residual, unit_offset=unit_offset, round_once=round_once)

@@ -4,6 +4,7 @@ config.json (and generation_config.json for the stop tokens)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sprig.runtime.quantization.formats import WeightFormat
+
+log = logging.getLogger("sprig.model")
 
 # config.json's `hidden_act` (Gemma: `hidden_activation`) values sprig computes: the gate's
 # activation of a gated MLP (`sprig.kernels.activation`)
@@ -70,7 +73,8 @@ class ModelConfig:
     query_pre_attn_scalar ** -0.5); `sliding_rope_theta`, when set, is the RoPE base of the
     sliding layers (unscaled; Gemma 3's local base), the full layers keep `rope_theta` and
     `rope_scaling`. `hidden_act` is one of `GATED_ACTIVATIONS`; `final_logit_softcap` c,
-    when set, maps logits x to c * tanh(x / c).
+    when set, maps logits x to c * tanh(x / c). The layers in `nope_layers` apply no RoPE
+    (SmolLM3's NoPE layers).
     """
 
     architecture: str
@@ -99,6 +103,7 @@ class ModelConfig:
     attention_scale: float | None = None
     sliding_rope_theta: float | None = None
     final_logit_softcap: float | None = None
+    nope_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -117,8 +122,9 @@ class ModelConfig:
             raise ValueError(f"sliding_window {self.sliding_window} with sliding layers {self.sliding_layers}")
         if self.moe is not None and self.hidden_act != "silu":
             raise ValueError(f"mixture-of-experts layers compute SwiGLU only, not {self.hidden_act!r}")
-        if any(not 0 <= i < self.num_layers for i in self.sliding_layers):
-            raise ValueError(f"sliding layers {self.sliding_layers} outside 0..{self.num_layers - 1}")
+        for what, layers in (("sliding", self.sliding_layers), ("NoPE", self.nope_layers)):
+            if any(not 0 <= i < self.num_layers for i in layers):
+                raise ValueError(f"{what} layers {layers} outside 0..{self.num_layers - 1}")
 
     def attention_window(self, layer_id: int) -> int | None:
         """The sliding window layer `layer_id` attends within; None: its whole context."""
@@ -135,7 +141,7 @@ class ModelConfig:
         path = Path(path)
         if not path.is_dir():
             raise ValueError(f"model path {str(path)!r} is not a directory")
-        cfg = _read_json(path / "config.json", required=True)
+        cfg = _text_model(path, _read_json(path / "config.json", required=True))
         archs = cfg.get("architectures") or []
         if not archs or (supported is not None and archs[0] not in supported):
             raise ValueError(
@@ -183,25 +189,53 @@ class ModelConfig:
             attention_scale=cfg["query_pre_attn_scalar"] ** -0.5 if cfg.get("query_pre_attn_scalar") else None,
             sliding_rope_theta=sliding_theta,
             final_logit_softcap=cfg.get("final_logit_softcapping") or None,
+            nope_layers=_nope_layers(cfg, archs[0]),
         )
 
 
 # families whose windowed layers are the ones config.json's `layer_types` marks (or, in
 # older configs, the family's default pattern); Mistral, Mixtral and Qwen3-MoE apply a
 # window to every layer; Llama has none
-_LAYER_TYPED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Gemma3ForCausalLM")
+_LAYER_TYPED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Gemma3ForCausalLM", "Olmo3ForCausalLM",
+                "SmolLM3ForCausalLM")
+# families whose window counts only with `use_sliding_window`
+_WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+                    "SmolLM3ForCausalLM")
 _EVERY_LAYER = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
-# families whose sliding layers have a RoPE of their own (`_layer_type_rope`)
-_PER_LAYER_TYPE_ROPE = ("Gemma3ForCausalLM",)
+# families whose sliding layers have a RoPE of their own (`_layer_type_rope`) -> the default
+# theta of their full and of their sliding layers, and the older configs' key for the latter
+_PER_LAYER_TYPE_ROPE = {"Gemma3ForCausalLM": (1_000_000.0, 10_000.0, "rope_local_base_freq"),
+                        "Olmo3ForCausalLM": (500_000.0, 500_000.0, None)}
+
+
+# multimodal architectures -> the text model of theirs sprig serves (their vision towers
+# are not loaded: requests carry text only)
+TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+
+
+def _text_model(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json, or for a multimodal checkpoint (`TEXT_MODELS`) its text model's config
+    with every default filled in (such checkpoints save only a text config's non-default
+    values, so transformers reads it) and the top-level dtype, head tying and stop tokens."""
+    arch = (cfg.get("architectures") or [None])[0]
+    if arch not in TEXT_MODELS:
+        return cfg
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(path).get_text_config().to_dict()
+    log.info("%s: serving its text model (%s); its vision tower is not loaded", path, TEXT_MODELS[arch])
+    top = {key: cfg[key] for key in ("dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id") if key in cfg}
+    return {**text, **top, "architectures": [TEXT_MODELS[arch]]}
 
 
 def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...]]:
     """(window, the layers that attend within it), as transformers reads config.json: the
-    Qwen families' window counts only with `use_sliding_window`; without `layer_types`,
-    Qwen2/Qwen3 slide in layers >= `max_window_layers`, Qwen2-MoE in the even layers below
-    it, Gemma 3 in all but every `sliding_window_pattern`-th layer."""
+    Qwen families' and SmolLM3's window counts only with `use_sliding_window`; without
+    `layer_types`, Qwen2/Qwen3 slide in layers >= `max_window_layers`, Qwen2-MoE in the even
+    layers below it, Gemma 3 in all but every `sliding_window_pattern`-th layer, OLMo 3 in
+    all but every fourth, SmolLM3 in its NoPE layers."""
     window = cfg.get("sliding_window")
-    if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
+    if arch in _WINDOW_SWITCHED and not cfg.get("use_sliding_window", False):
         window = None
     if not window or arch not in _LAYER_TYPED + _EVERY_LAYER:
         return None, ()
@@ -213,6 +247,10 @@ def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...
     elif arch == "Gemma3ForCausalLM":
         pattern = cfg.get("sliding_window_pattern", 6)
         layers = [i for i in range(n) if (i + 1) % pattern]
+    elif arch == "Olmo3ForCausalLM":
+        layers = [i for i in range(n) if (i + 1) % 4]
+    elif arch == "SmolLM3ForCausalLM":
+        layers = _nope_layers(cfg, arch)
     elif arch == "Qwen2MoeForCausalLM":
         layers = [i for i in range(min(n, cfg.get("max_window_layers", 28))) if i % 2 == 0]
     else:
@@ -221,18 +259,38 @@ def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...
     return (int(window), layers) if layers else (None, ())
 
 
-def _layer_type_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
-    """Gemma 3's two RoPEs: (full layers' theta, their scaling, sliding layers' theta), from
-    transformers 5's `rope_parameters` keyed by layer type or the older `rope_theta`,
-    `rope_scaling` (the full layers') and `rope_local_base_freq`. The sliding layers' RoPE
-    is never scaled."""
+def _nope_layers(cfg: dict[str, Any], arch: str) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: where `no_rope_layers` (1 per layer with RoPE) has a 0,
+    or, without it, every `no_rope_layer_interval`-th layer (4th by default)."""
+    if arch != "SmolLM3ForCausalLM":
+        return ()
+    n = cfg["num_hidden_layers"]
+    flags = cfg.get("no_rope_layers") or [int((i + 1) % cfg.get("no_rope_layer_interval", 4) != 0) for i in range(n)]
+    return tuple(i for i, has_rope in enumerate(flags) if not has_rope)
+
+
+def _full_layer_rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json with the full layers' RoPE as its `rope_parameters`, for a family whose
+    sliding layers have their own (transformers 5's `rope_parameters` keyed by layer type,
+    or the older `rope_theta` and `rope_scaling`)."""
     params = cfg.get("rope_parameters") or {}
     full = params.get("full_attention") or cfg.get("rope_scaling") or {}
-    local = params.get("sliding_attention") or {}
+    default_theta = _PER_LAYER_TYPE_ROPE[cfg["architectures"][0]][0]
+    return {**cfg, "rope_parameters": {"rope_theta": cfg.get("rope_theta", default_theta)} | full}
+
+
+def _layer_type_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
+    """The two RoPEs of Gemma 3 and OLMo 3: (full layers' theta, their scaling, sliding
+    layers' theta; Gemma's older configs name it `rope_local_base_freq`, OLMo's older ones
+    leave it at the family's default, as transformers reads them). The sliding layers' RoPE
+    is never scaled."""
+    local = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
     if local.get("rope_type", local.get("type", "default")) != "default":
         raise ValueError(f"unsupported rope_type {local.get('rope_type')!r} for the sliding layers")
-    theta, scaling = _rope({**cfg, "rope_parameters": {"rope_theta": cfg.get("rope_theta", 1_000_000.0)} | full})
-    return theta, scaling, float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
+    theta, scaling = _rope(_full_layer_rope(cfg))
+    _, default_local, older_key = _PER_LAYER_TYPE_ROPE[cfg["architectures"][0]]
+    older = cfg.get(older_key, default_local) if older_key else default_local
+    return theta, scaling, float(local.get("rope_theta", older))
 
 
 def _moe(cfg: dict[str, Any]) -> MoEConfig | None:
@@ -313,7 +371,8 @@ def longest_context(cfg: dict[str, Any]) -> tuple[int, str]:
     """The longest context a checkpoint's config covers, and why: max_position_embeddings,
     times the factor of linear rope scaling (which stretches positions; llama3 scaling's
     max_position_embeddings is already the stretched length, as is Gemma 3's, whose linear
-    factor scales its full layers' RoPE).
+    factor scales its full layers' RoPE). A family whose sliding layers have a RoPE of their
+    own is read by its full layers' RoPE.
 
     For yarn it is the larger of max_position_embeddings and original_max_position_embeddings
     x factor (as `_rope` fills them): the length yarn stretches the pretraining context to,
@@ -322,9 +381,12 @@ def longest_context(cfg: dict[str, Any]) -> tuple[int, str]:
     already is at least that (DeepSeek-V3: 163840 = 4096 x 40) keeps it."""
     limit = cfg["max_position_embeddings"]
     why = f"max_position_embeddings {limit}"
+    arch = (cfg.get("architectures") or [None])[0]
+    if arch in _PER_LAYER_TYPE_ROPE:  # the full layers' RoPE sets the limit
+        cfg = _full_layer_rope(cfg)
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type"))
-    if rope_type == "linear" and (cfg.get("architectures") or [None])[0] not in _PER_LAYER_TYPE_ROPE:
+    if rope_type == "linear" and arch != "Gemma3ForCausalLM":
         limit = int(limit * params["factor"])
         why += f" x rope_scaling linear factor {params['factor']}"
     elif rope_type == "yarn":

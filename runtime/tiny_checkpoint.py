@@ -1,6 +1,6 @@
 """Build tiny, real Hugging Face checkpoints offline: a trained byte-level BPE tokenizer
 with a chat template, and a randomly initialised Llama-family model (dense, or mixture-of-experts)
-or Gemma 3.
+Gemma 3, OLMo 2/3 or SmolLM3.
 
 They load through exactly the code path real checkpoints take, which is what tests and
 the no-hub quick start need. The weights are random: the text they produce is noise.
@@ -24,7 +24,7 @@ CHAT_TEMPLATE = (  # tools and tool calls in the Hermes format (`server.tool_cal
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|end|>"]
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "olmo2", "olmo3", "smollm3")
 MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")  # 4 experts, 2 per token
 
 _WORDS = ["the", "a", "an", "of", "to", "in", "and", "is", "was", "for", "on", "with", "as", "by", "at", "from", "it", "that", "this", "which", "be", "are", "model", "token", "cache", "prefix", "radix", "tree", "request", "batch", "decode", "prefill", "answer", "question", "what", "how", "why", "when", "where", "who", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "Paris", "France", "capital", "city", "river", "number", "sum", "add", "plus", "minus", "times", "result", "step", "think", "alpha", "beta", "gamma", "delta", "cat", "dog", "bird", "fish", "red", "green", "blue", "quick", "brown", "fox", "jumps", "over", "lazy", "hello", "world", "system", "user", "assistant", "yes", "no", "true", "false", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "-", "=", "?"]
@@ -77,10 +77,13 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
         LlamaConfig,
         MistralConfig,
         MixtralConfig,
+        Olmo2Config,
+        Olmo3Config,
         Qwen2Config,
         Qwen2MoeConfig,
         Qwen3Config,
         Qwen3MoeConfig,
+        SmolLM3Config,
     )
 
     common = dict(
@@ -106,10 +109,16 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
         common.update(head_dim=16, query_pre_attn_scalar=24, sliding_window=8, tie_word_embeddings=True,
                       architectures=["Gemma3ForCausalLM"])
     common.update(overrides)
-    if arch == "gemma3":  # sliding and full layers alternate
+    if arch == "olmo3":  # a window shorter than most test prompts
+        common.setdefault("sliding_window", 8)
+    if arch == "smollm3":  # the second of two layers without RoPE; its default pad id is past the tiny vocabulary
+        common.setdefault("no_rope_layer_interval", 2)
+        common.setdefault("pad_token_id", eos)
+    if arch in ("gemma3", "olmo3"):  # sliding and full layers alternate
         kinds = ("sliding_attention", "full_attention")
         common.setdefault("layer_types", [kinds[i % 2] for i in range(common["num_hidden_layers"])])
-    cls = {"gemma3": Gemma3TextConfig, "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+    cls = {"gemma3": Gemma3TextConfig, "olmo2": Olmo2Config, "olmo3": Olmo3Config, "smollm3": SmolLM3Config,
+           "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
            "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}[arch]
     if arch in ("qwen3", "qwen3_moe"):
         common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])

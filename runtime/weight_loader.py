@@ -164,12 +164,12 @@ def load_named_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tens
     names = _Names.of(model)
     quantized = {n for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     params = dict(model.named_parameters())
-    tied = model.config.tie_word_embeddings
     copies: dict[Target, tuple[torch.Tensor, torch.Tensor]] = {}
     for name, tensor in tensors:
-        if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+        canonical = names.canonical(name)
+        if canonical is None:
             continue
-        target = _target(name, names)
+        target = _target(canonical, names)
         if target[0].rpartition(".")[0] in quantized:
             raise ValueError(f"{name!r} belongs to a quantized layer, whose codes a tensor cannot replace "
                              "(update from a checkpoint on disk)")
@@ -217,15 +217,15 @@ def _plan(
     """(file, tensor name, target) of every checkpoint tensor to load, in file order; a
     ValueError names an unexpected, duplicated or missing tensor before anything loads."""
     required, accepted = _expected_targets(model, quantized)
-    tied = model.config.tie_word_embeddings
     loaded: dict[Target, Path] = {}  # -> the file it is in
     plan = []
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                canonical = names.canonical(name)
+                if canonical is None:
                     continue
-                target = _target(name, names)
+                target = _target(canonical, names)
                 if target not in accepted:
                     raise ValueError(f"{file}: unexpected tensor {name!r} (no such parameter in the model)")
                 if target in loaded:
@@ -281,18 +281,37 @@ def _expected_targets(
 
 @dataclass(frozen=True)
 class _Names:
-    """How a model's checkpoint names map to its parameters: `packed` (HF module name ->
-    (fused module name, shard)), `experts` (an expert's HF projection name ->
-    (`FusedExperts` parameter, kind)) and `renamed` (HF module name -> sprig's); see
-    `LlamaForCausalLM`."""
+    """How a model's checkpoint names map to its parameters: `prefixes` (a checkpoint name
+    prefix -> sprig's, e.g. a multimodal checkpoint's `language_model.model.` -> `model.`),
+    `packed` (HF module name -> (fused module name, shard)), `experts` (an expert's HF
+    projection name -> (`FusedExperts` parameter, kind)), `renamed` (HF module name ->
+    sprig's), and `unused` (prefixes of tensors sprig does not load, e.g. a vision
+    tower's); see `LlamaForCausalLM`."""
 
     packed: dict[str, tuple[str, str]]
     experts: dict[str, tuple[str, str]]
     renamed: dict[str, str]
+    prefixes: dict[str, str]
+    unused: tuple[str, ...]
+    tied: bool
 
     @classmethod
     def of(cls, model: nn.Module) -> _Names:
-        return cls(model.packed_modules, getattr(model, "expert_projections", {}), getattr(model, "renamed_modules", {}))
+        return cls(model.packed_modules, getattr(model, "expert_projections", {}), getattr(model, "renamed_modules", {}),
+                   getattr(model, "checkpoint_prefixes", {}), tuple(getattr(model, "unused_prefixes", ())),
+                   model.config.tie_word_embeddings)
+
+    def canonical(self, name: str) -> str | None:
+        """The checkpoint name `name` as a text-only checkpoint spells it (`prefixes`
+        applied), or None for a tensor not loaded: a derived buffer, an `unused` part, a
+        tied head."""
+        if name.endswith(IGNORED_SUFFIXES) or name.startswith(self.unused):
+            return None
+        for prefix, replacement in self.prefixes.items():
+            if name.startswith(prefix):
+                name = replacement + name[len(prefix):]
+                break
+        return None if self.tied and name == "lm_head.weight" else name
 
 
 def _target(hf_name: str, names: _Names) -> Target:

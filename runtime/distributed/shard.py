@@ -42,6 +42,9 @@ class ShardPlan:
 
     def __post_init__(self) -> None:
         c, n = self.full, self.size
+        why_not = getattr(model_class(c.architecture), "not_tensor_parallel", None)
+        if n > 1 and why_not:
+            raise ValueError(f"tensor parallelism: {c.architecture} does not split over ranks: {why_not}")
         if c.num_heads % n:
             raise ValueError(f"tensor parallelism: {c.num_heads} attention heads do not split over {n} ranks")
         if c.num_kv_heads % n and n % c.num_kv_heads:

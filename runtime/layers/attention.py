@@ -19,12 +19,14 @@ from sprig.runtime.layers.rotary import RotaryEmbedding
 @dataclass(frozen=True)
 class AttentionOptions:
     """How a family's attention differs: biases, and RMSNorm of each q/k head before RoPE
-    (Gemma's `unit_offset` norm with `gemma_norm`)."""
+    (Gemma's `unit_offset` norm with `gemma_norm`; with `olmo_norm`, OLMo's: one norm over
+    all of q's heads and one over all of k's, scaled in float32 and rounded once)."""
 
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
     gemma_norm: bool = False
+    olmo_norm: bool = False
 
 
 class SelfAttention(nn.Module):
@@ -57,26 +59,36 @@ class SelfAttention(nn.Module):
             hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=options.qkv_bias
         )
         self.o_proj = nn.Linear(q_size, hidden_size, bias=options.o_bias)
-        gemma = options.gemma_norm
-        self.q_norm = RMSNorm(head_dim, norm_eps, unit_offset=gemma) if options.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, norm_eps, unit_offset=gemma) if options.qk_norm else None
+        self.q_norm = self.k_norm = None
+        self.norm_whole = options.olmo_norm
+        if options.qk_norm:
+            q_span, k_span = (q_size, kv_size) if options.olmo_norm else (head_dim, head_dim)
+            style = {"unit_offset": options.gemma_norm, "round_once": options.olmo_norm}
+            self.q_norm = RMSNorm(q_span, norm_eps, **style)
+            self.k_norm = RMSNorm(k_span, norm_eps, **style)
 
     def forward(
         self,
         hidden: torch.Tensor,  # [T, H]
         batch: ForwardBatch,
         backend: AttentionBackend,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | None,  # None: no position embedding (a NoPE layer)
     ) -> torch.Tensor:  # [T, H]
         T, Hq, Hkv, D = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) D]
         q_size, kv_size = Hq * D, Hkv * D
         v = qkv[:, q_size + kv_size :].view(T, Hkv, D)
         if self.q_norm is not None and self.k_norm is not None:
-            q = rotary(batch.positions, self.q_norm(qkv[:, :q_size].view(T, Hq, D)))
-            k = rotary(batch.positions, self.k_norm(qkv[:, q_size : q_size + kv_size].view(T, Hkv, D)))
+            q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]  # [T, Hq D], [T, Hkv D]
+            if not self.norm_whole:
+                q, k = q.view(T, Hq, D), k.view(T, Hkv, D)
+            q, k = self.q_norm(q).view(T, Hq, D), self.k_norm(k).view(T, Hkv, D)
+            if rotary is not None:
+                q, k = rotary(batch.positions, q), rotary(batch.positions, k)
         else:  # q's and k's heads side by side in the projection: one rotation for both
-            qk = rotary(batch.positions, qkv[:, : q_size + kv_size].view(T, Hq + Hkv, D))
+            qk = qkv[:, : q_size + kv_size].view(T, Hq + Hkv, D)
+            if rotary is not None:
+                qk = rotary(batch.positions, qk)
             q, k = qk[:, :Hq], qk[:, Hq:]  # [T, Hq, D], [T, Hkv, D]
         o = backend.forward(q, k, v, self.layer_id, batch, sm_scale=self.sm_scale, window=self.window)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, q_size))

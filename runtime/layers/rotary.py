@@ -9,6 +9,7 @@ from torch import nn
 
 from sprig.kernels._dispatch import use_triton
 from sprig.kernels.rotary import apply_rotary_ref, apply_rotary_triton, rope_cos_sin, rotary_rows
+from sprig.runtime.model_config import ModelConfig
 
 
 class RotaryEmbedding(nn.Module):
@@ -55,3 +56,20 @@ class RotaryEmbedding(nn.Module):
         if kept is None or kept[0] is not positions or kept[1].dtype != x.dtype:
             kept = self._rows = (positions, *rotary_rows(positions, self.cos, self.sin, x.dtype))
         return apply_rotary_ref(x, positions, self.cos, self.sin, rows=kept[1:])
+
+
+class LayerRotaries(nn.Module):
+    """The RoPE of each layer of a family whose sliding-window layers have one of their own
+    (`ModelConfig.sliding_rope_theta`: Gemma 3, OLMo 3): `local`, unscaled, in the sliding
+    layers; `full`, with the config's scaling, in the others."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.full = RotaryEmbedding(config.head_dim, config.context_len, base=config.rope_theta,
+                                    scaling=config.rope_scaling)
+        self.local = RotaryEmbedding(config.head_dim, config.context_len,
+                                     base=config.sliding_rope_theta or config.rope_theta, scaling=None)
+        self.sliding = frozenset(config.sliding_layers)
+
+    def of(self, layer_id: int) -> RotaryEmbedding:
+        return self.local if layer_id in self.sliding else self.full

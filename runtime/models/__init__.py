@@ -10,8 +10,9 @@ from __future__ import annotations
 from torch import nn
 
 from sprig.runtime.models.gemma3 import Gemma3ForCausalLM
-from sprig.runtime.models.llama import LlamaForCausalLM, MistralForCausalLM
+from sprig.runtime.models.llama import LlamaForCausalLM, MistralForCausalLM, SmolLM3ForCausalLM
 from sprig.runtime.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from sprig.runtime.models.olmo import Olmo2ForCausalLM, Olmo3ForCausalLM
 from sprig.runtime.models.qwen2 import Qwen2ForCausalLM
 from sprig.runtime.models.qwen3 import Qwen3ForCausalLM
 
@@ -24,6 +25,9 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 
 

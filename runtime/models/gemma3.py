@@ -7,6 +7,8 @@ their own, unscaled RoPE base; logits may be soft-capped."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -15,7 +17,7 @@ from sprig.runtime.forward_batch import ForwardBatch
 from sprig.runtime.layers.attention import AttentionOptions
 from sprig.runtime.layers.embedding import VocabEmbedding
 from sprig.runtime.layers.norm import RMSNorm
-from sprig.runtime.layers.rotary import RotaryEmbedding
+from sprig.runtime.layers.rotary import LayerRotaries, RotaryEmbedding
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models.llama import LlamaForCausalLM, feed_forward, self_attention
 
@@ -52,20 +54,13 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3Model(nn.Module):
-    """The embedding, the layers (each given the RoPE of its kind: `rotary_local` in the
-    sliding-window layers) and the final norm."""
+    """The embedding, the layers (each given the RoPE of its kind) and the final norm."""
 
     def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
         super().__init__()
         self.hidden_size = config.hidden_size
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.rotary = RotaryEmbedding(
-            config.head_dim, config.context_len, base=config.rope_theta, scaling=config.rope_scaling
-        )
-        self.rotary_local = RotaryEmbedding(
-            config.head_dim, config.context_len, base=config.sliding_rope_theta or config.rope_theta, scaling=None
-        )
-        self.sliding = frozenset(config.sliding_layers)
+        self.rotaries = LayerRotaries(config)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i, options) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=True)
         self._normalizers: dict[torch.dtype, float] = {}
@@ -75,8 +70,7 @@ class Gemma3Model(nn.Module):
         hidden = hidden * self._normalizer(hidden.dtype)
         residual = None
         for i, layer in enumerate(self.layers):
-            rotary = self.rotary_local if i in self.sliding else self.rotary
-            hidden, residual = layer(hidden, residual, batch, backend, rotary)
+            hidden, residual = layer(hidden, residual, batch, backend, self.rotaries.of(i))
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -88,6 +82,17 @@ class Gemma3Model(nn.Module):
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Also the text model of a `Gemma3ForConditionalGeneration` checkpoint (gemma-3-4b and
+    up), whose language model's tensors it loads (`checkpoint_prefixes`, either
+    transformers' naming) and whose vision tower and projector it skips."""
+
+    checkpoint_prefixes: ClassVar[dict[str, str]] = {
+        "language_model.model.": "model.", "model.language_model.": "model.", "language_model.lm_head.": "lm_head.",
+    }
+    unused_prefixes: ClassVar[tuple[str, ...]] = (
+        "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+    )
+
     @staticmethod
     def attention_options(config: ModelConfig) -> AttentionOptions:
         return AttentionOptions(

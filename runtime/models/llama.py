@@ -55,7 +55,7 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,  # [T, H]; None in the first layer
         batch: ForwardBatch,
         backend: AttentionBackend,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | None,  # None in a NoPE layer
     ) -> tuple[torch.Tensor, torch.Tensor]:  # hidden, residual: [T, H] each
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
@@ -77,12 +77,14 @@ class DecoderModel(nn.Module):
             DecoderLayer(config, i, options) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.nope = frozenset(config.nope_layers)
 
     def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # [T, H]
         hidden = self.embed_tokens(batch.input_ids)  # [T, H]
         residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, batch, backend, self.rotary)
+        for i, layer in enumerate(self.layers):
+            rotary = None if i in self.nope else self.rotary
+            hidden, residual = layer(hidden, residual, batch, backend, rotary)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -131,6 +133,11 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] f32
         return self.lm_head(hidden, self.model.embed_tokens)
+
+
+class SmolLM3ForCausalLM(LlamaForCausalLM):
+    """SmolLM3: Llama's network, with every fourth layer (`ModelConfig.nope_layers`)
+    attending without RoPE."""
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -57,11 +57,12 @@ class _Layer:
 
 def supports(runner: ModelRunner) -> bool:
     """Whether `DraftDecoder` can run `runner`'s model: a dense Llama-family decoder with
-    SwiGLU and full attention in every layer on the CPU, unsharded, with unquantized weights."""
+    SwiGLU, RoPE and full attention in every layer on the CPU, unsharded, with unquantized weights."""
     decoder = getattr(runner.model, "model", None)
     config = runner.model_config
     return (runner.device.type == "cpu" and isinstance(decoder, DecoderModel) and runner.config.quantization is None
-            and config.moe is None and config.sliding_window is None and config.hidden_act == "silu"
+            and config.moe is None and config.sliding_window is None and not config.nope_layers
+            and config.hidden_act == "silu"
             and config.attention_scale is None and config.num_layers == len(decoder.layers))
 
 

@@ -1,5 +1,5 @@
-"""rms_norm: the reference against HF LlamaRMSNorm and Gemma3RMSNorm, the Triton kernel
-against the reference."""
+"""rms_norm: the reference against HF LlamaRMSNorm, Olmo2RMSNorm and Gemma3RMSNorm, the
+Triton kernel against the reference."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 
 from sprig.kernels import rms_norm, rms_norm_ref
 
@@ -106,3 +107,29 @@ def test_unit_offset_triton_matches_ref(
     for g, e in zip(got, expected, strict=True):
         assert g.dtype == e.dtype == dtype
         torch.testing.assert_close(g.cpu(), e, **tol[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, None])
+def test_round_once_ref_matches_olmo_bitwise(dtype: torch.dtype, weight_dtype: torch.dtype | None) -> None:
+    torch.manual_seed(6)
+    hf = Olmo2RMSNorm(48, eps=1e-6).to(weight_dtype or dtype)
+    with torch.no_grad():
+        hf.weight.copy_(torch.randn(48))
+    x = torch.randn(6, 48, dtype=dtype) * 3
+    with torch.no_grad():
+        expected = hf(x)
+    got = rms_norm_ref(x, hf.weight.detach(), 1e-6, round_once=True)
+    assert got.dtype == expected.dtype == dtype
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_once_triton_matches_ref(dtype: torch.dtype, device: str, force_triton: None, tol: dict) -> None:
+    torch.manual_seed(7)
+    x = torch.randn(9, 40, dtype=dtype) * 2
+    w = torch.randn(40)
+    expected = rms_norm_ref(x, w, 1e-6, round_once=True)
+    got = rms_norm(x.to(device), w.to(device), 1e-6, round_once=True)
+    assert got.dtype == expected.dtype == dtype
+    torch.testing.assert_close(got.cpu(), expected, **tol[dtype])

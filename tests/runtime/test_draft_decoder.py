@@ -16,6 +16,7 @@ from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.speculative.draft_decoder import DraftDecoder, supports
 from sprig.runtime.speculative.runner_rounds import RunnerRounds
+from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
 CONTEXTS = [7, 12, 1, 30]  # prompt tokens in the pool per request
 DRAFTS = [4, 2, 3, 1]
@@ -103,3 +104,13 @@ def test_only_unquantized_cpu_models_are_taken(tiny_llama: Path) -> None:
     assert not supports(quantized)
     with pytest.raises(ValueError, match="unquantized"):
         DraftDecoder(quantized)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "olmo3", "smollm3"])
+def test_models_with_windows_nope_or_other_blocks_are_not_taken(arch: str, tiny_checkpoints: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    """Its layers compute full attention with RoPE and SwiGLU only: a sliding window, a NoPE
+    layer or another block (Gemma's, OLMo's) runs through the runner instead."""
+    assert not supports(runner(tiny_checkpoints[arch]))
+    windowed = build_tiny_checkpoint(tmp_path / "mistral", "mistral", sliding_window=8)
+    assert not supports(runner(windowed))

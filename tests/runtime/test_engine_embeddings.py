@@ -35,7 +35,7 @@ def close(got: list[float], want: torch.Tensor | list[float], tol: float = 1e-5)
     assert (got_t - want_t).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
 def test_embeddings_equal_transformers_last_hidden_state(arch: str, tiny_checkpoints: dict[str, Path]) -> None:
     path = tiny_checkpoints[arch]
     tok = AutoTokenizer.from_pretrained(path)

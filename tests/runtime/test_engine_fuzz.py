@@ -24,7 +24,8 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     mixture-of-experts models (`engine_fuzz.MOE_SHARE` of workloads): Qwen2-MoE with its
     shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts; two
     with sliding windows shorter than most prompts (`engine_fuzz.WINDOW_SHARE`): Gemma 3
-    (a window of 6 in two of its three layers) and Qwen2 (12, in its second layer)."""
+    (a window of 6 in two of its three layers), Qwen2 (12, in its second layer) and OLMo 3
+    (5, in three of its four layers; norms after attention and the MLP)."""
     root = tmp_path_factory.mktemp("fuzz")
     return {
         "llama": tiny_checkpoints["llama"],
@@ -40,6 +41,8 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
                                               num_hidden_layers=3, initializer_range=0.1),
         "qwen2-window-sharp": build_tiny_checkpoint(root / "qwen2w", "qwen2", seed=7, use_sliding_window=True,
                                                     sliding_window=12, max_window_layers=1, initializer_range=0.1),
+        "olmo3-sharp": build_tiny_checkpoint(root / "olmo3", "olmo3", seed=8, sliding_window=5, num_hidden_layers=4,
+                                             layer_types=None, initializer_range=0.1),
     }
 
 
@@ -66,7 +69,7 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], device: str,
     assert stats.embeddings > 0
     assert stats.by_backend.get("torch", 0) > 0
     assert stats.by_model.keys() & {"qwen2_moe", "qwen3_moe-sharp"}  # CI's first workloads include one
-    assert stats.by_model.keys() & {"gemma3-sharp", "qwen2-window-sharp"}  # and a sliding-window one
+    assert stats.by_model.keys() & {"gemma3-sharp", "qwen2-window-sharp", "olmo3-sharp"}  # and a sliding-window one
     assert stats.lora > 0
 
 

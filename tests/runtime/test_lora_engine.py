@@ -61,7 +61,7 @@ def expected(refs: dict, names: list[str | None]) -> list[list[int]]:
     return [ids for n in names for ids in refs[n]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen2_moe"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen2_moe", "gemma3"])
 def test_a_mixed_batch_equals_peft_per_adapter_cold_and_warm(arch: str, adapters) -> None:
     base, paths, refs = adapters(arch)
     names = [None, "attn", "mlp"]

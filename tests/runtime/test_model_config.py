@@ -33,9 +33,11 @@ def test_tiny_checkpoints_parse(tiny_checkpoints: dict[str, Path]) -> None:
     assert {c.architecture for c in configs.values()} == {
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
         "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM",
+        "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
     }
-    assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3", "gemma3"))
+    assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3", "gemma3", "olmo2", "olmo3", "smollm3"))
                for arch, c in configs.items())
+    assert configs["smollm3"].nope_layers == (1,) and all(c.nope_layers == () for a, c in configs.items() if a != "smollm3")
     gemma = configs["gemma3"]
     assert (gemma.sliding_window, gemma.sliding_layers, gemma.hidden_act) == (8, (0,), "gelu_pytorch_tanh")
     assert gemma.attention_scale == 24**-0.5 and gemma.sliding_rope_theta == 10_000.0
@@ -94,6 +96,10 @@ def test_llama3_original_max_defaults_to_max_positions(tmp_path: Path) -> None:
         ("Gemma3ForCausalLM", {"sliding_window": 100, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
          100, (0, 1, 2)),
         ("Gemma3ForCausalLM", {"sliding_window": 100, "layer_types": ["full_attention"] * 4}, None, ()),
+        ("Olmo3ForCausalLM", {"sliding_window": 100}, 100, (0, 1, 2)),
+        ("Olmo2ForCausalLM", {"sliding_window": 100}, None, ()),
+        ("SmolLM3ForCausalLM", {"sliding_window": 100}, None, ()),
+        ("SmolLM3ForCausalLM", {"sliding_window": 100, "use_sliding_window": True}, 100, (3,)),  # its NoPE layer
     ],
 )
 def test_sliding_window_layers_as_transformers_reads_them(
@@ -154,3 +160,40 @@ def test_unknown_architecture_lists_supported(tmp_path: Path) -> None:
 def test_unsupported_configs(tmp_path: Path, extra: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_pretrained(write_config(tmp_path, {**BASE, **extra}))
+
+
+@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Olmo3ForCausalLM"])
+@pytest.mark.parametrize("rope", [
+    {"rope_theta": 20_000.0, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+    {"rope_theta": 20_000.0, "rope_local_base_freq": 300.0},
+    {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 7e5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 900.0}}},
+    {},
+])
+def test_per_layer_type_ropes_read_as_transformers_reads_them(tmp_path: Path, arch: str, rope: dict) -> None:
+    """Both RoPEs, in either config format, as transformers' own config class resolves them
+    (its defaults, and its quirks: OLMo 3's older format gives the sliding layers the family
+    default theta, not `rope_theta`)."""
+    from transformers import Gemma3TextConfig, Olmo3Config
+
+    cfg = {**BASE, "architectures": [arch], "sliding_window": 16, **rope}
+    c = ModelConfig.from_pretrained(write_config(tmp_path, cfg))
+    hf = {"Gemma3ForCausalLM": Gemma3TextConfig, "Olmo3ForCausalLM": Olmo3Config}[arch](
+        **{k: v for k, v in cfg.items() if k != "architectures"}).rope_parameters
+    full, local = hf["full_attention"], hf["sliding_attention"]
+    assert (c.rope_theta, c.sliding_rope_theta) == (full["rope_theta"], local["rope_theta"])
+    assert local["rope_type"] == "default"
+    assert (c.rope_scaling or {"rope_type": "default"})["rope_type"] == full["rope_type"]
+    if c.rope_scaling is not None:
+        assert c.rope_scaling["factor"] == full["factor"]
+
+
+@pytest.mark.parametrize(("extra", "nope"), [
+    ({}, (3, 7)),  # every fourth layer by default
+    ({"no_rope_layer_interval": 3}, (2, 5)),
+    ({"no_rope_layers": [1, 0, 1, 1, 0, 1, 1, 1]}, (1, 4)),
+])
+def test_smollm3_nope_layers(tmp_path: Path, extra: dict, nope: tuple[int, ...]) -> None:
+    cfg = {**BASE, "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 8, **extra}
+    assert ModelConfig.from_pretrained(write_config(tmp_path, cfg)).nope_layers == nope
+    assert ModelConfig.from_pretrained(write_config(tmp_path, {**cfg, "architectures": ["LlamaForCausalLM"]})).nope_layers == ()

@@ -1,5 +1,5 @@
 """The model runner against Hugging Face transformers on the same tiny checkpoints (dense,
-mixture-of-experts, sliding-window): prefill logits, greedy decoding, chunked prefill,
+mixture-of-experts, sliding-window, post-norm, NoPE): prefill logits, greedy decoding, chunked prefill,
 bfloat16 (DESIGN.md §5)."""
 
 from __future__ import annotations
@@ -50,6 +50,15 @@ VARIANTS = {
         "sliding_window": 4, "num_hidden_layers": 3, "final_logit_softcapping": 3.0, "initializer_range": 0.2,
         "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50000.0},
                             "sliding_attention": {"rope_type": "default", "rope_theta": 777.0}}}),
+    # OLMo 3: windows of 3 in three layers of four, yarn on the full layer's RoPE only
+    "olmo3-window3-yarn": ("olmo3", {
+        "sliding_window": 3, "num_hidden_layers": 4, "layer_types": None, "initializer_range": 0.2,
+        "rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10_000.0,
+                                               "original_max_position_embeddings": 8},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}),
+    # SmolLM3: its NoPE layer (the fourth) attends within a window of 4
+    "smollm3-nope-window4": ("smollm3", {"num_hidden_layers": 4, "no_rope_layer_interval": 4, "use_sliding_window": True,
+                                         "sliding_window": 4, "initializer_range": 0.2}),
 }
 PROMPT_LENS = (7, 1, 12, 4)
 ATOL = 1e-4

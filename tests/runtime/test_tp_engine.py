@@ -20,8 +20,9 @@ SAMPLED = {"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9, "sampling_seed
 # 301 (an uneven split of the vocabulary). TP=4 (three more processes, about 20 s a case on
 # two cores) runs once per distinct wiring: Qwen2's is Llama's and Mistral's with q/k/v
 # biases, Qwen3's adds the q/k norms. Of the mixture-of-experts models, Mixtral (its block
-# named `block_sparse_moe`) and Qwen2-MoE (a shared expert beside the experts) run at TP=2.
-CASES = [(arch, 2) for arch in ("llama", "mistral", "qwen2", "qwen3", "gqa1", "mixtral", "qwen2_moe")] + [
+# named `block_sparse_moe`) and Qwen2-MoE (a shared expert beside the experts) run at TP=2,
+# as does Gemma 3 (sandwich norms, a scaled embedding, a tied head, a sliding window).
+CASES = [(arch, 2) for arch in ("llama", "mistral", "qwen2", "qwen3", "gqa1", "mixtral", "qwen2_moe", "gemma3")] + [
     (arch, 4) for arch in ("qwen2", "qwen3")
 ]
 INT8_KV = {"kv_cache_dtype": "int8"}  # one scale per token and KV head: each rank scales its own heads

@@ -97,3 +97,11 @@ def test_experts_that_do_not_split_are_refused(tiny_checkpoints: dict[str, Path]
     config = ModelConfig.from_pretrained(tiny_checkpoints["qwen3_moe"])  # experts of 64 features
     with pytest.raises(ValueError, match="expert intermediate size 64 does not split over 3 ranks"):
         ShardPlan(replace(config, num_heads=6, num_kv_heads=3, intermediate_size=96), 0, 3)
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "olmo3"])
+def test_olmo_is_refused_with_the_reason(arch: str, tiny_checkpoints: dict[str, Path]) -> None:
+    config = ModelConfig.from_pretrained(tiny_checkpoints[arch])
+    assert ShardPlan(config, 0, 1).local_config() == config
+    with pytest.raises(ValueError, match=r"ForCausalLM does not split over ranks: its q and k norms span all heads"):
+        ShardPlan(config, 0, 2)
