@@ -5,13 +5,16 @@ request's remainder) merge the parts by it.
 Grouped-query attention folds a KV head's query heads into query rows, so every path sees
 one KV head per query head. On the CPU, torch's fused flash-attention kernel runs for any
 number of rows: it reads each row's K/V once, never materialises the scores and
-parallelises over batch, heads and query blocks. Elsewhere (the torch backend on CUDA)
-the explicit product runs.
+parallelises over batch, heads and query blocks. Elsewhere (the torch backend on CUDA),
+and wherever the scores are soft-capped (the fused kernel cannot cap), the explicit
+product runs.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .softcap import soft_cap_
 
 
 def attention_lse(
@@ -21,16 +24,18 @@ def attention_lse(
     *,
     scale: float,
     valid: torch.Tensor | None = None,  # bool, broadcastable to [N, H, M, L]; None: all
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [N, H, M, D], [N, H, M] float32
-    """softmax(q k^T * scale, masked by `valid`) v and the rows' log-sum-exp, computed in
-    float32. Every row must have a valid key (a row without one has no finite result)."""
+    """softmax(q k^T * scale, capped by `softcap` (when given), masked by `valid`) v and the
+    rows' log-sum-exp of those scores, computed in float32. Every row must have a valid
+    key (a row without one has no finite result)."""
     q, k, v = q.float(), k.float(), v.float()
     bias = None if valid is None else torch.where(valid, 0.0, float("-inf")).float()  # additive mask
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and softcap is None:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=bias, scale=scale
         )
-    return explicit_attention_lse(q, k, v, scale=scale, bias=bias)
+    return explicit_attention_lse(q, k, v, scale=scale, bias=bias, softcap=softcap)
 
 
 def explicit_attention_lse(
@@ -40,9 +45,13 @@ def explicit_attention_lse(
     *,
     scale: float,
     bias: torch.Tensor | None = None,  # float32 0 / -inf, broadcastable to [N, H, M, L]
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [N, H, M, D], [N, H, M] float32
-    """`attention_lse` as one score matrix per head: the path off the CPU."""
+    """`attention_lse` as one score matrix per head: the path off the CPU and for capped
+    scores (capped before the bias, so masked scores stay -inf)."""
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # [N, H, M, L]
+    if softcap is not None:
+        soft_cap_(scores, softcap)
     if bias is not None:
         scores.add_(bias)
     peak = scores.amax(dim=-1, keepdim=True)

@@ -2,7 +2,8 @@
 
 Request b attends, without a mask, over the slots kv_indices[kv_indptr[b]:kv_indptr[b+1]]
 of k_buffer / v_buffer, or with a sliding `window` W over the last min(len, W) of them
-(the new token at position len - 1 sees positions len - W ..= len - 1). A quantized
+(the new token at position len - 1 sees positions len - W ..= len - 1); with a
+`softcap` the scaled scores are capped before the softmax (`softcap.py`). A quantized
 pool's K/V are dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule). GQA:
 query head h reads kv head h // (Hq // Hkv). Softmax is computed in float32; the output
 has q's dtype. A request with no context gets zeros.
@@ -16,6 +17,7 @@ from ._dispatch import dot_in_f32, next_pow2, use_triton
 from ._triton import tl, triton
 from .kv_quant import dequantize_tile, kernel_scales
 from .paged import check_window, request_attention_ref
+from .softcap import check_softcap, tanh_tile
 
 
 @triton.jit
@@ -29,8 +31,9 @@ def _decode_stage1_kernel(
     v_scale_ptr,  # [S, Hkv] float16
     part_o_ptr,  # [B, Hq, NUM_SPLITS, BLOCK_D] float32: split-normalised partial output
     part_lse_ptr,  # [B, Hq, NUM_SPLITS] float32: log-sum-exp of the split (-inf if empty)
-    sm_scale,
+    sm_scale,  # divided by the cap when SOFTCAP
     window,  # positions a token sees, its own included (read when WINDOWED)
+    softcap,  # the cap on the scores (read when SOFTCAP)
     stride_qb,
     stride_qh,
     stride_ks,
@@ -48,6 +51,7 @@ def _decode_stage1_kernel(
     DOT_F32: tl.constexpr,  # upcast tl.dot operands (the interpreter mis-multiplies bf16)
     KV_QUANT: tl.constexpr,  # the pool is quantized: dequantize K and V to q's dtype on load
     WINDOWED: tl.constexpr,  # only the last `window` positions are visible
+    SOFTCAP: tl.constexpr,  # a score s becomes softcap * tanh(s / softcap) before the mask
 ):
     """One program: request b, one KV head with all its query heads, one split of the
     visible context [first, ctx_len). A split past the visible positions (more splits
@@ -94,6 +98,8 @@ def _decode_stage1_kernel(
         if DOT_F32:
             k = k.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale  # [BH, BN]
+        if SOFTCAP:  # sm_scale came divided by the cap
+            qk = softcap * tanh_tile(qk)
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp(m_i - m_new)
@@ -181,16 +187,19 @@ def decode_attention_triton(
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Split-KV flash decoding: stage 1 per (request, KV head, split), stage 2 merges.
 
     `num_kv_splits` None picks `default_num_kv_splits` (a function of B and Hkv only, so a
     captured CUDA graph stays valid). With a sliding `window` the splits share each
     request's visible positions, found on the device (the window is a kernel argument:
-    a captured graph stays valid for any context lengths). Requires the last dim of q,
-    k_buffer, v_buffer (and out) to be contiguous.
+    a captured graph stays valid for any context lengths). A `softcap` is a kernel
+    argument too (the `SOFTCAP` variant). Requires the last dim of q, k_buffer, v_buffer
+    (and out) to be contiguous.
     """
     check_window(window)
+    check_softcap(softcap)
     B, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
@@ -210,14 +219,15 @@ def decode_attention_triton(
     k_scale_arg, v_scale_arg, quantized = kernel_scales(k_buffer, v_buffer, k_scale, v_scale)
     _decode_stage1_kernel[(B, Hkv, splits)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices,
-        k_scale_arg, v_scale_arg, part_o, part_lse, sm_scale, 0 if window is None else window,
+        k_scale_arg, v_scale_arg, part_o, part_lse, sm_scale if softcap is None else sm_scale / softcap,
+        0 if window is None else window, 1.0 if softcap is None else softcap,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), Hkv, splits,
         GROUP=group, D=D, BLOCK_H=max(16, next_pow2(group)), BLOCK_D=block_d,
         BLOCK_N=32 if block_d > 128 else 64,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized, WINDOWED=window is not None,
-        num_warps=4, num_stages=2,
+        SOFTCAP=softcap is not None, num_warps=4, num_stages=2,
     )
     _decode_stage2_kernel[(B, Hq)](
         part_o, part_lse, out, out.stride(0), out.stride(1), splits,
@@ -237,10 +247,11 @@ def decode_attention_ref(
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Torch reference: request by request, its one query token attends to its whole
-    context, or to its last `window` slots (`request_attention_ref`), in float32. A
-    request with no context gets zeros."""
+    context, or to its last `window` slots, its scores capped by a `softcap`
+    (`request_attention_ref`), in float32. A request with no context gets zeros."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     bounds = kv_indptr.tolist()
     for b in range(q.shape[0]):
@@ -249,7 +260,7 @@ def decode_attention_ref(
             slots = kv_indices[start:end].to(torch.int64)
             out[b] = request_attention_ref(
                 q[b : b + 1], k_buffer, v_buffer, slots,
-                sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window,
+                sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
             )[0]
     return out
 
@@ -267,17 +278,19 @@ def decode_attention(
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Decode attention (over the last `window` slots of each context with a sliding
-    window); Triton split-KV flash-decoding on CUDA, the reference otherwise."""
+    window; scores capped by a `softcap`); Triton split-KV flash-decoding on CUDA, the
+    reference otherwise."""
     if use_triton(q, k_buffer, v_buffer, kv_indptr, kv_indices):
         return decode_attention_triton(
             q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale=sm_scale, num_kv_splits=num_kv_splits,
-            out=out, k_scale=k_scale, v_scale=v_scale, window=window,
+            out=out, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
         )
     o = decode_attention_ref(
         q, k_buffer, v_buffer, kv_indptr, kv_indices,
-        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window,
+        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
     )
     if out is None:
         return o

@@ -3,10 +3,10 @@
 Request b has q_len = qo_indptr[b+1]-qo_indptr[b] new tokens and kv_len =
 kv_indptr[b+1]-kv_indptr[b] context slots (prefix then new tokens, in position order;
 kv_len >= q_len). New token i sits at position p = kv_len - q_len + i and attends to
-context positions 0 ..= p, or with a sliding `window` W to max(0, p - W + 1) ..= p.
-GQA: query head h reads kv head h // (Hq // Hkv). Softmax in float32; output in q's
-dtype. A quantized pool's K/V are dequantized on load by `k_scale` / `v_scale`
-(`kv_quant`'s rule).
+context positions 0 ..= p, or with a sliding `window` W to max(0, p - W + 1) ..= p;
+with a `softcap` the scaled scores are capped before the mask (`softcap.py`). GQA: query
+head h reads kv head h // (Hq // Hkv). Softmax in float32; output in q's dtype. A
+quantized pool's K/V are dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ._dispatch import dot_in_f32, next_pow2, use_triton
 from ._triton import tl, triton
 from .kv_quant import dequantize_tile, kernel_scales
 from .paged import check_window, request_attention_ref
+from .softcap import check_softcap, tanh_tile
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 
@@ -31,9 +32,11 @@ def _attend_range(
     lo, hi,  # context positions [lo, hi) to visit
     row_pos,  # [BM] position of each query row (used when CAUSAL or WINDOWED)
     window,  # positions a row sees, its own included (used when WINDOWED)
-    qk_scale,  # sm_scale * log2(e): scores in base 2, so the softmax uses exp2
+    qk_scale,  # sm_scale * log2(e): scores in base 2, so the softmax uses exp2 (SOFTCAP: sm_scale / cap)
+    softcap,  # cap * log2(e) (used when SOFTCAP)
     CAUSAL: tl.constexpr,  # a row sees no position past its own
     WINDOWED: tl.constexpr,  # a row sees no position `window` or more before its own
+    SOFTCAP: tl.constexpr,  # a score s becomes cap * tanh(s / cap) before the mask
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -60,6 +63,8 @@ def _attend_range(
         if DOT_F32:
             k = k.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN]
+        if SOFTCAP:  # s / cap, capped, times cap * log2(e): the capped score in base 2
+            qk = tanh_tile(qk) * softcap
         keep = nmask[None, :]
         if CAUSAL:
             keep = keep & (n[None, :] <= row_pos[:, None])
@@ -97,8 +102,9 @@ def _extend_kernel(
     kv_indices_ptr,  # [N]
     k_scale_ptr,  # [S, Hkv] float16 (read when KV_QUANT)
     v_scale_ptr,  # [S, Hkv] float16
-    qk_scale,
+    qk_scale,  # sm_scale * log2(e); sm_scale / cap when SOFTCAP
     window,  # positions a token sees, its own included (read when WINDOWED)
+    softcap,  # cap * log2(e) (read when SOFTCAP)
     stride_qt,
     stride_qh,
     stride_ks,
@@ -117,6 +123,7 @@ def _extend_kernel(
     DOT_F32: tl.constexpr,
     KV_QUANT: tl.constexpr,  # the pool is quantized: dequantize K and V to q's dtype on load
     WINDOWED: tl.constexpr,  # a row sees only the `window` positions ending at its own
+    SOFTCAP: tl.constexpr,  # scores are capped before the mask
 ):
     """One program: request b, query head h, BLOCK_M consecutive new tokens. The block's
     rows see positions below the diagonal block without a causal mask; with a window, the
@@ -157,8 +164,8 @@ def _extend_kernel(
             acc, l_i, m_i = _attend_range(
                 acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
                 stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
-                lo, full, row_pos, window, qk_scale,
-                CAUSAL=False, WINDOWED=True, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+                lo, full, row_pos, window, qk_scale, softcap,
+                CAUSAL=False, WINDOWED=True, SOFTCAP=SOFTCAP, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
                 PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
             )
         else:
@@ -167,15 +174,15 @@ def _extend_kernel(
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
             stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
-            full, diag, row_pos, window, qk_scale,
-            CAUSAL=False, WINDOWED=False, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+            full, diag, row_pos, window, qk_scale, softcap,
+            CAUSAL=False, WINDOWED=False, SOFTCAP=SOFTCAP, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
             stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
-            diag, tl.minimum(diag + BLOCK_M, kv_len), row_pos, window, qk_scale,
-            CAUSAL=True, WINDOWED=WINDOWED, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+            diag, tl.minimum(diag + BLOCK_M, kv_len), row_pos, window, qk_scale, softcap,
+            CAUSAL=True, WINDOWED=WINDOWED, SOFTCAP=SOFTCAP, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
         if WINDOWED:  # a padding row past the last real one may have seen nothing
@@ -199,14 +206,17 @@ def extend_attention_triton(
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Flash-attention launcher: grid (requests, query heads, blocks of max_q_len).
 
     `max_q_len` must be >= every request's q_len (rows past it are silently not computed).
     A sliding `window` is a kernel argument (the positions a block visits are found on
-    the device). Requires the last dim of q, k_buffer, v_buffer (and out) to be contiguous.
+    the device), and so is a `softcap` (the `SOFTCAP` variant). Requires the last dim of
+    q, k_buffer, v_buffer (and out) to be contiguous.
     """
     check_window(window)
+    check_softcap(softcap)
     T, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
@@ -224,13 +234,14 @@ def extend_attention_triton(
     k_scale_arg, v_scale_arg, quantized = kernel_scales(k_buffer, v_buffer, k_scale, v_scale)
     _extend_kernel[(B, Hq, triton.cdiv(max_q_len, block))](
         q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices,
-        k_scale_arg, v_scale_arg, sm_scale * LOG2E, 0 if window is None else window,
+        k_scale_arg, v_scale_arg, sm_scale * LOG2E if softcap is None else sm_scale / softcap,
+        0 if window is None else window, 1.0 if softcap is None else softcap * LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1), Hkv,
         GROUP=Hq // Hkv, D=D, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized, WINDOWED=window is not None,
-        num_warps=4, num_stages=stages,
+        SOFTCAP=softcap is not None, num_warps=4, num_stages=stages,
     )
     return out
 
@@ -247,9 +258,10 @@ def extend_attention_ref(
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Torch reference (the CPU path): per request, gather the K/V its new tokens see and
-    one masked SDPA (`request_attention_ref`)."""
+    one masked SDPA, or written-out capped scores with a `softcap` (`request_attention_ref`)."""
     out = torch.empty_like(q)
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
@@ -262,7 +274,7 @@ def extend_attention_ref(
         slots = kv_indices[k0:k1].to(torch.int64)  # [L]
         out[q0:q1] = request_attention_ref(
             q[q0:q1], k_buffer, v_buffer, slots,
-            sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window,
+            sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
         )
     return out
 
@@ -281,17 +293,18 @@ def extend_attention(
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16: a quantized pool's
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Extend attention (within a sliding `window` when one is given); Triton flash
-    attention on CUDA, the reference otherwise."""
+    """Extend attention (within a sliding `window` when one is given, scores capped by a
+    `softcap`); Triton flash attention on CUDA, the reference otherwise."""
     if use_triton(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices):
         return extend_attention_triton(
             q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale=sm_scale,
-            max_q_len=max_q_len, out=out, k_scale=k_scale, v_scale=v_scale, window=window,
+            max_q_len=max_q_len, out=out, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
         )
     o = extend_attention_ref(
         q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window,
+        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
     )
     if out is None:
         return o

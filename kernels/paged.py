@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .kv_quant import dequantize_kv_ref
+from .softcap import capped_attention, check_softcap
 
 
 def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:  # [n, *buffer.shape[1:]]
@@ -43,6 +44,7 @@ def request_attention_ref(
     k_scale: torch.Tensor | None = None,  # [S, Hkv] float16 for a quantized pool
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [Lq, Hq, D] in q.dtype
     """One request's attention: new token i, at position p = L - Lq + i, attends to context
     positions `0 ..= p`, or with a sliding `window` W to `max(0, p - W + 1) ..= p`, in
@@ -50,8 +52,10 @@ def request_attention_ref(
     bites) over the K/V as `gather_kv` reads them. Only the slots some token sees are
     gathered. GQA: query head h reads KV head h // (Hq // Hkv). The inputs carry a batch
     dimension: on the CPU, 3-D GQA inputs take SDPA's unfused path (6x slower for 544
-    tokens, 8 query and 4 KV heads)."""
+    tokens, 8 query and 4 KV heads). A `softcap` caps the scaled scores before the mask
+    (`softcap.py`): SDPA cannot, so the scores are then written out (`capped_attention`)."""
     check_window(window)
+    check_softcap(softcap)
     Hq, Hkv = q.shape[1], k_buffer.shape[1]
     q_len = q.shape[0]
     if window is not None:  # the first token sees from L - Lq - W + 1 on; later ones from further on
@@ -59,6 +63,9 @@ def request_attention_ref(
     kv_len = slots.numel()
     k = gather_kv(k_buffer, slots, k_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
     v = gather_kv(v_buffer, slots, v_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
+    if softcap is not None:
+        o = capped_attention(q.float().transpose(0, 1), k[0], v[0], sm_scale=sm_scale, softcap=softcap, window=window)
+        return o.transpose(0, 1).to(q.dtype)
     qb = q.float().transpose(0, 1)[None]  # [1, Hq, Lq, D]
     # the window bites when the last token, which starts furthest in, does not see slot 0
     bites = window is not None and kv_len > window

@@ -74,7 +74,11 @@ class ModelConfig:
     sliding layers (unscaled; Gemma 3's local base), the full layers keep `rope_theta` and
     `rope_scaling`. `hidden_act` is one of `GATED_ACTIVATIONS`; `final_logit_softcap` c,
     when set, maps logits x to c * tanh(x / c). The layers in `nope_layers` apply no RoPE
-    (SmolLM3's NoPE layers).
+    (SmolLM3's NoPE layers). Granite's scalars: the embedding is multiplied by
+    `embedding_multiplier`, each sub-block's output by `residual_multiplier` before it joins
+    the residual stream, the logits divided by `logits_scaling` (all 1 elsewhere).
+    `attention_softcap` c, when set, maps every scaled attention score s to c * tanh(s / c)
+    (Gemma 2's `attn_logit_softcapping`).
     """
 
     architecture: str
@@ -104,6 +108,10 @@ class ModelConfig:
     sliding_rope_theta: float | None = None
     final_logit_softcap: float | None = None
     nope_layers: tuple[int, ...] = ()
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    attention_softcap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -151,9 +159,8 @@ class ModelConfig:
         act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
         if act not in GATED_ACTIVATIONS:
             raise ValueError(f"{path / 'config.json'}: hidden_act {act!r} is not one of {GATED_ACTIVATIONS}")
-        for unsupported in ("attn_logit_softcapping", "use_bidirectional_attention"):
-            if cfg.get(unsupported):
-                raise ValueError(f"{path / 'config.json'}: {unsupported} is not supported")
+        if cfg.get("use_bidirectional_attention"):
+            raise ValueError(f"{path / 'config.json'}: use_bidirectional_attention is not supported")
         num_heads = cfg["num_attention_heads"]
         gen = _read_json(path / "generation_config.json", required=False)
         eos = _as_ids(cfg.get("eos_token_id")) + _as_ids(gen.get("eos_token_id"))
@@ -186,18 +193,20 @@ class ModelConfig:
             hidden_act=act,
             sliding_window=window,
             sliding_layers=sliding_layers,
-            attention_scale=cfg["query_pre_attn_scalar"] ** -0.5 if cfg.get("query_pre_attn_scalar") else None,
+            attention_scale=_attention_scale(cfg, archs[0]),
             sliding_rope_theta=sliding_theta,
             final_logit_softcap=cfg.get("final_logit_softcapping") or None,
             nope_layers=_nope_layers(cfg, archs[0]),
+            **_granite_scalars(cfg, archs[0]),
+            attention_softcap=cfg.get("attn_logit_softcapping") or None,
         )
 
 
 # families whose windowed layers are the ones config.json's `layer_types` marks (or, in
 # older configs, the family's default pattern); Mistral, Mixtral and Qwen3-MoE apply a
 # window to every layer; Llama has none
-_LAYER_TYPED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Gemma3ForCausalLM", "Olmo3ForCausalLM",
-                "SmolLM3ForCausalLM")
+_LAYER_TYPED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+                "Olmo3ForCausalLM", "SmolLM3ForCausalLM")
 # families whose window counts only with `use_sliding_window`
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                     "SmolLM3ForCausalLM")
@@ -232,8 +241,9 @@ def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...
     """(window, the layers that attend within it), as transformers reads config.json: the
     Qwen families' and SmolLM3's window counts only with `use_sliding_window`; without
     `layer_types`, Qwen2/Qwen3 slide in layers >= `max_window_layers`, Qwen2-MoE in the even
-    layers below it, Gemma 3 in all but every `sliding_window_pattern`-th layer, OLMo 3 in
-    all but every fourth, SmolLM3 in its NoPE layers."""
+    layers below it, Gemma 2 in every other layer (the first included), Gemma 3 in all but
+    every `sliding_window_pattern`-th layer, OLMo 3 in all but every fourth, SmolLM3 in its
+    NoPE layers."""
     window = cfg.get("sliding_window")
     if arch in _WINDOW_SWITCHED and not cfg.get("use_sliding_window", False):
         window = None
@@ -249,6 +259,8 @@ def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...
         layers = [i for i in range(n) if (i + 1) % pattern]
     elif arch == "Olmo3ForCausalLM":
         layers = [i for i in range(n) if (i + 1) % 4]
+    elif arch == "Gemma2ForCausalLM":
+        layers = [i for i in range(n) if (i + 1) % 2]
     elif arch == "SmolLM3ForCausalLM":
         layers = _nope_layers(cfg, arch)
     elif arch == "Qwen2MoeForCausalLM":
@@ -257,6 +269,21 @@ def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...
         layers = range(cfg.get("max_window_layers", 28), n)
     layers = tuple(layers)
     return (int(window), layers) if layers else (None, ())
+
+
+def _attention_scale(cfg: dict[str, Any], arch: str) -> float | None:
+    """The softmax scale where it is not head_dim ** -0.5: Gemma's
+    query_pre_attn_scalar ** -0.5, Granite's attention_multiplier (1 by default)."""
+    if arch == "GraniteForCausalLM":
+        return float(cfg.get("attention_multiplier", 1.0))
+    return cfg["query_pre_attn_scalar"] ** -0.5 if cfg.get("query_pre_attn_scalar") else None
+
+
+def _granite_scalars(cfg: dict[str, Any], arch: str) -> dict[str, float]:
+    """Granite's embedding and residual multipliers and logit divisor (1 by default)."""
+    if arch != "GraniteForCausalLM":
+        return {}
+    return {key: float(cfg.get(key, 1.0)) for key in ("embedding_multiplier", "residual_multiplier", "logits_scaling")}
 
 
 def _nope_layers(cfg: dict[str, Any], arch: str) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """Build tiny, real Hugging Face checkpoints offline: a trained byte-level BPE tokenizer
 with a chat template, and a randomly initialised Llama-family model (dense, or mixture-of-experts)
-Gemma 3, OLMo 2/3 or SmolLM3.
+Gemma 2/3, OLMo 2/3, SmolLM3 or Granite.
 
 They load through exactly the code path real checkpoints take, which is what tests and
 the no-hub quick start need. The weights are random: the text they produce is noise.
@@ -24,7 +24,7 @@ CHAT_TEMPLATE = (  # tools and tool calls in the Hermes format (`server.tool_cal
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|end|>"]
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "olmo2", "olmo3", "smollm3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "olmo3", "smollm3", "granite")
 MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")  # 4 experts, 2 per token
 
 _WORDS = ["the", "a", "an", "of", "to", "in", "and", "is", "was", "for", "on", "with", "as", "by", "at", "from", "it", "that", "this", "which", "be", "are", "model", "token", "cache", "prefix", "radix", "tree", "request", "batch", "decode", "prefill", "answer", "question", "what", "how", "why", "when", "where", "who", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "Paris", "France", "capital", "city", "river", "number", "sum", "add", "plus", "minus", "times", "result", "step", "think", "alpha", "beta", "gamma", "delta", "cat", "dog", "bird", "fish", "red", "green", "blue", "quick", "brown", "fox", "jumps", "over", "lazy", "hello", "world", "system", "user", "assistant", "yes", "no", "true", "false", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "-", "=", "?"]
@@ -73,7 +73,9 @@ def build_tokenizer(path: str | Path, vocab_size: int = 512, seed: int = 0):
 
 def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
     from transformers import (
+        Gemma2Config,
         Gemma3TextConfig,
+        GraniteConfig,
         LlamaConfig,
         MistralConfig,
         MixtralConfig,
@@ -105,19 +107,25 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
         common.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
     if arch == "qwen2_moe":
         common.update(shared_expert_intermediate_size=96)
-    if arch == "gemma3":  # a window shorter than most test prompts, so that it bites
+    if arch in ("gemma2", "gemma3"):  # a window shorter than most test prompts, so that it bites
         common.update(head_dim=16, query_pre_attn_scalar=24, sliding_window=8, tie_word_embeddings=True,
-                      architectures=["Gemma3ForCausalLM"])
+                      architectures=["Gemma2ForCausalLM" if arch == "gemma2" else "Gemma3ForCausalLM"])
+    if arch == "gemma2":  # caps that bite on the tiny model's scores and logits
+        common.update(attn_logit_softcapping=1.5, final_logit_softcapping=4.0)
     common.update(overrides)
     if arch == "olmo3":  # a window shorter than most test prompts
         common.setdefault("sliding_window", 8)
     if arch == "smollm3":  # the second of two layers without RoPE; its default pad id is past the tiny vocabulary
         common.setdefault("no_rope_layer_interval", 2)
         common.setdefault("pad_token_id", eos)
+    if arch == "granite":  # Granite 3's scalars, none of them 1
+        for key, value in (("embedding_multiplier", 12.0), ("residual_multiplier", 0.22),
+                           ("attention_multiplier", 0.2), ("logits_scaling", 8.0)):
+            common.setdefault(key, value)
     if arch in ("gemma3", "olmo3"):  # sliding and full layers alternate
         kinds = ("sliding_attention", "full_attention")
         common.setdefault("layer_types", [kinds[i % 2] for i in range(common["num_hidden_layers"])])
-    cls = {"gemma3": Gemma3TextConfig, "olmo2": Olmo2Config, "olmo3": Olmo3Config, "smollm3": SmolLM3Config,
+    cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "olmo2": Olmo2Config, "olmo3": Olmo3Config, "smollm3": SmolLM3Config, "granite": GraniteConfig,
            "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
            "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}[arch]
     if arch in ("qwen3", "qwen3_moe"):

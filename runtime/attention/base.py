@@ -33,6 +33,7 @@ class AttentionBackend(Protocol):
         *,
         sm_scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, num_q_heads, head_dim]
         """Write k, v at `batch.out_cache_loc` of `layer`, then return attention output.
 
@@ -42,5 +43,9 @@ class AttentionBackend(Protocol):
         token at context position p then attends only to positions `max(0, p - W + 1) ..= p`
         (a decode token to its context's last min(len, W) slots). A layer's window is the
         same at every step; K/V outside it stay in the pool, written as usual.
+        `softcap` (a finite float > 0, else `ValueError`; None: no capping) is the layer's
+        attention-logit soft cap (Gemma 2): each scaled score s = q.k * sm_scale becomes
+        `softcap * tanh(s / softcap)` before the mask and the softmax. Like the window, it
+        is the same for a layer at every step and changes nothing that is stored.
         """
         ...

@@ -38,15 +38,17 @@ class ReferenceAttentionBackend:
         *,
         sm_scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         kv = batch.kv_cache.layers[layer]
         scales = {"k_scale": kv.k_scale, "v_scale": kv.v_scale}
         store_kv_ref(kv.k, kv.v, batch.out_cache_loc, k, v, **scales)
         if batch.mode is ForwardMode.DECODE:
             return decode_attention_ref(
-                q, kv.k, kv.v, batch.kv_indptr, batch.kv_indices, sm_scale=sm_scale, window=window, **scales
+                q, kv.k, kv.v, batch.kv_indptr, batch.kv_indices,
+                sm_scale=sm_scale, window=window, softcap=softcap, **scales,
             )
         return extend_attention_ref(
             q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-            sm_scale=sm_scale, window=window, **scales,
+            sm_scale=sm_scale, window=window, softcap=softcap, **scales,
         )

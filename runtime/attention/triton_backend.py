@@ -30,7 +30,8 @@ class TritonAttentionBackend:
     `decode_attention_triton` by the batch's mode (a quantized pool: quantized on store,
     dequantized on load, by the kernels' `KV_QUANT` variants; a sliding window: the
     kernels' `WINDOWED` variants, the window a kernel argument, so decode steps with
-    windowed layers are captured in CUDA graphs as any others).
+    windowed layers are captured in CUDA graphs as any others; a soft-capped layer: the
+    `SOFTCAP` variants, the cap a kernel argument too).
 
     Invariants: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
     step (forward raises otherwise). The tensor `forward` returns is the step's shared
@@ -70,6 +71,7 @@ class TritonAttentionBackend:
         *,
         sm_scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         plan = self._plan
         if plan is None or plan.batch is not batch:
@@ -82,9 +84,11 @@ class TritonAttentionBackend:
         if batch.mode is ForwardMode.DECODE:
             return decode_attention_triton(
                 q, kv.k, kv.v, batch.kv_indptr, batch.kv_indices,
-                sm_scale=sm_scale, num_kv_splits=plan.num_kv_splits, out=plan.out, window=window, **scales,
+                sm_scale=sm_scale, num_kv_splits=plan.num_kv_splits, out=plan.out, window=window, softcap=softcap,
+                **scales,
             )
         return extend_attention_triton(
             q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-            sm_scale=sm_scale, max_q_len=batch.max_q_len, out=plan.out, window=window, **scales,
+            sm_scale=sm_scale, max_q_len=batch.max_q_len, out=plan.out, window=window, softcap=softcap,
+            **scales,
         )

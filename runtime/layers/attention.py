@@ -32,7 +32,8 @@ class AttentionOptions:
 class SelfAttention(nn.Module):
     """MHA, GQA or MQA (`num_heads % num_kv_heads == 0`) for decoder layer `layer_id`: a
     token attends to its whole context, or with `window` W to its last W positions
-    (itself included). Softmax scale `sm_scale`, head_dim ** -0.5 unless given."""
+    (itself included). Softmax scale `sm_scale`, head_dim ** -0.5 unless given; with
+    `softcap` c, each scaled score s becomes c * tanh(s / c) (Gemma 2)."""
 
     def __init__(
         self,
@@ -46,6 +47,7 @@ class SelfAttention(nn.Module):
         norm_eps: float,
         sm_scale: float | None = None,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -54,6 +56,7 @@ class SelfAttention(nn.Module):
         self.layer_id = layer_id
         self.sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
         self.window = window
+        self.softcap = softcap
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.qkv_proj = MergedLinear(
             hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=options.qkv_bias
@@ -90,5 +93,6 @@ class SelfAttention(nn.Module):
             if rotary is not None:
                 qk = rotary(batch.positions, qk)
             q, k = qk[:, :Hq], qk[:, Hq:]  # [T, Hq, D], [T, Hkv, D]
-        o = backend.forward(q, k, v, self.layer_id, batch, sm_scale=self.sm_scale, window=self.window)  # [T, Hq, D]
+        o = backend.forward(q, k, v, self.layer_id, batch, sm_scale=self.sm_scale, window=self.window,
+                            softcap=self.softcap)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, q_size))

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from sprig.runtime.models.gemma3 import Gemma3ForCausalLM
-from sprig.runtime.models.llama import LlamaForCausalLM, MistralForCausalLM, SmolLM3ForCausalLM
+from sprig.runtime.models.gemma3 import Gemma2ForCausalLM, Gemma3ForCausalLM
+from sprig.runtime.models.llama import (
+    GraniteForCausalLM,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    SmolLM3ForCausalLM,
+)
 from sprig.runtime.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from sprig.runtime.models.olmo import Olmo2ForCausalLM, Olmo3ForCausalLM
 from sprig.runtime.models.qwen2 import Qwen2ForCausalLM
@@ -24,10 +29,12 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
 }
 
 

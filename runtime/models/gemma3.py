@@ -1,5 +1,5 @@
-"""Gemma 3 (the text model, `Gemma3ForCausalLM`): Llama's attention and projections with
-Gemma's differences. Every RMSNorm scales by 1 + weight (`unit_offset`), four per layer:
+"""Gemma 3 (the text model, `Gemma3ForCausalLM`) and Gemma 2: Llama's attention and
+projections with Gemma's differences. Every RMSNorm scales by 1 + weight (`unit_offset`), four per layer:
 before and after attention, before and after the MLP; the MLP is GeGLU (tanh GELU); the
 embedding is scaled by sqrt(hidden_size) rounded to the model's dtype; q and k heads are
 normed; the softmax scale is query_pre_attn_scalar ** -0.5; the sliding-window layers have
@@ -107,3 +107,12 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         logits = super().compute_logits(hidden)
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class Gemma2ForCausalLM(Gemma3ForCausalLM):
+    """Gemma 2: Gemma 3's network without q/k norms, with attention scores soft-capped
+    (`ModelConfig.attention_softcap`) and one RoPE for every layer."""
+
+    @staticmethod
+    def attention_options(config: ModelConfig) -> AttentionOptions:
+        return AttentionOptions(qkv_bias=config.attention_bias, o_bias=config.attention_bias)

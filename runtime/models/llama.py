@@ -29,21 +29,23 @@ def feed_forward(config: ModelConfig, layer_id: int) -> nn.Module:
 
 
 def self_attention(config: ModelConfig, layer_id: int, options: AttentionOptions) -> SelfAttention:
-    """Layer `layer_id`'s attention: the config's heads, softmax scale and (in a sliding
-    layer) window."""
+    """Layer `layer_id`'s attention: the config's heads, softmax scale, score cap and (in a
+    sliding layer) window."""
     return SelfAttention(
         config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
         layer_id=layer_id, options=options, norm_eps=config.rms_norm_eps,
-        sm_scale=config.attention_scale, window=config.attention_window(layer_id),
+        sm_scale=config.attention_scale, window=config.attention_window(layer_id), softcap=config.attention_softcap,
     )
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream travels beside the hidden states so that each
-    norm fuses the previous residual add."""
+    norm fuses the previous residual add. Each sub-block's output is scaled by the config's
+    `residual_multiplier` (Granite's) before it joins the stream."""
 
     def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions) -> None:
         super().__init__()
+        self.residual_multiplier = config.residual_multiplier
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = self_attention(config, layer_id, options)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -61,9 +63,12 @@ class DecoderLayer(nn.Module):
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, batch, backend, rotary)
+        hidden = self._scaled(self.self_attn(hidden, batch, backend, rotary))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self._scaled(self.mlp(hidden)), residual
+
+    def _scaled(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
 class DecoderModel(nn.Module):
@@ -78,9 +83,12 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.nope = frozenset(config.nope_layers)
+        self.embedding_multiplier = config.embedding_multiplier
 
     def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # [T, H]
         hidden = self.embed_tokens(batch.input_ids)  # [T, H]
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
         residual = None
         for i, layer in enumerate(self.layers):
             rotary = None if i in self.nope else self.rotary
@@ -132,7 +140,14 @@ class LlamaForCausalLM(nn.Module):
         return self.model(batch, backend)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] f32
-        return self.lm_head(hidden, self.model.embed_tokens)
+        logits = self.lm_head(hidden, self.model.embed_tokens)
+        scale = self.config.logits_scaling
+        return logits if scale == 1.0 else logits / scale
+
+
+class GraniteForCausalLM(LlamaForCausalLM):
+    """IBM Granite (3.x): Llama's network scaled by its config's multipliers (embedding,
+    residual, attention) and logit divisor (`ModelConfig`)."""
 
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):

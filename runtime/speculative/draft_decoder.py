@@ -57,12 +57,14 @@ class _Layer:
 
 def supports(runner: ModelRunner) -> bool:
     """Whether `DraftDecoder` can run `runner`'s model: a dense Llama-family decoder with
-    SwiGLU, RoPE and full attention in every layer on the CPU, unsharded, with unquantized weights."""
+    SwiGLU, RoPE and full attention in every layer, unscaled (not Granite's), on the CPU, unsharded, with unquantized weights."""
     decoder = getattr(runner.model, "model", None)
     config = runner.model_config
     return (runner.device.type == "cpu" and isinstance(decoder, DecoderModel) and runner.config.quantization is None
             and config.moe is None and config.sliding_window is None and not config.nope_layers
             and config.hidden_act == "silu"
+            and config.embedding_multiplier == config.residual_multiplier == config.logits_scaling == 1.0
+            and config.attention_softcap is None
             and config.attention_scale is None and config.num_layers == len(decoder.layers))
 
 

@@ -1,29 +1,32 @@
 """transformers with sprig's quantized KV cache emulated: an attention implementation that
 rounds every token's K and V, per KV head, through `sprig.kernels.kv_quant`'s rule before
-SDPA, so its logits are what sprig computes over an int8 cache (up to float rounding, which
+SDPA (eager attention for a model whose scores are soft-capped), so its logits are what sprig computes over an int8 cache (up to float rounding, which
 can tip a value across a rounding boundary: one step of that row's scale)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
 from sprig.kernels.kv_quant import dequantize_kv_ref, quantize_kv_ref
 from sprig.radix.kv_cache import KV_CACHE_DTYPES
 
 
-def _attention(storage: torch.dtype):
+def _attention(storage: torch.dtype, capped: bool):
     def attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+               attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         # key, value: [B, Hkv, L, D]; a row of D values is one token's head
         key = dequantize_kv_ref(*quantize_kv_ref(key, storage), key.dtype)
         value = dequantize_kv_ref(*quantize_kv_ref(value, storage), value.dtype)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        forward = eager_attention_forward if capped else sdpa_attention_forward  # SDPA cannot cap scores
+        return forward(module, query, key, value, attention_mask, **kwargs)
 
     return attend
 
@@ -34,7 +37,9 @@ def hf_model(path: Path, kv_cache_dtype: str = "auto") -> torch.nn.Module:
     storage = KV_CACHE_DTYPES[kv_cache_dtype]
     if storage is None:
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    name = f"sprig_kv_{kv_cache_dtype}"
-    AttentionInterface.register(name, _attention(storage))
-    AttentionMaskInterface.register(name, sdpa_mask)  # without a mask of its own, SDPA sees no sliding window
+    capped = json.loads((Path(path) / "config.json").read_text()).get("attn_logit_softcapping") is not None
+    name = f"sprig_kv_{kv_cache_dtype}{'_capped' if capped else ''}"
+    AttentionInterface.register(name, _attention(storage, capped))
+    # without a mask function of its own, transformers passes no mask: no sliding window
+    AttentionMaskInterface.register(name, eager_mask if capped else sdpa_mask)
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=name).eval()

@@ -24,8 +24,9 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     mixture-of-experts models (`engine_fuzz.MOE_SHARE` of workloads): Qwen2-MoE with its
     shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts; two
     with sliding windows shorter than most prompts (`engine_fuzz.WINDOW_SHARE`): Gemma 3
-    (a window of 6 in two of its three layers), Qwen2 (12, in its second layer) and OLMo 3
-    (5, in three of its four layers; norms after attention and the MLP)."""
+    (a window of 6 in two of its three layers), Gemma 2 (7 in its first layer; attention
+    scores and logits soft-capped), Qwen2 (12, in its second layer) and OLMo 3 (5, in three
+    of its four layers; norms after attention and the MLP)."""
     root = tmp_path_factory.mktemp("fuzz")
     return {
         "llama": tiny_checkpoints["llama"],
@@ -43,6 +44,7 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
                                                     sliding_window=12, max_window_layers=1, initializer_range=0.1),
         "olmo3-sharp": build_tiny_checkpoint(root / "olmo3", "olmo3", seed=8, sliding_window=5, num_hidden_layers=4,
                                              layer_types=None, initializer_range=0.1),
+        "gemma2-sharp": build_tiny_checkpoint(root / "gemma2", "gemma2", seed=9, sliding_window=7, initializer_range=0.1),
     }
 
 
@@ -69,7 +71,7 @@ def test_every_request_equals_itself_alone(models: dict[str, Path], device: str,
     assert stats.embeddings > 0
     assert stats.by_backend.get("torch", 0) > 0
     assert stats.by_model.keys() & {"qwen2_moe", "qwen3_moe-sharp"}  # CI's first workloads include one
-    assert stats.by_model.keys() & {"gemma3-sharp", "qwen2-window-sharp", "olmo3-sharp"}  # and a sliding-window one
+    assert stats.by_model.keys() & {"gemma2-sharp", "gemma3-sharp", "qwen2-window-sharp", "olmo3-sharp"}  # and a sliding-window one
     assert stats.lora > 0
 
 

@@ -33,11 +33,13 @@ def test_tiny_checkpoints_parse(tiny_checkpoints: dict[str, Path]) -> None:
     assert {c.architecture for c in configs.values()} == {
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
         "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM",
-        "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
+        "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma2ForCausalLM",
     }
-    assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3", "gemma3", "olmo2", "olmo3", "smollm3"))
+    assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "olmo3",
+                                            "smollm3", "granite"))
                for arch, c in configs.items())
     assert configs["smollm3"].nope_layers == (1,) and all(c.nope_layers == () for a, c in configs.items() if a != "smollm3")
+    assert (configs["gemma2"].attention_softcap, configs["gemma2"].final_logit_softcap) == (1.5, 4.0)
     gemma = configs["gemma3"]
     assert (gemma.sliding_window, gemma.sliding_layers, gemma.hidden_act) == (8, (0,), "gelu_pytorch_tanh")
     assert gemma.attention_scale == 24**-0.5 and gemma.sliding_rope_theta == 10_000.0
@@ -97,6 +99,7 @@ def test_llama3_original_max_defaults_to_max_positions(tmp_path: Path) -> None:
          100, (0, 1, 2)),
         ("Gemma3ForCausalLM", {"sliding_window": 100, "layer_types": ["full_attention"] * 4}, None, ()),
         ("Olmo3ForCausalLM", {"sliding_window": 100}, 100, (0, 1, 2)),
+        ("Gemma2ForCausalLM", {"sliding_window": 100}, 100, (0, 2)),
         ("Olmo2ForCausalLM", {"sliding_window": 100}, None, ()),
         ("SmolLM3ForCausalLM", {"sliding_window": 100}, None, ()),
         ("SmolLM3ForCausalLM", {"sliding_window": 100, "use_sliding_window": True}, 100, (3,)),  # its NoPE layer
@@ -126,9 +129,10 @@ def test_gemma3_reads_both_ropes_and_its_scales(tmp_path: Path) -> None:
         assert (c.rope_theta, c.rope_scaling, c.sliding_rope_theta) == (1e6, {"rope_type": "linear", "factor": 8.0}, 1e4)
         assert (c.hidden_act, c.attention_scale, c.final_logit_softcap) == ("gelu_pytorch_tanh", 256**-0.5, 30.0)
         assert c.sliding_layers == (0, 1) and c.context_len == 256
-    for key, value in (("attn_logit_softcapping", 50.0), ("use_bidirectional_attention", True)):
-        with pytest.raises(ValueError, match=f"{key} is not supported"):
-            ModelConfig.from_pretrained(write_config(tmp_path, {**newer, key: value}))
+    with pytest.raises(ValueError, match="use_bidirectional_attention is not supported"):
+        ModelConfig.from_pretrained(write_config(tmp_path, {**newer, "use_bidirectional_attention": True}))
+    assert c.attention_softcap is None
+    assert ModelConfig.from_pretrained(write_config(tmp_path, {**newer, "attn_logit_softcapping": 50.0})).attention_softcap == 50.0
     with pytest.raises(ValueError, match="hidden_act 'relu' is not one of"):
         ModelConfig.from_pretrained(write_config(tmp_path, {**BASE, "hidden_act": "relu"}))
 
@@ -197,3 +201,15 @@ def test_smollm3_nope_layers(tmp_path: Path, extra: dict, nope: tuple[int, ...])
     cfg = {**BASE, "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 8, **extra}
     assert ModelConfig.from_pretrained(write_config(tmp_path, cfg)).nope_layers == nope
     assert ModelConfig.from_pretrained(write_config(tmp_path, {**cfg, "architectures": ["LlamaForCausalLM"]})).nope_layers == ()
+
+
+def test_granite_scalars(tmp_path: Path) -> None:
+    granite = {**BASE, "architectures": ["GraniteForCausalLM"], "embedding_multiplier": 12.0,
+               "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 16.0}
+    c = ModelConfig.from_pretrained(write_config(tmp_path, granite))
+    assert (c.embedding_multiplier, c.residual_multiplier, c.attention_scale, c.logits_scaling) == (12.0, 0.22, 0.0078125, 16.0)
+    c = ModelConfig.from_pretrained(write_config(tmp_path, {**BASE, "architectures": ["GraniteForCausalLM"]}))
+    assert (c.embedding_multiplier, c.residual_multiplier, c.attention_scale, c.logits_scaling) == (1.0, 1.0, 1.0, 1.0)
+    llama = ModelConfig.from_pretrained(write_config(tmp_path, {**granite, "architectures": ["LlamaForCausalLM"]}))
+    assert (llama.embedding_multiplier, llama.residual_multiplier, llama.attention_scale, llama.logits_scaling) == (
+        1.0, 1.0, None, 1.0)  # only Granite reads them

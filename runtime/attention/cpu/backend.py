@@ -9,6 +9,7 @@ import torch
 
 from sprig.kernels.extend_attention import extend_attention_ref
 from sprig.kernels.paged import check_window
+from sprig.kernels.softcap import check_softcap
 from sprig.kernels.store_kv import store_kv_ref
 from sprig.radix.kv_cache import KVCache, LayerKV
 from sprig.runtime.attention.cpu import cascade
@@ -47,7 +48,10 @@ class TorchAttentionBackend:
     shares a prefix only with cuts that start at the same slot; its kept K/V are keyed
     with the window, and a cut that slid by a slot fails the check and is gathered
     again, so buckets with a context as long as the window are not kept at all); an
-    extend that the window cuts runs the per-request reference with it.
+    extend that the window cuts runs the per-request reference with it. A soft-capped
+    layer (`softcap`) runs the same plans with its scores capped in every part (shared
+    prefix, remainders, per-request reference), written out where the fused CPU kernel
+    would run (`attention_lse`); the kept K/V do not depend on the cap.
 
     Invariant: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
     step, and every step of the pool goes through this backend (a step it did not see
@@ -82,24 +86,27 @@ class TorchAttentionBackend:
         *,
         sm_scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         step = self._step
         if step is None or step.batch is not batch:
             raise RuntimeError("TorchAttentionBackend.forward: call begin_step(batch) first")
+        check_softcap(softcap)
         plan = step.plan if window is None else self._windowed_plan(step, window)
         kv = batch.kv_cache.layers[layer]
         store_kv_ref(kv.k, kv.v, batch.out_cache_loc, k, v, k_scale=kv.k_scale, v_scale=kv.v_scale)
         if isinstance(plan, DecodePlan):
-            return self._decode(q, plan, layer, kv, window, sm_scale)
+            return self._decode(q, plan, layer, kv, window, sm_scale, softcap)
         if plan is None:
             return extend_attention_ref(
                 q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-                sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale, window=window,
+                sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale, window=window, softcap=softcap,
             )
-        return cascade.extend_attention(q, kv, batch.qo_indptr, plan, sm_scale=sm_scale)
+        return cascade.extend_attention(q, kv, batch.qo_indptr, plan, sm_scale=sm_scale, softcap=softcap)
 
     def _decode(
-        self, q: torch.Tensor, plan: DecodePlan, layer: int, kv: LayerKV, window: int | None, sm_scale: float
+        self, q: torch.Tensor, plan: DecodePlan, layer: int, kv: LayerKV, window: int | None, sm_scale: float,
+        softcap: float | None,
     ) -> torch.Tensor:  # [B, Hq, D]
         """Cascade decode by `plan`, K/V from the kept stores; a windowed layer's entries
         carry its window in their keys. A remainder bucket holding a context as long as
@@ -114,7 +121,8 @@ class TorchAttentionBackend:
             return kept.tails.get((layer, i, *tag), bucket, kv)
 
         return cascade.decode_attention(
-            q, plan, rest_kv, lambda i, bucket: kept.prefixes.get((layer, i, *tag), bucket, kv), sm_scale=sm_scale
+            q, plan, rest_kv, lambda i, bucket: kept.prefixes.get((layer, i, *tag), bucket, kv),
+            sm_scale=sm_scale, softcap=softcap,
         )
 
     def _windowed_plan(self, step: _Step, window: int) -> DecodePlan | SharingPlan | None:

@@ -72,9 +72,10 @@ def attend_padded(
     bucket_kv: BucketKV,
     *,
     sm_scale: float,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D] float32, [B, Hq] float32
-    """Each bucket in one `attention_lse` call, a KV head's query heads as its query rows
-    (the K/V are read once for all of them). Every row's result is written at its own
+    """Each bucket in one `attention_lse` call (scores capped by `softcap` when given), a
+    KV head's query heads as its query rows (the K/V are read once for all of them). Every row's result is written at its own
     batch row, `bucket.rows`; rows in no bucket get zeros and -inf."""
     B, Hq, D = q.shape
     every_row = sum(bucket.rows.numel() for bucket in buckets) == B
@@ -85,7 +86,7 @@ def attend_padded(
         b, Hkv = k.shape[:2]
         valid = None if bucket.valid is None else bucket.valid[:, None, None, :]
         rows_q = q.index_select(0, bucket.rows).view(b, Hkv, Hq // Hkv, D)
-        o, s = attention_lse(rows_q, k, v, scale=sm_scale, valid=valid)
+        o, s = attention_lse(rows_q, k, v, scale=sm_scale, valid=valid, softcap=softcap)
         out.index_copy_(0, bucket.rows, o.reshape(b, Hq, D))
         lse.index_copy_(0, bucket.rows, s.reshape(b, Hq))
     return out, lse

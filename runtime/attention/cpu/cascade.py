@@ -6,7 +6,8 @@ reads the shared K/V once, as one matrix product for all the group's new tokens 
 heads (no mask: every new token comes after the prefix), then each request attends to the
 rest of its own context, and the two partial results are merged by their log-sum-exp.
 The result equals plain attention up to float rounding; the K/V traffic for a prefix
-shared by n requests drops n-fold.
+shared by n requests drops n-fold. A soft-capped layer's scores (`softcap`) are capped in
+every part: the cap is elementwise, so the merge stays exact.
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ def decode_attention(
     prefix_kv: PrefixKV,
     *,
     sm_scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D] in q.dtype
     """Decode attention by `plan`: the remainders (K/V from `rest_kv`), then each shared
-    prefix once per group (K/V from `prefix_kv`), merged by log-sum-exp."""
-    out, lse = attend_padded(q, list(plan.rests), rest_kv, sm_scale=sm_scale)
+    prefix once per group (K/V from `prefix_kv`), merged by log-sum-exp; scores capped by
+    `softcap` when given."""
+    out, lse = attend_padded(q, list(plan.rests), rest_kv, sm_scale=sm_scale, softcap=softcap)
     for i, bucket in enumerate(plan.prefixes):
-        _merge_prefix(q, prefix_kv(i, bucket), bucket, out, lse, sm_scale)
+        _merge_prefix(q, prefix_kv(i, bucket), bucket, out, lse, sm_scale, softcap=softcap)
     return out.to(q.dtype)
 
 
@@ -58,8 +61,10 @@ def extend_attention(
     plan: SharingPlan,
     *,
     sm_scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D] in q.dtype
-    """Extend attention by `plan` (made from the batch's kv metadata). A grouped request
+    """Extend attention by `plan` (made from the batch's kv metadata), scores capped by
+    `softcap` when given. A grouped request
     attends causally to its remainder (requests with the same shapes in one call), then
     all of a group's new tokens attend to the shared prefix at once. A request outside
     every group with at most `SHORT_EXTEND` new tokens after a cached context (a
@@ -86,22 +91,23 @@ def extend_attention(
             short.setdefault(q1 - q0, []).append(b)
         else:
             out[q0:q1] = request_attention_ref(
-                q[q0:q1], kv.k, kv.v, plan.rest(b), sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale
+                q[q0:q1], kv.k, kv.v, plan.rest(b),
+                sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale, softcap=softcap,
             )
     for (n_new, _), members in tails.items():
         slots = torch.stack([plan.rest(b) for b in members])  # [m, R]
-        _attend_tails(q, kv, qo, members, n_new, slots, None, out, lse, sm_scale)
+        _attend_tails(q, kv, qo, members, n_new, slots, None, out, lse, sm_scale, softcap=softcap)
     for n_new, members in short.items():
         chosen = torch.tensor(members, device=plan.rest_lens.device)
         for bucket in pad_by_length(plan.rest_starts[chosen], plan.rest_lens[chosen], plan.kv_indices):
             rows = [members[i] for i in bucket.rows.tolist()]
-            _attend_tails(q, kv, qo, rows, n_new, bucket.slots, bucket.lens, out, lse, sm_scale)
+            _attend_tails(q, kv, qo, rows, n_new, bucket.slots, bucket.lens, out, lse, sm_scale, softcap=softcap)
     rows = [
         torch.cat([torch.arange(qo[b], qo[b + 1]) for b in g.members.tolist()]).to(q.device)
         for g in plan.groups
     ]
     for bucket in pad_groups(rows, [g.slots for g in plan.groups], Hq, kv.k.shape[1]):
-        _merge_prefix(q, gather_prefix_kv(kv, bucket), bucket, out, lse, sm_scale)
+        _merge_prefix(q, gather_prefix_kv(kv, bucket), bucket, out, lse, sm_scale, softcap=softcap)
     return out.to(q.dtype)
 
 
@@ -112,6 +118,8 @@ def _merge_prefix(
     out: torch.Tensor,  # [T, Hq, D] float32, contiguous: the rows' attention to the rest, updated
     lse: torch.Tensor,  # [T, Hq] float32, contiguous: its log-sum-exp (left as it is)
     sm_scale: float,
+    *,
+    softcap: float | None,
 ) -> None:
     """Attend the bucket's rows to their shared prefix and merge that into `out`: the two
     parts weigh by their shares of the total softmax mass, the prefix's being
@@ -121,7 +129,7 @@ def _merge_prefix(
     rows scattered back, whatever the rows' batch order."""
     T, Hq, D = q.shape
     heads = bucket.heads
-    o_p, lse_p = _prefix_attention(q, kv, bucket, sm_scale)  # [P, D], [P]
+    o_p, lse_p = _prefix_attention(q, kv, bucket, sm_scale, softcap)  # [P, D], [P]
     if heads.keep is not None:  # padding rows
         o_p, lse_p = o_p.index_select(0, heads.keep), lse_p.index_select(0, heads.keep)
     flat_out = out.view(T * Hq, D)
@@ -135,6 +143,7 @@ def _prefix_attention(
     kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
     bucket: PaddedGroups,
     sm_scale: float,
+    softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [g*Hkv*n*G, D], [g*Hkv*n*G] float32
     """Every query head of every row of each group against the group's shared slots, in
     one call: per group and KV head, the query rows are its n rows times G query heads."""
@@ -143,7 +152,7 @@ def _prefix_attention(
     k, v = kv
     qh = q[heads.tokens, heads.heads].view(g, Hkv, n * G, q.shape[2])
     valid = None if bucket.slot_valid is None else bucket.slot_valid[:, None, None, :]
-    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=valid)  # [g, Hkv, nG, D], [g, Hkv, nG]
+    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=valid, softcap=softcap)  # [g, Hkv, nG, D], [g, Hkv, nG]
     return o.reshape(-1, o.shape[-1]), lse.reshape(-1)
 
 
@@ -158,11 +167,14 @@ def _attend_tails(
     out: torch.Tensor,  # [T, Hq, D] float32: the members' rows written
     lse: torch.Tensor,  # [T, Hq] float32: the members' rows written
     sm_scale: float,
+    *,
+    softcap: float | None,
 ) -> None:
     """`_tail_attention` of the members' new tokens, written at their rows of `out`, `lse`."""
     Hq, D = q.shape[1:]
     token_rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(q.device)
-    o, s = _tail_attention(q.index_select(0, token_rows).view(len(members), n_new, Hq, D), kv, slots, lens, sm_scale)
+    rows_q = q.index_select(0, token_rows).view(len(members), n_new, Hq, D)
+    o, s = _tail_attention(rows_q, kv, slots, lens, sm_scale, softcap)
     out.index_copy_(0, token_rows, o.reshape(-1, Hq, D))
     lse.index_copy_(0, token_rows, s.reshape(-1, Hq))
 
@@ -173,6 +185,7 @@ def _tail_attention(
     slots: torch.Tensor,  # [m, R] int64, R >= Lq: each request's remainder, padded past lens
     lens: torch.Tensor | None,  # [m] int64, Lq <= lens <= R: its real length (None: R each)
     sm_scale: float,
+    softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [m, Lq, Hq, D], [m, Lq, Hq] float32
     """Causal attention of m requests' new tokens to the ends of their contexts, with the
     log-sum-exp, in one call: token i of request j sees positions `0 ..= lens[j] - Lq + i`
@@ -192,7 +205,7 @@ def _tail_attention(
     else:
         ends = lens.to(q.device)[:, None, None] + last[None, :, None]  # [m, Lq, 1]
         seen = (torch.arange(R, device=q.device)[None, None, :] <= ends).repeat(1, G, 1)[:, None]  # [m, 1, G*Lq, R]
-    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=seen)  # [m, Hkv, G*Lq, D], [m, Hkv, G*Lq]
+    o, lse = attention_lse(qh, k, v, scale=sm_scale, valid=seen, softcap=softcap)  # [m, Hkv, G*Lq, D], [m, Hkv, G*Lq]
     return (
         o.view(m, Hkv, G, Lq, D).permute(0, 3, 1, 2, 4).reshape(m, Lq, Hq, D),
         lse.view(m, Hkv, G, Lq).permute(0, 3, 1, 2).reshape(m, Lq, Hq),
