@@ -50,7 +50,7 @@ def occurrences(seq: np.ndarray, suffix: np.ndarray) -> np.ndarray:
     """Where the tokens after each occurrence of `suffix` in `seq` that ends before `seq`
     does begin, ascending."""
     n = suffix.shape[0]
-    hits = np.flatnonzero(seq[: seq.shape[0] - n] == suffix[0])  # starts i < len - n
+    hits = np.flatnonzero(seq[: max(seq.shape[0] - n, 0)] == suffix[0])  # starts i < len - n (none if n > len)
     for j in range(1, n):
         hits = hits[seq[hits + j] == suffix[j]]
     return hits + n

@@ -17,7 +17,7 @@ from sprig.runtime.speculative.accept import (
     tree_walk,
 )
 from sprig.runtime.speculative.draft_length import EMPTY_PAUSE_STEPS, AcceptanceRate, DraftLength
-from sprig.runtime.speculative.ngram import NgramDrafter
+from sprig.runtime.speculative.ngram import NgramDrafter, occurrences
 from sprig.runtime.speculative.radix_drafter import RadixDrafter
 
 CASES = [
@@ -162,6 +162,18 @@ def test_ngram_alternatives_are_what_followed_earlier_occurrences() -> None:
     assert d.alternatives(context, 3, 3) == [[8, 1, 2]]  # the first occurrence's [7, 1, 2] is the draft again
     assert d.alternatives(context, 1, 3) == [[8]]
     assert d.alternatives([1, 2, 1, 2, 1], 3, 3) == []  # one occurrence
+
+
+@pytest.mark.parametrize(("seq", "suffix", "hits"), [
+    ([302, 302, 223], [302, 302, 223, 302], []),  # a suffix longer than the sequence (the radix
+    # drafter matches a context's suffix against a short cached continuation)
+    ([5, 6], [5, 6], []),  # an occurrence must end before the sequence does
+    ([5, 6, 7, 5, 6], [5, 6], [2]),
+    ([5, 5, 5, 5], [5, 5], [2, 3]),
+])
+def test_occurrences_of_a_suffix(seq: list[int], suffix: list[int], hits: list[int]) -> None:
+    got = occurrences(np.array(seq, dtype=np.int32), np.array(suffix, dtype=np.int32))
+    assert got.tolist() == hits
 
 
 def _tree(page: int, seqs: list[list[int]], hits: list[int]) -> RadixCache:
