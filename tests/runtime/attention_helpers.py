@@ -4,6 +4,12 @@ prefixes shared the way the radix cache shares them."""
 from __future__ import annotations
 
 import torch
+from engine_helpers import contexts_step
+
+from sprig.radix.kv_cache import KVCache, KVShape
+from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
+from sprig.runtime.forward_step import build_forward_batch
+from sprig.runtime.model_config import ModelConfig
 
 POOL = 4096
 
@@ -56,3 +62,30 @@ def decode_step(contexts: list[list[int]], leave: set[int], counter: list[int]) 
     for ctx, slot in zip(contexts, new, strict=True):
         ctx.append(slot)
     return new
+
+
+def random_pools(config: ModelConfig, layers: int, n: int, storage: torch.dtype | None,
+                 device: torch.device) -> list[KVCache]:
+    """n equal pools of `layers` layers and POOL slots with random contents (the cached
+    prefixes), quantized to `storage`."""
+    shape = KVShape(layers, config.num_kv_heads, config.head_dim, torch.float32, storage)
+    pools = [KVCache(shape, POOL, device=device) for _ in range(n)]
+    g = torch.Generator().manual_seed(1)
+    for layer in range(layers):
+        for name in ("k", "v") if storage is None else ("k", "v", "k_scale", "v_scale"):
+            buf = getattr(pools[0], name)[layer]
+            if name in ("k", "v") and storage is not None:
+                init = torch.randint(-127, 128, buf.shape, generator=g)
+            elif name in ("k", "v"):
+                init = torch.randn(buf.shape, generator=g)
+            else:
+                init = torch.rand(buf.shape, generator=g) / 50
+            for pool in pools:
+                getattr(pool, name)[layer].copy_(init.to(buf.dtype))
+    return pools
+
+
+def step_batch(mode: ForwardMode, q_lens: list[int], contexts: list[list[int]], pool: KVCache) -> ForwardBatch:
+    """The `ForwardBatch` of a step over `contexts` (slot lists) with `q_lens` new tokens each."""
+    step = contexts_step(mode, [0] * sum(q_lens), q_lens, [torch.tensor(ctx) for ctx in contexts], [0] * len(q_lens))
+    return build_forward_batch(step, pool, pool.device)[0]

@@ -12,16 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from attention_helpers import fresh
-from engine_helpers import contexts_step
+from attention_helpers import fresh, random_pools, step_batch
 
-from sprig.radix.kv_cache import KVCache, KVShape
 from sprig.runtime.attention import backend_class, make_backend
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.attention.cpu.plan import trim_to_window
 from sprig.runtime.attention.shadow import ShadowAttention
-from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
-from sprig.runtime.forward_step import build_forward_batch
+from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_config import ModelConfig
 
 CPU = torch.device("cpu")
@@ -30,24 +27,6 @@ POOL = 512
 # them; 50 and 60 first bite in the extend step and in the decode steps respectively
 LAYER_WINDOWS = (None, 8, 50, 60, 1)
 
-
-def _pools(config: ModelConfig, n: int, storage: torch.dtype | None, device: torch.device) -> list[KVCache]:
-    """n equal pools with random contents (the cached prefixes), quantized to `storage`."""
-    shape = KVShape(len(LAYER_WINDOWS), config.num_kv_heads, config.head_dim, torch.float32, storage)
-    pools = [KVCache(shape, POOL, device=device) for _ in range(n)]
-    g = torch.Generator().manual_seed(1)
-    for layer in range(shape.num_layers):
-        for name in ("k", "v") if storage is None else ("k", "v", "k_scale", "v_scale"):
-            buf = getattr(pools[0], name)[layer]
-            if name in ("k", "v") and storage is not None:
-                init = torch.randint(-127, 128, buf.shape, generator=g)
-            elif name in ("k", "v"):
-                init = torch.randn(buf.shape, generator=g)
-            else:
-                init = torch.rand(buf.shape, generator=g) / 50
-            for pool in pools:
-                getattr(pool, name)[layer].copy_(init.to(buf.dtype))
-    return pools
 
 
 def _steps(decode_steps: int) -> list[tuple[ForwardMode, list[int], list[list[int]]]]:
@@ -67,17 +46,13 @@ def _steps(decode_steps: int) -> list[tuple[ForwardMode, list[int], list[list[in
     return steps
 
 
-def _batch(mode: ForwardMode, q_lens: list[int], contexts: list[list[int]], pool: KVCache) -> ForwardBatch:
-    step = contexts_step(mode, [0] * sum(q_lens), q_lens, [torch.tensor(ctx) for ctx in contexts], [0] * len(q_lens))
-    return build_forward_batch(step, pool, pool.device)[0]
-
 
 def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype | None, decode_steps: int,
                            device: torch.device, num_sms: int | None = None) -> object:
     """Run the steps through backend `name` and the reference backend, each on its own copy
     of the pool, with the same q/k/v: every layer's output agrees, the pools stay bit-equal.
     Returns the backend."""
-    mine, ref_pool = _pools(config, 2, storage, device)
+    mine, ref_pool = random_pools(config, len(LAYER_WINDOWS), 2, storage, device)
     backend = backend_class(name)(config, mine)
     if num_sms is not None:
         backend.num_sms = num_sms  # as a GPU's: decode contexts are split, and stage 2 merges
@@ -85,7 +60,7 @@ def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype 
     g = torch.Generator().manual_seed(3)
     Hq, Hkv, D = config.num_heads, config.num_kv_heads, config.head_dim
     for mode, q_lens, contexts in _steps(decode_steps):
-        batch = _batch(mode, q_lens, contexts, mine)
+        batch = step_batch(mode, q_lens, contexts, mine)
         ref_batch = dataclasses.replace(batch, kv_cache=ref_pool)
         backend.begin_step(batch)
         reference.begin_step(ref_batch)
@@ -123,13 +98,13 @@ def test_windowed_layers_attend_within_the_window(tiny_llama: Path) -> None:
     attention exactly for the tokens the window hides a position from: the window is
     applied, not dropped on the way."""
     config = ModelConfig.from_pretrained(tiny_llama)
-    pool, ref_pool = _pools(config, 2, None, CPU)
+    pool, ref_pool = random_pools(config, len(LAYER_WINDOWS), 2, None, CPU)
     backend = TorchAttentionBackend(config, pool)
     reference = backend_class("reference")(config, ref_pool)
     Hq, Hkv, D = config.num_heads, config.num_kv_heads, config.head_dim
     g = torch.Generator().manual_seed(5)
     for mode, q_lens, contexts in _steps(2):
-        batch = _batch(mode, q_lens, contexts, pool)
+        batch = step_batch(mode, q_lens, contexts, pool)
         ref_batch = dataclasses.replace(batch, kv_cache=ref_pool)
         backend.begin_step(batch)
         reference.begin_step(ref_batch)
@@ -156,13 +131,13 @@ def test_cut_contexts_are_each_contexts_last_slots() -> None:
 def test_shadow_mode_passes_windowed_layers(tiny_llama: Path, backend: str) -> None:
     config = ModelConfig.from_pretrained(tiny_llama)
     device = torch.device("cuda") if backend == "triton" and torch.cuda.is_available() else CPU
-    (pool,) = _pools(config, 1, None, device)
+    (pool,) = random_pools(config, len(LAYER_WINDOWS), 1, None, device)
     shadow = make_backend(backend, config, pool, shadow=True)
     assert isinstance(shadow, ShadowAttention)
     Hq, Hkv, D = config.num_heads, config.num_kv_heads, config.head_dim
     g = torch.Generator().manual_seed(7)
     for mode, q_lens, contexts in _steps(6 if backend == "torch" else 3):
-        batch = _batch(mode, q_lens, contexts, pool)
+        batch = step_batch(mode, q_lens, contexts, pool)
         shadow.begin_step(batch)
         for layer, window in enumerate(LAYER_WINDOWS):
             q = (torch.randn(batch.num_tokens, Hq, D, generator=g) * 3).to(device)

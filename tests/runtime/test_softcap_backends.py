@@ -13,15 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from attention_helpers import fresh
-from engine_helpers import contexts_step
+from attention_helpers import fresh, random_pools, step_batch
 
-from sprig.radix.kv_cache import KVCache, KVShape
 from sprig.runtime.attention import backend_class, make_backend
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.attention.shadow import ShadowAttention, ShadowMismatch
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
-from sprig.runtime.forward_step import build_forward_batch
 from sprig.runtime.model_config import ModelConfig
 
 CPU = torch.device("cpu")
@@ -30,25 +27,6 @@ POOL = 512
 # windows (8 bites from the extend step on, 58 only from the fifth decode step)
 LAYERS = ((None, None), (None, 50.0), (None, 1.0), (8, 5.0), (58, 2.0))
 
-
-def _pools(config: ModelConfig, n: int, storage: torch.dtype | None, device: torch.device) -> list[KVCache]:
-    """n equal pools with random contents (the cached prefixes), quantized to `storage`."""
-    shape = KVShape(len(LAYERS), config.num_kv_heads, config.head_dim, torch.float32, storage)
-    pools = [KVCache(shape, POOL, device=device) for _ in range(n)]
-    g = torch.Generator().manual_seed(1)
-    names = ("k", "v") if storage is None else ("k", "v", "k_scale", "v_scale")
-    for layer in range(shape.num_layers):
-        for name in names:
-            buf = getattr(pools[0], name)[layer]
-            if name in ("k", "v") and storage is not None:
-                init = torch.randint(-127, 128, buf.shape, generator=g)
-            elif name in ("k", "v"):
-                init = torch.randn(buf.shape, generator=g)
-            else:
-                init = torch.rand(buf.shape, generator=g) / 50
-            for pool in pools:
-                getattr(pool, name)[layer].copy_(init.to(buf.dtype))
-    return pools
 
 
 def _steps(decode_steps: int) -> list[tuple[ForwardMode, list[int], list[list[int]]]]:
@@ -69,10 +47,6 @@ def _steps(decode_steps: int) -> list[tuple[ForwardMode, list[int], list[list[in
     return steps
 
 
-def _batch(mode: ForwardMode, q_lens: list[int], contexts: list[list[int]], pool: KVCache) -> ForwardBatch:
-    step = contexts_step(mode, [0] * sum(q_lens), q_lens, [torch.tensor(ctx) for ctx in contexts], [0] * len(q_lens))
-    return build_forward_batch(step, pool, pool.device)[0]
-
 
 def _qkv(batch: ForwardBatch, config: ModelConfig, g: torch.Generator, device: torch.device):
     """Sharp queries (scores of several units: every cap but 50 bites) and fresh K/V."""
@@ -87,7 +61,7 @@ def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype 
     """Run the steps through backend `name` and the reference backend, each on its own
     copy of the pool, with the same q/k/v: every layer's output agrees, and a capped
     layer's differs from what the same layer gives uncapped. Returns the backend."""
-    mine, ref_pool = _pools(config, 2, storage, device)
+    mine, ref_pool = random_pools(config, len(LAYERS), 2, storage, device)
     backend = backend_class(name)(config, mine)
     if num_sms is not None:
         backend.num_sms = num_sms  # as a GPU's: decode contexts are split, and stage 2 merges
@@ -95,7 +69,7 @@ def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype 
     g = torch.Generator().manual_seed(3)
     scale = config.head_dim**-0.5
     for mode, q_lens, contexts in _steps(decode_steps):
-        batch = _batch(mode, q_lens, contexts, mine)
+        batch = step_batch(mode, q_lens, contexts, mine)
         ref_batch = dataclasses.replace(batch, kv_cache=ref_pool)
         backend.begin_step(batch)
         reference.begin_step(ref_batch)
@@ -133,10 +107,10 @@ def test_triton_backend_equals_the_reference(tiny_llama: Path) -> None:
 def test_backends_refuse_a_cap_that_is_not_positive(tiny_llama: Path, name: str) -> None:
     config = ModelConfig.from_pretrained(tiny_llama)
     device = torch.device("cuda") if name == "triton" and torch.cuda.is_available() else CPU
-    (pool,) = _pools(config, 1, None, device)
+    (pool,) = random_pools(config, len(LAYERS), 1, None, device)
     backend = backend_class(name)(config, pool)
     mode, q_lens, contexts = _steps(0)[0]
-    batch = _batch(mode, q_lens, contexts, pool)
+    batch = step_batch(mode, q_lens, contexts, pool)
     backend.begin_step(batch)
     q, k, v = _qkv(batch, config, torch.Generator().manual_seed(0), device)
     with pytest.raises(ValueError, match="softcap is a finite number > 0"):
@@ -147,12 +121,12 @@ def test_backends_refuse_a_cap_that_is_not_positive(tiny_llama: Path, name: str)
 def test_shadow_mode_passes_capped_layers(tiny_llama: Path, backend: str) -> None:
     config = ModelConfig.from_pretrained(tiny_llama)
     device = torch.device("cuda") if backend == "triton" and torch.cuda.is_available() else CPU
-    (pool,) = _pools(config, 1, None, device)
+    (pool,) = random_pools(config, len(LAYERS), 1, None, device)
     shadow = make_backend(backend, config, pool, shadow=True)
     assert isinstance(shadow, ShadowAttention)
     g = torch.Generator().manual_seed(7)
     for mode, q_lens, contexts in _steps(4 if backend == "torch" else 2):
-        batch = _batch(mode, q_lens, contexts, pool)
+        batch = step_batch(mode, q_lens, contexts, pool)
         shadow.begin_step(batch)
         for layer, (window, cap) in enumerate(LAYERS):
             shadow.forward(*_qkv(batch, config, g, device), layer, batch, sm_scale=0.25, window=window, softcap=cap)
@@ -168,10 +142,10 @@ class CapDropped(TorchAttentionBackend):
 
 def test_shadow_mode_catches_a_backend_that_drops_the_cap(tiny_llama: Path) -> None:
     config = ModelConfig.from_pretrained(tiny_llama)
-    (pool,) = _pools(config, 1, None, CPU)
+    (pool,) = random_pools(config, len(LAYERS), 1, None, CPU)
     shadow = ShadowAttention(CapDropped(config, pool), backend_class("reference")(config, pool))
     mode, q_lens, contexts = _steps(0)[0]
-    batch = _batch(mode, q_lens, contexts, pool)
+    batch = step_batch(mode, q_lens, contexts, pool)
     shadow.begin_step(batch)
     q, k, v = _qkv(batch, config, torch.Generator().manual_seed(2), CPU)
     shadow.forward(q, k, v, 0, batch, sm_scale=0.25)  # uncapped: nothing to drop
