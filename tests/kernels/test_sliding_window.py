@@ -52,11 +52,12 @@ def make_case(
 def dense_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-    *, sm_scale: float, window: int | None,
+    *, sm_scale: float, window: int | None, softcap: float | None = None,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D] float64
     """The definition: the token at context position p sees position j iff j <= p and
-    (no window, or j > p - window); a float64 softmax over the whole context under that
+    (no window, or j > p - window); its scores q.k * sm_scale in float64, capped to
+    cap * tanh(s / cap) with a `softcap`, then a softmax over the whole context under that
     dense mask. A token whose request has no context gets zeros."""
     k64 = k.double() if k_scale is None else k.double() * k_scale.double()[..., None]
     v64 = v.double() if v_scale is None else v.double() * v_scale.double()[..., None]
@@ -74,6 +75,8 @@ def dense_attention(
         keys = k64[slots].repeat_interleave(group, dim=1)  # [L, Hq, D]
         values = v64[slots].repeat_interleave(group, dim=1)  # [L, Hq, D]
         scores = torch.einsum("nhd,lhd->hnl", q[qo[b] : qo[b + 1]].double(), keys) * sm_scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)  # [Hq, n, L]
         out[qo[b] : qo[b + 1]] = torch.einsum("hnl,lhd->nhd", weights, values)
     return out
@@ -94,13 +97,13 @@ def poison_unseen(args: tuple[torch.Tensor, ...], scales: dict[str, torch.Tensor
     return slots.numel()
 
 
-def _decode(args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def decode_args(args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """Decode arguments (q, k, v, kv_indptr, kv_indices) of a case with one token each."""
     q, k, v, _, kv_indptr, kv_indices = args
     return q, k, v, kv_indptr, kv_indices
 
 
-def _to(device: str, args: tuple[torch.Tensor, ...], scales: dict[str, torch.Tensor]):
+def on_device(device: str, args: tuple[torch.Tensor, ...], scales: dict[str, torch.Tensor]):
     return tuple(t.to(device) for t in args), {name: s.to(device) for name, s in scales.items()}
 
 
@@ -112,7 +115,7 @@ def _to(device: str, args: tuple[torch.Tensor, ...], scales: dict[str, torch.Ten
 @pytest.mark.parametrize("storage", [None, torch.int8])
 def test_references_match_the_definition(window: int | None, hq: int, hkv: int, storage: torch.dtype | None) -> None:
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, hq, hkv, 16, torch.float32, storage)
-    got = decode_attention_ref(*_decode(args), sm_scale=0.3, window=window, **scales)
+    got = decode_attention_ref(*decode_args(args), sm_scale=0.3, window=window, **scales)
     torch.testing.assert_close(got.double(), dense_attention(*args, sm_scale=0.3, window=window, **scales),
                                atol=1e-5, rtol=1e-5)
     assert torch.equal(got[2], torch.zeros_like(got[2]))  # no context
@@ -132,8 +135,8 @@ def test_references_keep_the_full_path_where_the_window_does_not_bite() -> None:
     assert torch.equal(extend_attention_ref(*args, sm_scale=0.3, window=max(kv_lens)), full)
     assert not torch.allclose(extend_attention_ref(*args, sm_scale=0.3, window=max(kv_lens) - 1), full)
     args, _ = make_case([1] * len(DECODE_LENS), DECODE_LENS, 8, 2, 16, torch.float32)
-    full = decode_attention_ref(*_decode(args), sm_scale=0.3)
-    assert torch.equal(decode_attention_ref(*_decode(args), sm_scale=0.3, window=130), full)
+    full = decode_attention_ref(*decode_args(args), sm_scale=0.3)
+    assert torch.equal(decode_attention_ref(*decode_args(args), sm_scale=0.3, window=130), full)
 
 
 @pytest.mark.parametrize("storage", [None, torch.int8])
@@ -147,7 +150,7 @@ def test_references_read_only_what_the_window_shows(storage: torch.dtype | None)
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, 8, 2, 16, torch.float32, storage)
     want = dense_attention(*args, sm_scale=0.3, window=4, **scales)
     assert poison_unseen(args, scales, 4) > 0
-    got = decode_attention_ref(*_decode(args), sm_scale=0.3, window=4, **scales)
+    got = decode_attention_ref(*decode_args(args), sm_scale=0.3, window=4, **scales)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -155,9 +158,9 @@ def test_references_read_only_what_the_window_shows(storage: torch.dtype | None)
 def test_a_window_holds_at_least_one_position(window: int, force_triton: None) -> None:
     args, _ = make_case([1, 1], [4, 2], 4, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="at least one position"):
-        decode_attention_ref(*_decode(args), sm_scale=0.3, window=window)
+        decode_attention_ref(*decode_args(args), sm_scale=0.3, window=window)
     with pytest.raises(ValueError, match="at least one position"):
-        decode_attention(*_decode(args), sm_scale=0.3, window=window)
+        decode_attention(*decode_args(args), sm_scale=0.3, window=window)
     with pytest.raises(ValueError, match="at least one position"):
         extend_attention_ref(*args, sm_scale=0.3, window=window)
     with pytest.raises(ValueError, match="at least one position"):
@@ -176,7 +179,7 @@ def test_decode_triton_matches_the_definition(
 ) -> None:
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, hq, hkv, 64, torch.float32)
     want = dense_attention(*args, sm_scale=0.125, window=window)
-    (q, k, v, _, kv_indptr, kv_indices), _ = _to(device, args, scales)
+    (q, k, v, _, kv_indptr, kv_indices), _ = on_device(device, args, scales)
     out = torch.full_like(q, float("nan"))
     got = decode_attention(q, k, v, kv_indptr, kv_indices, sm_scale=0.125, num_kv_splits=splits, out=out,
                            window=window)
@@ -192,7 +195,7 @@ def test_extend_triton_matches_the_definition(
     kv_lens = [a + b for a, b in zip(EXTEND_Q, EXTEND_PREFIX, strict=True)]
     args, scales = make_case(EXTEND_Q, kv_lens, hq, hkv, 64, torch.float32)
     want = dense_attention(*args, sm_scale=0.125, window=window)
-    args, _ = _to(device, args, scales)
+    args, _ = on_device(device, args, scales)
     out = torch.full_like(args[0], float("nan"))
     got = extend_attention(*args, sm_scale=0.125, max_q_len=max(EXTEND_Q), out=out, window=window)
     assert got.data_ptr() == out.data_ptr()
@@ -210,7 +213,7 @@ def test_triton_windows_in_16_bit_and_over_int8_pools(
     tol = {"atol": TOL[dtype], "rtol": TOL[dtype]}
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, 8, 2, 64, dtype, storage)
     want = dense_attention(*args, sm_scale=0.125, window=window, **scales)
-    (q, k, v, _, kv_indptr, kv_indices), dev_scales = _to(device, args, scales)
+    (q, k, v, _, kv_indptr, kv_indices), dev_scales = on_device(device, args, scales)
     got = decode_attention(q, k, v, kv_indptr, kv_indices, sm_scale=0.125, num_kv_splits=3, window=window,
                            **dev_scales)
     assert got.dtype == dtype
@@ -218,7 +221,7 @@ def test_triton_windows_in_16_bit_and_over_int8_pools(
     kv_lens = [a + b for a, b in zip(EXTEND_Q, EXTEND_PREFIX, strict=True)]
     args, scales = make_case(EXTEND_Q, kv_lens, 8, 2, 64, dtype, storage, seed=1)
     want = dense_attention(*args, sm_scale=0.125, window=window, **scales)
-    args, dev_scales = _to(device, args, scales)
+    args, dev_scales = on_device(device, args, scales)
     got = extend_attention(*args, sm_scale=0.125, max_q_len=max(EXTEND_Q), window=window, **dev_scales)
     torch.testing.assert_close(got.cpu().double(), want, **tol)
 
@@ -231,14 +234,14 @@ def test_triton_reads_only_what_the_window_shows(storage: torch.dtype | None, de
     args, scales = make_case(EXTEND_Q, kv_lens, 8, 2, 64, torch.float32, storage)
     want = dense_attention(*args, sm_scale=0.125, window=6, **scales)
     assert poison_unseen(args, scales, 6) > 0
-    args, dev_scales = _to(device, args, scales)
+    args, dev_scales = on_device(device, args, scales)
     got = extend_attention(*args, sm_scale=0.125, max_q_len=max(EXTEND_Q), window=6, **dev_scales)
     torch.testing.assert_close(got.cpu().double(), want, atol=2e-5, rtol=1e-5)
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, 8, 2, 64, torch.float32, storage)
     want = dense_attention(*args, sm_scale=0.125, window=20, **scales)
     assert poison_unseen(args, scales, 20) > 0
-    args, dev_scales = _to(device, args, scales)
-    got = decode_attention(*_decode(args), sm_scale=0.125, num_kv_splits=4, window=20, **dev_scales)
+    args, dev_scales = on_device(device, args, scales)
+    got = decode_attention(*decode_args(args), sm_scale=0.125, num_kv_splits=4, window=20, **dev_scales)
     torch.testing.assert_close(got.cpu().double(), want, atol=2e-5, rtol=1e-5)
 
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from test_sliding_window import make_case, poison_unseen
+from test_sliding_window import decode_args, dense_attention, make_case, on_device, poison_unseen
 
 from sprig.kernels import (
     decode_attention,
@@ -30,46 +30,7 @@ CAPS = [1.0, 5.0, 50.0, None]
 WINDOWS = [None, 6]  # 6 bites every context but the shortest
 
 
-def capped_definition(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-    *, sm_scale: float, softcap: float | None, window: int | None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:  # [T, Hq, D] float64
-    """The definition: scores q.k * sm_scale in float64, capped to cap * tanh(s / cap),
-    then masked (the token at position p sees j iff j <= p and, with a window, j > p -
-    window) and softmaxed over the whole context. No context: zeros."""
-    k64 = k.double() if k_scale is None else k.double() * k_scale.double()[..., None]
-    v64 = v.double() if v_scale is None else v.double() * v_scale.double()[..., None]
-    group = q.shape[1] // k.shape[1]
-    out = torch.zeros(q.shape, dtype=torch.float64)
-    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
-    for b in range(len(qo) - 1):
-        n, L = qo[b + 1] - qo[b], kv[b + 1] - kv[b]
-        if L == 0:
-            continue
-        pos = torch.arange(n)[:, None] + (L - n)  # [n, 1]
-        j = torch.arange(L)[None, :]  # [1, L]
-        mask = (j <= pos) & (j > pos - window) if window is not None else j <= pos  # [n, L]
-        slots = kv_indices[kv[b] : kv[b + 1]].long()
-        keys = k64[slots].repeat_interleave(group, dim=1)  # [L, Hq, D]
-        values = v64[slots].repeat_interleave(group, dim=1)  # [L, Hq, D]
-        scores = torch.einsum("nhd,lhd->hnl", q[qo[b] : qo[b + 1]].double(), keys) * sm_scale
-        if softcap is not None:
-            scores = softcap * torch.tanh(scores / softcap)
-        weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)  # [Hq, n, L]
-        out[qo[b] : qo[b + 1]] = torch.einsum("hnl,lhd->nhd", weights, values)
-    return out
 
-
-def _decode(args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """(q, k, v, kv_indptr, kv_indices) of a case with one new token per request."""
-    q, k, v, _, kv_indptr, kv_indices = args
-    return q, k, v, kv_indptr, kv_indices
-
-
-def _to(device: str, args: tuple[torch.Tensor, ...], scales: dict[str, torch.Tensor]):
-    return tuple(t.to(device) for t in args), {name: s.to(device) for name, s in scales.items()}
 
 
 # ---------------------------------------------------------------- references vs the definition
@@ -83,13 +44,13 @@ def test_references_match_the_definition(
     softcap: float | None, window: int | None, hq: int, hkv: int, storage: torch.dtype | None,
 ) -> None:
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, hq, hkv, 16, torch.float32, storage)
-    got = decode_attention_ref(*_decode(args), sm_scale=0.3, window=window, softcap=softcap, **scales)
-    want = capped_definition(*args, sm_scale=0.3, softcap=softcap, window=window, **scales)
+    got = decode_attention_ref(*decode_args(args), sm_scale=0.3, window=window, softcap=softcap, **scales)
+    want = dense_attention(*args, sm_scale=0.3, softcap=softcap, window=window, **scales)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     assert torch.equal(got[2], torch.zeros_like(got[2]))  # no context
     args, scales = make_case(EXTEND_Q, EXTEND_KV, hq, hkv, 16, torch.float32, storage, seed=1)
     got = extend_attention_ref(*args, sm_scale=0.3, window=window, softcap=softcap, **scales)
-    want = capped_definition(*args, sm_scale=0.3, softcap=softcap, window=window, **scales)
+    want = dense_attention(*args, sm_scale=0.3, softcap=softcap, window=window, **scales)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -108,7 +69,7 @@ def test_the_cap_is_applied_and_fades_as_it_grows() -> None:
 def test_long_prompts_are_capped_in_row_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a score budget smaller than one row, rows go one by one: the result is the same."""
     args, scales = make_case(EXTEND_Q, EXTEND_KV, 8, 2, 16, torch.float32, torch.int8, seed=2)
-    want = capped_definition(*args, sm_scale=0.3, softcap=2.0, window=9, **scales)
+    want = dense_attention(*args, sm_scale=0.3, softcap=2.0, window=9, **scales)
     monkeypatch.setattr(softcap_module, "CAPPED_SCORE_ELEMENTS", 100)
     got = extend_attention_ref(*args, sm_scale=0.3, window=9, softcap=2.0, **scales)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
@@ -116,7 +77,7 @@ def test_long_prompts_are_capped_in_row_chunks(monkeypatch: pytest.MonkeyPatch) 
 
 def test_capped_references_read_only_what_the_window_shows() -> None:
     args, scales = make_case(EXTEND_Q, EXTEND_KV, 8, 2, 16, torch.float32)
-    want = capped_definition(*args, sm_scale=0.3, softcap=3.0, window=5)
+    want = dense_attention(*args, sm_scale=0.3, softcap=3.0, window=5)
     assert poison_unseen(args, scales, 5) > 0
     got = extend_attention_ref(*args, sm_scale=0.3, window=5, softcap=3.0)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
@@ -128,8 +89,8 @@ def test_a_softcap_is_a_finite_positive_number(softcap: float, force_triton: Non
     q, k, v, _, _, kv_indices = args
     calls = [
         lambda: request_attention_ref(q[:1], k, v, kv_indices[:4].long(), sm_scale=0.3, softcap=softcap),
-        lambda: decode_attention_ref(*_decode(args), sm_scale=0.3, softcap=softcap),
-        lambda: decode_attention(*_decode(args), sm_scale=0.3, softcap=softcap),
+        lambda: decode_attention_ref(*decode_args(args), sm_scale=0.3, softcap=softcap),
+        lambda: decode_attention(*decode_args(args), sm_scale=0.3, softcap=softcap),
         lambda: extend_attention_ref(*args, sm_scale=0.3, softcap=softcap),
         lambda: extend_attention(*args, sm_scale=0.3, max_q_len=1, softcap=softcap),
     ]
@@ -168,8 +129,8 @@ def test_decode_triton_matches_the_definition(
     softcap: float | None, window: int | None, hq: int, hkv: int, splits: int, device: str, force_triton: None,
 ) -> None:
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, hq, hkv, 64, torch.float32)
-    want = capped_definition(*args, sm_scale=0.25, softcap=softcap, window=window)
-    (q, k, v, _, kv_indptr, kv_indices), _ = _to(device, args, scales)
+    want = dense_attention(*args, sm_scale=0.25, softcap=softcap, window=window)
+    (q, k, v, _, kv_indptr, kv_indices), _ = on_device(device, args, scales)
     out = torch.full_like(q, float("nan"))
     got = decode_attention(q, k, v, kv_indptr, kv_indices, sm_scale=0.25, num_kv_splits=splits, out=out,
                            window=window, softcap=softcap)
@@ -184,8 +145,8 @@ def test_extend_triton_matches_the_definition(
     softcap: float | None, window: int | None, hq: int, hkv: int, device: str, force_triton: None,
 ) -> None:
     args, scales = make_case(EXTEND_Q, EXTEND_KV, hq, hkv, 64, torch.float32)
-    want = capped_definition(*args, sm_scale=0.25, softcap=softcap, window=window)
-    args, _ = _to(device, args, scales)
+    want = dense_attention(*args, sm_scale=0.25, softcap=softcap, window=window)
+    args, _ = on_device(device, args, scales)
     out = torch.full_like(args[0], float("nan"))
     got = extend_attention(*args, sm_scale=0.25, max_q_len=max(EXTEND_Q), out=out, window=window, softcap=softcap)
     assert got.data_ptr() == out.data_ptr()
@@ -203,15 +164,15 @@ def test_triton_caps_in_16_bit_and_over_int8_pools(
     device: str, force_triton: None, tol: dict[torch.dtype, dict[str, float]],
 ) -> None:
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, 8, 2, 64, dtype, storage)
-    want = capped_definition(*args, sm_scale=0.25, softcap=softcap, window=window, **scales)
-    (q, k, v, _, kv_indptr, kv_indices), dev_scales = _to(device, args, scales)
+    want = dense_attention(*args, sm_scale=0.25, softcap=softcap, window=window, **scales)
+    (q, k, v, _, kv_indptr, kv_indices), dev_scales = on_device(device, args, scales)
     got = decode_attention(q, k, v, kv_indptr, kv_indices, sm_scale=0.25, num_kv_splits=3, window=window,
                            softcap=softcap, **dev_scales)
     assert got.dtype == dtype
     torch.testing.assert_close(got.cpu().double(), want, **tol[dtype])
     args, scales = make_case(EXTEND_Q, EXTEND_KV, 8, 2, 64, dtype, storage, seed=1)
-    want = capped_definition(*args, sm_scale=0.25, softcap=softcap, window=window, **scales)
-    args, dev_scales = _to(device, args, scales)
+    want = dense_attention(*args, sm_scale=0.25, softcap=softcap, window=window, **scales)
+    args, dev_scales = on_device(device, args, scales)
     got = extend_attention(*args, sm_scale=0.25, max_q_len=max(EXTEND_Q), window=window, softcap=softcap,
                            **dev_scales)
     torch.testing.assert_close(got.cpu().double(), want, **tol[dtype])
@@ -221,9 +182,9 @@ def test_capped_triton_reads_only_what_the_window_shows(device: str, force_trito
     """Positions before every token's window hold NaN: capping a loaded one, masked or
     not, would spread it."""
     args, scales = make_case(EXTEND_Q, EXTEND_KV, 8, 2, 64, torch.float32, torch.int8)
-    want = capped_definition(*args, sm_scale=0.25, softcap=2.0, window=6, **scales)
+    want = dense_attention(*args, sm_scale=0.25, softcap=2.0, window=6, **scales)
     assert poison_unseen(args, scales, 6) > 0
-    args, dev_scales = _to(device, args, scales)
+    args, dev_scales = on_device(device, args, scales)
     got = extend_attention(*args, sm_scale=0.25, max_q_len=max(EXTEND_Q), window=6, softcap=2.0, **dev_scales)
     torch.testing.assert_close(got.cpu().double(), want, atol=2e-5, rtol=1e-5)
 
