@@ -3,8 +3,10 @@
 Request b has q_len = qo_indptr[b+1]-qo_indptr[b] new tokens and kv_len =
 kv_indptr[b+1]-kv_indptr[b] context slots (prefix then new tokens, in position order;
 kv_len >= q_len). New token i sits at position p = kv_len - q_len + i and attends to
-context positions 0 ..= p, or with a sliding `window` W to max(0, p - W + 1) ..= p;
-with a `softcap` the scaled scores are capped before the mask (`softcap.py`). GQA: query
+context positions 0 ..= p, or with `attend_until` (one int64 per new token, p + 1 <=
+attend_until[i] <= kv_len: an image block's tokens see the whole block) to those below
+attend_until[i]; with a sliding `window` W only to those from max(0, p - W + 1) on.
+With a `softcap` the scaled scores are capped before the mask (`softcap.py`). GQA: query
 head h reads kv head h // (Hq // Hkv). Softmax in float32; output in q's dtype. A
 quantized pool's K/V are dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule).
 """
@@ -16,7 +18,7 @@ import torch
 from ._dispatch import dot_in_f32, next_pow2, use_triton
 from ._triton import tl, triton
 from .kv_quant import dequantize_tile, kernel_scales
-from .paged import check_window, request_attention_ref
+from .paged import check_attend_until, check_window, request_attention_ref
 from .softcap import check_softcap, tanh_tile
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
@@ -30,11 +32,12 @@ def _attend_range(
     stride_ks, stride_kh, stride_vs, stride_vh,
     k_scale_ptr, v_scale_ptr, stride_scale,  # a quantized pool's scales [S, Hkv] (KV_QUANT)
     lo, hi,  # context positions [lo, hi) to visit
-    row_pos,  # [BM] position of each query row (used when CAUSAL or WINDOWED)
+    row_pos,  # [BM] position of each query row (used when WINDOWED)
+    row_end,  # [BM] the first position each query row no longer sees (used when CAUSAL)
     window,  # positions a row sees, its own included (used when WINDOWED)
     qk_scale,  # sm_scale * log2(e): scores in base 2, so the softmax uses exp2 (SOFTCAP: sm_scale / cap)
     softcap,  # cap * log2(e) (used when SOFTCAP)
-    CAUSAL: tl.constexpr,  # a row sees no position past its own
+    CAUSAL: tl.constexpr,  # a row sees no position at or past its row_end
     WINDOWED: tl.constexpr,  # a row sees no position `window` or more before its own
     SOFTCAP: tl.constexpr,  # a score s becomes cap * tanh(s / cap) before the mask
     D: tl.constexpr,
@@ -67,7 +70,7 @@ def _attend_range(
             qk = tanh_tile(qk) * softcap
         keep = nmask[None, :]
         if CAUSAL:
-            keep = keep & (n[None, :] <= row_pos[:, None])
+            keep = keep & (n[None, :] < row_end[:, None])
         if WINDOWED:
             keep = keep & (n[None, :] > row_pos[:, None] - window)
         qk = tl.where(keep, qk, float("-inf"))
@@ -100,6 +103,7 @@ def _extend_kernel(
     qo_indptr_ptr,  # [B+1]
     kv_indptr_ptr,  # [B+1]
     kv_indices_ptr,  # [N]
+    until_ptr,  # [T] int64: each new token's attend_until (read when ATTEND_UNTIL)
     k_scale_ptr,  # [S, Hkv] float16 (read when KV_QUANT)
     v_scale_ptr,  # [S, Hkv] float16
     qk_scale,  # sm_scale * log2(e); sm_scale / cap when SOFTCAP
@@ -124,11 +128,14 @@ def _extend_kernel(
     KV_QUANT: tl.constexpr,  # the pool is quantized: dequantize K and V to q's dtype on load
     WINDOWED: tl.constexpr,  # a row sees only the `window` positions ending at its own
     SOFTCAP: tl.constexpr,  # scores are capped before the mask
+    ATTEND_UNTIL: tl.constexpr,  # a row sees the positions below its attend_until, not just to its own
 ):
     """One program: request b, query head h, BLOCK_M consecutive new tokens. The block's
     rows see positions below the diagonal block without a causal mask; with a window, the
     positions some row of the block no longer sees are skipped whole and those only its
-    later rows no longer see are masked."""
+    later rows no longer see are masked. With ATTEND_UNTIL the block visits positions up
+    to the largest attend_until of its rows; those from the diagonal that every row sees
+    (in whole key blocks) go without the per-row mask."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     mb = tl.program_id(2)
@@ -153,6 +160,15 @@ def _extend_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         row_pos = prefix + m  # [BM]
         diag = prefix + m_start  # the block's first row's position
+        if ATTEND_UNTIL:  # a padding row sees what the farthest-seeing real row sees
+            row_end = tl.load(until_ptr + q_start + m, mask=mmask, other=0)  # [BM]
+            hi = tl.max(row_end)
+            row_end = tl.where(mmask, row_end, hi)
+            all_see_to = diag + (tl.min(row_end) - diag) // BLOCK_N * BLOCK_N
+        else:
+            row_end = row_pos + 1
+            hi = tl.minimum(diag + BLOCK_M, kv_len)
+            all_see_to = diag
         if WINDOWED:
             # a row sees from its position - window + 1 on: the first row from `lo`, the
             # last real one from `seen_by_all`; [lo, full) is masked, in whole blocks
@@ -164,7 +180,7 @@ def _extend_kernel(
             acc, l_i, m_i = _attend_range(
                 acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
                 stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
-                lo, full, row_pos, window, qk_scale, softcap,
+                lo, full, row_pos, row_end, window, qk_scale, softcap,
                 CAUSAL=False, WINDOWED=True, SOFTCAP=SOFTCAP, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
                 PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
             )
@@ -174,14 +190,22 @@ def _extend_kernel(
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
             stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
-            full, diag, row_pos, window, qk_scale, softcap,
+            full, diag, row_pos, row_end, window, qk_scale, softcap,
             CAUSAL=False, WINDOWED=False, SOFTCAP=SOFTCAP, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
+        if ATTEND_UNTIL:  # every row sees all of [diag, all_see_to), but a window may cut it
+            acc, l_i, m_i = _attend_range(
+                acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
+                stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
+                diag, all_see_to, row_pos, row_end, window, qk_scale, softcap,
+                CAUSAL=False, WINDOWED=WINDOWED, SOFTCAP=SOFTCAP, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+                PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
+            )
         acc, l_i, m_i = _attend_range(
             acc, l_i, m_i, q, k_ptr, v_ptr, kv_indices_ptr, ctx_start, kvh,
             stride_ks, stride_kh, stride_vs, stride_vh, k_scale_ptr, v_scale_ptr, stride_scale,
-            diag, tl.minimum(diag + BLOCK_M, kv_len), row_pos, window, qk_scale, softcap,
+            all_see_to, hi, row_pos, row_end, window, qk_scale, softcap,
             CAUSAL=True, WINDOWED=WINDOWED, SOFTCAP=SOFTCAP, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
@@ -207,16 +231,19 @@ def extend_attention_triton(
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous
     window: int | None = None,
     softcap: float | None = None,
+    attend_until: torch.Tensor | None = None,  # [T] int64
 ) -> torch.Tensor:  # [T, Hq, D]
     """Flash-attention launcher: grid (requests, query heads, blocks of max_q_len).
 
     `max_q_len` must be >= every request's q_len (rows past it are silently not computed).
     A sliding `window` is a kernel argument (the positions a block visits are found on
-    the device), and so is a `softcap` (the `SOFTCAP` variant). Requires the last dim of
-    q, k_buffer, v_buffer (and out) to be contiguous.
+    the device), and so are a `softcap` (the `SOFTCAP` variant) and `attend_until` (the
+    `ATTEND_UNTIL` variant: read on the device, its values unchecked). Requires the last
+    dim of q, k_buffer, v_buffer (and out) to be contiguous.
     """
     check_window(window)
     check_softcap(softcap)
+    check_attend_until(attend_until, q)
     T, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
@@ -234,6 +261,7 @@ def extend_attention_triton(
     k_scale_arg, v_scale_arg, quantized = kernel_scales(k_buffer, v_buffer, k_scale, v_scale)
     _extend_kernel[(B, Hq, triton.cdiv(max_q_len, block))](
         q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices,
+        qo_indptr if attend_until is None else attend_until,  # any pointer when there is none
         k_scale_arg, v_scale_arg, sm_scale * LOG2E if softcap is None else sm_scale / softcap,
         0 if window is None else window, 1.0 if softcap is None else softcap * LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
@@ -241,7 +269,7 @@ def extend_attention_triton(
         GROUP=Hq // Hkv, D=D, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized, WINDOWED=window is not None,
-        SOFTCAP=softcap is not None, num_warps=4, num_stages=stages,
+        SOFTCAP=softcap is not None, ATTEND_UNTIL=attend_until is not None, num_warps=4, num_stages=stages,
     )
     return out
 
@@ -259,9 +287,12 @@ def extend_attention_ref(
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
     softcap: float | None = None,
+    attend_until: torch.Tensor | None = None,  # [T] int64
 ) -> torch.Tensor:  # [T, Hq, D]
     """Torch reference (the CPU path): per request, gather the K/V its new tokens see and
-    one masked SDPA, or written-out capped scores with a `softcap` (`request_attention_ref`)."""
+    one masked SDPA, or written-out capped scores with a `softcap` (`request_attention_ref`,
+    given the request's slice of `attend_until`)."""
+    check_attend_until(attend_until, q)
     out = torch.empty_like(q)
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
@@ -275,6 +306,7 @@ def extend_attention_ref(
         out[q0:q1] = request_attention_ref(
             q[q0:q1], k_buffer, v_buffer, slots,
             sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
+            attend_until=None if attend_until is None else attend_until[q0:q1],
         )
     return out
 
@@ -294,17 +326,21 @@ def extend_attention(
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
     softcap: float | None = None,
+    attend_until: torch.Tensor | None = None,  # [T] int64
 ) -> torch.Tensor:  # [T, Hq, D]
     """Extend attention (within a sliding `window` when one is given, scores capped by a
-    `softcap`); Triton flash attention on CUDA, the reference otherwise."""
+    `softcap`, each new token seeing the positions below its `attend_until` when given);
+    Triton flash attention on CUDA, the reference otherwise."""
     if use_triton(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices):
         return extend_attention_triton(
             q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale=sm_scale,
             max_q_len=max_q_len, out=out, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
+            attend_until=attend_until,
         )
     o = extend_attention_ref(
         q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
         sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
+        attend_until=attend_until,
     )
     if out is None:
         return o

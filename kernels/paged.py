@@ -34,6 +34,25 @@ def check_window(window: int | None) -> None:
         raise ValueError(f"a sliding window holds at least one position, got {window}")
 
 
+def check_attend_until(attend_until: torch.Tensor | None, q: torch.Tensor) -> None:
+    """`ValueError` unless `attend_until` is None (causal attention) or a contiguous int64
+    vector with one entry per new token of `q` [T, ...], on q's device. Its values (p + 1
+    <= attend_until <= kv_len for a token at position p) are not read: that would wait
+    for the device."""
+    if attend_until is None:
+        return
+    if (
+        attend_until.dtype != torch.int64
+        or attend_until.shape != q.shape[:1]
+        or attend_until.device != q.device
+        or not attend_until.is_contiguous()
+    ):
+        raise ValueError(
+            f"attend_until is one int64 entry per new token ({q.shape[0]}), contiguous, on {q.device}; "
+            f"got {attend_until.dtype} of shape {tuple(attend_until.shape)} on {attend_until.device}"
+        )
+
+
 def request_attention_ref(
     q: torch.Tensor,  # [Lq, Hq, D]: the last Lq tokens of the context
     k_buffer: torch.Tensor,  # [S, Hkv, D]
@@ -45,36 +64,45 @@ def request_attention_ref(
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
     softcap: float | None = None,
+    attend_until: torch.Tensor | None = None,  # [Lq] int64, p + 1 <= attend_until[i] <= L
 ) -> torch.Tensor:  # [Lq, Hq, D] in q.dtype
     """One request's attention: new token i, at position p = L - Lq + i, attends to context
-    positions `0 ..= p`, or with a sliding `window` W to `max(0, p - W + 1) ..= p`, in
-    float32 (one SDPA call; the fused causal kernel when nothing is cached and no window
-    bites) over the K/V as `gather_kv` reads them. Only the slots some token sees are
-    gathered. GQA: query head h reads KV head h // (Hq // Hkv). The inputs carry a batch
-    dimension: on the CPU, 3-D GQA inputs take SDPA's unfused path (6x slower for 544
-    tokens, 8 query and 4 KV heads). A `softcap` caps the scaled scores before the mask
-    (`softcap.py`): SDPA cannot, so the scores are then written out (`capped_attention`)."""
+    positions `0 ..= p` (with `attend_until`, to those below `attend_until[i]`: an image
+    block's tokens see the whole block), and with a sliding `window` W only to those from
+    `max(0, p - W + 1)` on, in float32 (one SDPA call; the fused causal kernel when
+    nothing is cached, no window bites and no `attend_until` is given) over the K/V as
+    `gather_kv` reads them. Only the slots some token sees are gathered. GQA: query head h
+    reads KV head h // (Hq // Hkv). The inputs carry a batch dimension: on the CPU, 3-D
+    GQA inputs take SDPA's unfused path (6x slower for 544 tokens, 8 query and 4 KV
+    heads). A `softcap` caps the scaled scores before the mask (`softcap.py`): SDPA
+    cannot, so the scores are then written out (`capped_attention`)."""
     check_window(window)
     check_softcap(softcap)
+    check_attend_until(attend_until, q)
     Hq, Hkv = q.shape[1], k_buffer.shape[1]
     q_len = q.shape[0]
-    if window is not None:  # the first token sees from L - Lq - W + 1 on; later ones from further on
-        slots = slots[max(0, slots.numel() - q_len - window + 1) :]
+    # the first token sees from L - Lq - W + 1 on; later ones from further on
+    cut = 0 if window is None else max(0, slots.numel() - q_len - window + 1)
+    slots = slots[cut:]
+    until = None if attend_until is None else attend_until - cut  # [Lq]: in the cut context's positions
     kv_len = slots.numel()
     k = gather_kv(k_buffer, slots, k_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
     v = gather_kv(v_buffer, slots, v_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
     if softcap is not None:
-        o = capped_attention(q.float().transpose(0, 1), k[0], v[0], sm_scale=sm_scale, softcap=softcap, window=window)
+        o = capped_attention(
+            q.float().transpose(0, 1), k[0], v[0], sm_scale=sm_scale, softcap=softcap, window=window,
+            attend_until=until,
+        )
         return o.transpose(0, 1).to(q.dtype)
     qb = q.float().transpose(0, 1)[None]  # [1, Hq, Lq, D]
     # the window bites when the last token, which starts furthest in, does not see slot 0
     bites = window is not None and kv_len > window
-    if kv_len == q_len and not bites:
+    if kv_len == q_len and not bites and until is None:
         mask, causal = None, True
     else:
         rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)  # [Lq, 1]
         cols = torch.arange(kv_len, device=q.device)[None, :]  # [1, L]
-        mask, causal = cols <= rows, False  # [Lq, L]
+        mask, causal = (cols <= rows) if until is None else (cols < until[:, None]), False  # [Lq, L]
         if bites:
             mask &= cols > rows - window
     o = F.scaled_dot_product_attention(

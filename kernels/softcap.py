@@ -39,11 +39,13 @@ def capped_attention(
     sm_scale: float,
     softcap: float,
     window: int | None,
+    attend_until: torch.Tensor | None = None,  # [Lq] int64, p + 1 <= attend_until[i] <= L
 ) -> torch.Tensor:  # [Hq, Lq, D] float32
     """One request's attention with capped scores, written out: query row i, at position
-    p = L - Lq + i, sees positions `0 ..= p` (with a `window` W, only those > p - W).
-    GQA: query head h reads KV head h // (Hq // Hkv). Rows go in chunks of at most
-    `CAPPED_SCORE_ELEMENTS` scores; every row sees at least its own position."""
+    p = L - Lq + i, sees positions `0 ..= p`, or those below `attend_until[i]` when given
+    (with a `window` W, only those > p - W). GQA: query head h reads KV head
+    h // (Hq // Hkv). Rows go in chunks of at most `CAPPED_SCORE_ELEMENTS` scores; every
+    row sees at least its own position."""
     Hq, Lq, D = q.shape
     Hkv, L = k.shape[:2]
     G = Hq // Hkv
@@ -54,7 +56,7 @@ def capped_attention(
     for r0 in range(0, Lq, step):
         n = min(step, Lq - r0)
         pos = torch.arange(r0, r0 + n, device=q.device)[:, None] + (L - Lq)  # [n, 1]
-        hidden = cols > pos  # [n, L]
+        hidden = cols > pos if attend_until is None else cols >= attend_until[r0 : r0 + n, None]  # [n, L]
         if window is not None:
             hidden |= cols <= pos - window
         rows = qg[:, :, r0 : r0 + n].reshape(Hkv, G * n, D)

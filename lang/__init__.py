@@ -1,8 +1,8 @@
 """sprig: a structured-generation runtime for large language models.
 
 The frontend language follows SGLang's, so an SGLang program runs with
-`import sprig as sgl`: `@function` programs append text, `gen`, `select` and role
-expressions to a state `s`, fork it, and run on a backend (`RuntimeEndpoint`,
+`import sprig as sgl`: `@function` programs append text, `gen`, `select`, `image` and
+role expressions to a state `s`, fork it, and run on a backend (`RuntimeEndpoint`,
 `Runtime`, `OpenAI`). `sprig.Engine` is the offline engine (`sprig.runtime.Engine`, as
 `sglang.Engine`), imported on first use: importing `sprig` does not import `sprig.runtime`.
 """
@@ -18,6 +18,7 @@ from sprig.api import (
     gen_int,
     gen_string,
     get_server_info,
+    image,
     select,
     separate_reasoning,
     system,
@@ -42,8 +43,7 @@ from sprig.state import ProgramState, ProgramStateGroup
 __version__ = "0.1.0"
 
 _NOT_HERE = {
-    "image": "sprig serves text-only models; a program with sgl.image needs a vision model's server",
-    "video": "sprig serves text-only models; a program with sgl.video needs a vision model's server",
+    "video": "sprig programs take images (sgl.image) but not video",
 }
 
 
@@ -83,6 +83,7 @@ __all__ = [
     "get_chat_template",
     "get_server_info",
     "greedy_token_selection",
+    "image",
     "register_chat_template",
     "select",
     "separate_reasoning",

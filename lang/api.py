@@ -1,7 +1,8 @@
-"""The SGLang-compatible constructors a program uses: `gen`, `select`, roles, backends."""
+"""The SGLang-compatible constructors a program uses: `gen`, `select`, `image`, roles, backends."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,7 @@ from sprig.ir import (
     Expr,
     ExprList,
     Gen,
+    Image,
     RoleBegin,
     RoleEnd,
     Select,
@@ -94,6 +96,18 @@ def select(
     if temperature > 1e-5:
         raise ValueError("select picks the most likely choice; temperature must be 0")
     return Select(name, tuple(choices), choices_method)
+
+
+def image(source: str | os.PathLike[str] | bytes) -> Image:
+    """An image at this point of the prompt: `source` is a file path (read, and sent as
+    base64, when the expression runs), an `http(s)://` or `data:` URL (sent as it is), or
+    the image file's bytes. The prompt text gets the chat template's `image_token`; every
+    later call of the state (and of its forks) sends the state's images, in order."""
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, (str, bytes)):
+        raise TypeError(f"sgl.image takes a path, a URL or bytes, not {type(source).__name__}")
+    return Image(source)
 
 
 def separate_reasoning(expr: Expr, model_type: str | None = None) -> ExprList:

@@ -2,7 +2,8 @@
 
 A program renders `s += user("hi")` as `prefix(user) + "hi" + suffix(user)`, so a
 template is the (prefix, suffix) pair of every role, the system prompt the model expects
-when a conversation does not start with one, and the stop strings that end a turn.
+when a conversation does not start with one, the stop strings that end a turn, and the
+text that stands for an image (`sgl.image`) in a model's prompt.
 Where a backend's template comes from is `resolve_chat_template`'s job; this module
 holds the type and a registry of common formats chosen by model path, with "default"
 for anything unknown.
@@ -23,7 +24,9 @@ class ChatTemplate:
 
     Invariant: `roles` maps each of system/user/assistant to a (prefix, suffix) pair.
     `merge_system_into_user` is the Llama-2 layout, where the system block sits inside
-    the first user turn.
+    the first user turn. `image_token` is the text that stands for one image in a prompt
+    (what the model's server expands into the image's tokens); None for a format that
+    takes no images, where `sgl.image` is an error.
     """
 
     name: str
@@ -31,6 +34,7 @@ class ChatTemplate:
     default_system_prompt: str | None = None
     stop_str: tuple[str, ...] = ()
     merge_system_into_user: bool = False
+    image_token: str | None = None
 
     def __post_init__(self) -> None:
         missing = [r for r in ROLES if r not in self.roles]
@@ -64,17 +68,19 @@ class ChatTemplate:
             "chat_roles": {r: list(p) for r, p in self.roles.items()},
             "default_system_prompt": self.default_system_prompt,
             "stop_str": list(self.stop_str),
+            "image_token": self.image_token,
         }
 
     @classmethod
     def from_dict(cls, info: Mapping[str, Any], name: str = "server") -> ChatTemplate:
-        """A template from `chat_roles` (role -> [prefix, suffix]), `default_system_prompt`
-        and `stop_str` fields, as in a server's `/get_model_info`."""
+        """A template from `chat_roles` (role -> [prefix, suffix]), `default_system_prompt`,
+        `stop_str` and `image_token` fields, as in a server's `/get_model_info`."""
         return cls(
             name=str(info.get("name") or name),
             roles={r: (str(p[0]), str(p[1])) for r, p in info["chat_roles"].items()},
             default_system_prompt=info.get("default_system_prompt"),
             stop_str=tuple(info.get("stop_str") or ()),
+            image_token=info.get("image_token"),
         )
 
 
@@ -138,7 +144,7 @@ for _template in (
         "gemma-it",
         {"system": ("", ""), "user": ("<start_of_turn>user\n", "<end_of_turn>\n"),
          "assistant": ("<start_of_turn>model\n", "<end_of_turn>\n")},
-        stop_str=("<end_of_turn>",),
+        stop_str=("<end_of_turn>",), image_token="<start_of_image>",
     ),
     ChatTemplate(
         "deepseek-v3",

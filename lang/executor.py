@@ -8,9 +8,13 @@ Errors: a failed expression stops its worker and drops the queued rest; the erro
 raised at the program's next wait, and every later `submit`, with the line of the
 program that queued the failed expression spliced into its traceback.
 
+Images: `images_` holds the state's images in the order their tokens stand in the text
+(every call sends them all); `cur_images` those of the open role, each with the span of
+its token in the text, from which the role's message is built as OpenAI content parts.
+
 Thread safety: `_cond` guards the queue and every field that other threads read while
 the worker runs (text, variables, pending names, status); the worker is the only writer
-of the text, messages and variables until the state is forked or finished.
+of the text, messages, images and variables until the state is forked or finished.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from typing import Any
 from sprig.backend.base import STREAMED_LOGPROB_KEYS, Backend, Prompt
 from sprig.chat_template import ChatTemplate
 from sprig.cost import Ledger
+from sprig.images import ImageData, content_parts, encode_image
 from sprig.ir import (
     CommitLazy,
     Constant,
     Expr,
     ExprList,
     Gen,
+    Image,
     RoleBegin,
     RoleEnd,
     Select,
@@ -95,7 +101,9 @@ class StreamExecutor:
         self.ledger = ledger if ledger is not None else Ledger()
         self.chat_template = chat_template or backend.chat_template
         self.text_ = ""
-        self.messages_: list[dict[str, str]] = []
+        self.messages_: list[dict[str, Any]] = []
+        self.images_: list[ImageData] = []
+        self.cur_images: list[tuple[int, int, ImageData]] = []
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.var_text: dict[str, str] = {}  # raw generated text per name (what streams)
@@ -177,7 +185,7 @@ class StreamExecutor:
         self._raise_error()
 
     def fork(self, size: int, site: Site | None = None) -> list[StreamExecutor]:
-        """`size` child states that continue from this one's text, messages and
+        """`size` child states that continue from this one's text, messages, images and
         variables; for `size > 1` the shared text is committed to the cache first."""
         with self._cond:
             self._check_open()
@@ -191,6 +199,7 @@ class StreamExecutor:
                 chat_template=self.chat_template,
             )
             child.text_, child.messages_ = self.text_, list(self.messages_)
+            child.images_, child.cur_images = list(self.images_), list(self.cur_images)
             child.variables, child.meta_info = dict(self.variables), dict(self.meta_info)
             child.cur_role, child.cur_role_begin = self.cur_role, self.cur_role_begin
             children.append(child)
@@ -268,7 +277,8 @@ class StreamExecutor:
 
     def prompt(self) -> Prompt:
         open_text = self.text_[self.cur_role_begin:] if self.cur_role else ""
-        return Prompt(self.text_, tuple(dict(m) for m in self.messages_), self.cur_role, open_text)
+        messages = tuple(dict(m) for m in self.messages_)
+        return Prompt(self.text_, messages, self.cur_role, open_text, tuple(self.images_))
 
     def _run_list(self, expr: ExprList) -> None:
         for item in expr.items:
@@ -276,6 +286,20 @@ class StreamExecutor:
 
     def _run_constant(self, expr: Constant) -> None:
         self._append(expr.value)
+
+    def _run_image(self, expr: Image) -> None:
+        token = self.chat_template.image_token
+        if token is None:
+            raise ValueError(
+                f"sgl.image: chat template {self.chat_template.name!r} has no image_token, so the prompt "
+                "cannot mark where the image goes; pass the backend a chat_template that has one "
+                "(e.g. chat_template='gemma-it')"
+            )
+        image = encode_image(expr.source)
+        self.images_.append(image)
+        if self.cur_role is not None:
+            self.cur_images.append((len(self.text_), len(self.text_) + len(token), image))
+        self._append(token)
 
     def _run_gen(self, expr: Gen) -> None:
         params = self.defaults.merged(expr.params).with_stop(self.chat_template.stop_str)
@@ -325,11 +349,14 @@ class StreamExecutor:
     def _run_role_end(self, expr: RoleEnd) -> None:
         if self.cur_role != expr.role:
             raise ValueError(f"role {expr.role!r} ended while the open role is {self.cur_role!r}")
-        content = self.text_[self.cur_role_begin:].lstrip()
+        text = self.text_[self.cur_role_begin:].lstrip()
+        content: str | list[dict[str, Any]] = text
+        if self.cur_images:
+            content = content_parts(self.text_, len(self.text_) - len(text), self.cur_images)
         _, suffix = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
         self._append(suffix)
         self.messages_.append({"role": expr.role, "content": content})
-        self.cur_role = None
+        self.cur_role, self.cur_images = None, []
 
     def _run_scope_begin(self, expr: VarScopeBegin) -> None:
         self._scopes[expr.name] = len(self.text_)
@@ -364,6 +391,7 @@ class StreamExecutor:
 _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {
     ExprList: StreamExecutor._run_list,
     Constant: StreamExecutor._run_constant,
+    Image: StreamExecutor._run_image,
     Gen: StreamExecutor._run_gen,
     Select: StreamExecutor._run_select,
     RoleBegin: StreamExecutor._run_role_begin,

@@ -3,7 +3,8 @@
 Expressions are immutable values; `a + b` (either may be a str) builds an `ExprList`
 that executes its items in order. The executor gives each its meaning: constants are
 appended, a `Gen`/`Select` calls the backend and binds its `name`, role markers render
-through the chat template, `CommitLazy` caches the state's text on the server.
+through the chat template, an `Image` appends the template's image token and records the
+image, `CommitLazy` caches the state's text on the server.
 """
 
 from __future__ import annotations
@@ -82,6 +83,15 @@ class Select(Expr):
     name: str | None
     choices: tuple[str, ...]
     method: ChoicesSamplingMethod
+
+
+@dataclass(frozen=True)
+class Image(Expr):
+    """Append the chat template's `image_token` and record the image `source` (a file
+    path, read when the expression runs; a URL; or the image file's bytes) for every
+    later model call of the state and its forks."""
+
+    source: str | bytes
 
 
 @dataclass(frozen=True)

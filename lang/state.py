@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import TracebackType
@@ -85,10 +86,11 @@ class ProgramState:
         self.sync()
         return self.stream_executor.text_
 
-    def messages(self) -> list[dict[str, str]]:
-        """The finished chat messages in OpenAI format."""
+    def messages(self) -> list[dict[str, Any]]:
+        """The finished chat messages in OpenAI format (a message with images has a list
+        of content parts)."""
         self.sync()
-        return [dict(m) for m in self.stream_executor.messages_]
+        return copy.deepcopy(self.stream_executor.messages_)
 
     def cost(self) -> Cost:
         """What every model call of this state and its forks has cost so far."""

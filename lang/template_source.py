@@ -6,13 +6,13 @@
 2. `model_info["chat_roles"]` (role -> [prefix, suffix]) with `default_system_prompt`
    and `stop_str`: the server's own role boundaries, used verbatim;
 3. `model_info["chat_template"]`: the tokenizer's Jinja source, whose role boundaries
-   `from_jinja` derives by rendering probe conversations (needs jinja2);
+   (and image token) `from_jinja` derives by rendering probe conversations (needs jinja2);
 4. the registry entry matching `model_info["model_path"]`, else "default".
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sprig.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
@@ -44,7 +44,9 @@ def from_jinja(source: str, bos_token: str | None = None, name: str = "server") 
     Renders conversations whose contents are probe words and reads off the text around
     them. A template that rejects a lone system message gets empty system boundaries; a
     template that injects a system block before a lone user turn yields it as
-    `default_system_prompt`. The assistant's suffix, stripped, is the stop string.
+    `default_system_prompt`. The assistant's suffix, stripped, is the stop string. The
+    `image_token` is the text the template writes for an image part (`{"type": "image"}`)
+    of a user message, None for a template that renders no content parts.
     Raises ValueError when the renders are not consistent with fixed role boundaries.
     """
     from jinja2 import TemplateError
@@ -60,7 +62,7 @@ def from_jinja(source: str, bos_token: str | None = None, name: str = "server") 
     env.globals["raise_exception"] = raise_exception
     template = env.from_string(source)
 
-    def render(*turns: tuple[str, str], prompt: bool = False) -> str:
+    def render(*turns: tuple[str, Any], prompt: bool = False) -> str:
         messages = [{"role": r, "content": c} for r, c in turns]
         try:
             text = template.render(
@@ -115,4 +117,33 @@ def from_jinja(source: str, bos_token: str | None = None, name: str = "server") 
         },
         default_system_prompt=default_system,
         stop_str=(assistant_suffix.strip(),) if assistant_suffix.strip() else (),
+        image_token=_image_token(lambda content: render(("user", content))),
     )
+
+
+def _image_token(render_user: Callable[[Any], str]) -> str | None:
+    """What a template writes for an image part of a lone user message, found as the text
+    an image part inserts between two text parts; None when the template renders content
+    parts other than as it renders the same text given as a string."""
+    text = [{"type": "text", "text": _U}]
+    try:
+        if render_user(text) != render_user(_U):
+            return None
+        plain = render_user([*text, {"type": "text", "text": _A}])
+        shown = render_user([*text, {"type": "image"}, {"type": "text", "text": _A}])
+    except Exception:  # a template written for string contents fails on parts in its own ways
+        return None
+    return _inserted(plain, shown)
+
+
+def _inserted(before: str, after: str) -> str | None:
+    """The text that `after` inserts at one place into `before`; None if it is not that."""
+    if len(after) <= len(before):
+        return None
+    head = next((i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), len(before))
+    tail = 0
+    while tail < len(before) - head and before[-1 - tail] == after[-1 - tail]:
+        tail += 1
+    if head + tail != len(before):
+        return None
+    return after[head:len(after) - tail]

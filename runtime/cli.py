@@ -73,6 +73,9 @@ HELP = {
     "log_interval": "seconds between activity log lines (only when there is activity)",
     "log_level": "log level of every process",
     "access_log": "log every HTTP request",
+    "allowed_local_media_path": "a directory whose image files requests may name by path or file:// URL "
+                                "(default: local paths refused)",
+    "disable_media_urls": "refuse http(s) image URLs in requests (default: fetched, at most 20 MiB within 10 s)",
     "dtype": "weight and KV dtype (auto: the checkpoint's)",
     "device": "cpu, cuda or cuda:N (auto: cuda if available)",
     "attention_backend": "attention implementation (auto: the device's default)",

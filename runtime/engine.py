@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,9 @@ from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.engine_driver import EngineDriver, add_all
 from sprig.runtime.label_scores import SCORE_SAMPLING, score_call
 from sprig.runtime.model_runner import WeightUpdateError
+from sprig.runtime.multimodal.inputs import ImageInput
+from sprig.runtime.multimodal.media import MediaLimits
+from sprig.runtime.multimodal.prompts import images_per_prompt, load_prompter
 from sprig.runtime.request_contract import (
     PRIORITY_OFF,
     InvalidRequest,
@@ -81,7 +85,11 @@ class Engine:
                                   draft_model_path=self.config.scheduler.speculative_draft_model_path)
         self.scheduler = Scheduler(self.config.scheduler, self.runner, self.tokenizer)
         self._ids = itertools.count()
-        self.limits = ModelLimits(self.scheduler.context_len, self.scheduler.vocab_size)
+        self.images, self._no_images = load_prompter(model_path, self.runner.model_config.image, self.tokenizer,
+                                                     MediaLimits(allowed_local_dir=Path("/")))
+        self._no_images = self._no_images if self.runner.takes_images else self.runner.no_images
+        self.limits = ModelLimits(self.scheduler.context_len, self.scheduler.vocab_size,
+                                  None if self.images is None else self.images.spec.token_id)
         self._driver = EngineDriver(self.scheduler)
         self._sync_calls = 0  # `generate` calls stepping the scheduler on the caller's thread
 
@@ -101,6 +109,7 @@ class Engine:
         rid: str | list[str] | None = None,
         priority: int | None = None,
         lora_path: str | list[str | None] | None = None,
+        image_data: Any = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back) or a batch (a list, n outputs per prompt in
         order). `stream=True` returns an iterator of partial outputs with cumulative text,
@@ -112,7 +121,12 @@ class Engine:
         (`LogprobOptions.per_prompt`). `priority` ranks the call's requests where the
         engine schedules by priority (`enable_priority_scheduling`; refused otherwise).
         `lora_path` names the loaded LoRA adapter the prompts run with (or one name, or
-        None for the base model, per prompt), as SGLang's does. An invalid argument raises
+        None for the base model, per prompt), as SGLang's does. `image_data` gives a
+        vision-language model's prompts their images, as SGLang's does: one image or a list
+        for one prompt, a list with one entry (None, an image or a list) per prompt for a
+        batch; an image is a PIL image, a file path, a data URL, base64 or an http(s) URL,
+        and each goes where the prompt holds the model's begin-of-image token (Gemma 3:
+        `<start_of_image>`). An invalid argument raises
         `InvalidRequest` (a `ValueError`) naming it: the checks are
         the server's (`request_contract`)."""
         if self._driver.busy:
@@ -120,7 +134,7 @@ class Engine:
                                "await them first, or use async_generate")
         self._driver.call(lambda: None)  # the worker thread may still be retiring what async calls left
         batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, priority, lora_path,
-                                             return_logprob, logprob_start_len, top_logprobs_num,
+                                             image_data, return_logprob, logprob_start_len, top_logprobs_num,
                                              return_text_in_logprobs, token_ids_logprob)
         updated = self._run(reqs, builder, partial=stream)
         if stream:
@@ -145,6 +159,7 @@ class Engine:
         rid: str | list[str] | None = None,
         priority: int | None = None,
         lora_path: str | list[str | None] | None = None,
+        image_data: Any = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """`generate` for many concurrent callers, as SGLang's `Engine.async_generate`: the
         requests of every call in flight run in one batch, and each call's outputs equal
@@ -156,7 +171,7 @@ class Engine:
             raise RuntimeError("Engine.async_generate cannot run while a generate stream is being read: "
                                "finish or close it first")
         batch, reqs, builder = self._prepare(prompt, input_ids, sampling_params, rid, stream, priority, lora_path,
-                                             return_logprob, logprob_start_len, top_logprobs_num,
+                                             image_data, return_logprob, logprob_start_len, top_logprobs_num,
                                              return_text_in_logprobs, token_ids_logprob)
         if stream:
             return self._stream(reqs, builder)
@@ -336,22 +351,43 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
     def _prepare(self, prompt: Prompt, input_ids: Any, sampling_params: SamplingArg, rid: Any, stream: bool,
-                 priority: int | None, lora_path: Any, *logprob_options: Any) -> tuple[bool, list[Req], ResponseBuilder]:
+                 priority: int | None, lora_path: Any, image_data: Any,
+                 *logprob_options: Any) -> tuple[bool, list[Req], ResponseBuilder]:
         """(is_batch, the call's requests, their response builder), every check done."""
         if priority is not None and not self.config.scheduler.enable_priority_scheduling:
             raise InvalidRequest(PRIORITY_OFF, "priority")
-        batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
+        field = "prompt" if prompt is not None else "input_ids"
+        if image_data is None:
+            batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
+            images = None
+        else:
+            batch, prompts, images = self._image_prompts(prompt, input_ids, image_data, field)
         logprobs = LogprobOptions.per_prompt(len(prompts), *logprob_options)
         requests = build_requests(
             prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
-            new_rid=self._new_rid,
-            prompt_field="prompt" if prompt is not None else "input_ids", priority=priority, lora_path=lora_path,
+            new_rid=self._new_rid, prompt_field=field, priority=priority, lora_path=lora_path, images=images,
         )
         self._check_adapters(requests)
         reqs = [Req.of(r) for r in requests]
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=logprobs[0].return_text_in_logprobs,
                                   stream=stream, indexed=batch or len(reqs) > 1)
         return batch, reqs, builder
+
+    def _image_prompts(self, prompt: Prompt, input_ids: Any, image_data: Any,
+                       field: str) -> tuple[bool, list[list[int]], list[tuple[ImageInput, ...]]]:
+        """`prompt_rows` with each prompt's images (`ImagePrompter.prompt`)."""
+        if self.images is None:
+            raise InvalidRequest(self._no_images, "image_data")
+        if prompt is not None and input_ids is None:
+            texts = [prompt] if isinstance(prompt, str) else prompt
+            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+                raise InvalidRequest("prompt must be a string or a non-empty list of strings", "prompt")
+            batch, given = not isinstance(prompt, str), list(texts)
+        else:
+            batch, given = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
+        out = [self.images.prompt(p, sources, self.tokenizer.encode, param=field)
+               for p, sources in zip(given, images_per_prompt(image_data, len(given)), strict=True)]
+        return batch, [ids for ids, _ in out], [imgs for _, imgs in out]
 
     def _prepare_embedding(self, prompt: Prompt, input_ids: Any, rid: Any,
                            lora_path: Any) -> tuple[bool, list[Req], ResponseBuilder]:

@@ -29,6 +29,12 @@ class ForwardBatch:
     - New token i (0-based) of request b sits at context position `kv_len - q_len + i`
       and attends to context positions `0 ..= kv_len - q_len + i` (in a layer with a
       sliding window, only to the last `window` of them: `AttentionBackend.forward`).
+    - `attend_until` (EXTEND only; None in DECODE and for plain causal attention) holds
+      one entry per new token: the new token t at context position p attends to the
+      positions `j < attend_until[t]` instead (in a layer with a sliding window W, only
+      to those with `j >= max(0, p - W + 1)` too), with `p + 1 <= attend_until[t] <=
+      kv_len` of its request. An image block's tokens (Gemma 3) hold the block's end:
+      they see one another bidirectionally, every other token causally.
     """
 
     mode: ForwardMode
@@ -42,6 +48,11 @@ class ForwardBatch:
     max_q_len: int
     max_kv_len: int
     lora_slots: torch.Tensor | None = None  # [T] int64: each new token's LoRA slot (-1 none); None: no adapter
+    attend_until: torch.Tensor | None = None  # [T] int64 on the batch's device, EXTEND only: see above
+    # a model with an image encoder: rows of the new tokens whose embeddings are image
+    # embeddings instead of their token's ([M] int64), and those embeddings ([M, H])
+    image_rows: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -3,13 +3,25 @@ only), and how the runner turns it into a device-side `ForwardBatch`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from sprig.radix.kv_cache import KVCache
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
+
+
+@dataclass(frozen=True)
+class StepImage:
+    """Image embeddings a step takes: rows `row .. row + count - 1` of its new tokens get
+    embeddings `first .. first + count - 1` of the image whose processed pixel values
+    are `pixels` (`[C, H, W]` float32, CPU)."""
+
+    pixels: torch.Tensor
+    row: int
+    first: int
+    count: int
 
 
 @dataclass
@@ -20,7 +32,10 @@ class ForwardStep:
     `len(input_ids) == sum(q_lens)`; every `q_len >= 1`, and `== 1` in DECODE mode;
     `kv_lens[b] >= q_lens[b]` (the context ends with the new tokens, whose slots are the
     last `q_lens[b]`); `kv_indices` is a 1-D integer CPU tensor of `sum(kv_lens)` slots,
-    the contexts concatenated; `0 <= logits_from[b] <= q_lens[b] - 1`.
+    the contexts concatenated; `0 <= logits_from[b] <= q_lens[b] - 1`. EXTEND only:
+    `images` lie within the new tokens; `attend_until`, when given, has one entry per
+    new token, the exclusive end of the context positions it attends to
+    (`ForwardBatch.attend_until`), between its position + 1 and its request's kv_len.
     """
 
     mode: ForwardMode
@@ -30,9 +45,17 @@ class ForwardStep:
     kv_indices: torch.Tensor  # [sum(kv_lens)] int CPU: the contexts' slots, concatenated
     logits_from: list[int]  # per request: first new-token index whose next-token logits return
     lora_slots: list[int] | None = None  # per request: its LoRA adapter's slot, -1 for none; None: no adapters
+    images: list[StepImage] = field(default_factory=list)
+    attend_until: list[int] | None = None  # per new token; None: causal
 
     def __post_init__(self) -> None:
         n = len(self.q_lens)
+        if (self.images or self.attend_until is not None) and self.mode is not ForwardMode.EXTEND:
+            raise ValueError("images and attend_until belong to extend steps")
+        if self.attend_until is not None and len(self.attend_until) != len(self.input_ids):
+            raise ValueError(f"attend_until has {len(self.attend_until)} entries for {len(self.input_ids)} tokens")
+        if any(im.count < 1 or im.row < 0 or im.row + im.count > len(self.input_ids) for im in self.images):
+            raise ValueError("an image's rows lie outside the step's new tokens")
         if n == 0:
             raise ValueError("a step needs at least one request")
         if self.lora_slots is not None and len(self.lora_slots) != n:
@@ -92,6 +115,12 @@ def build_forward_batch(
         parts[4] = kv_indices.to(torch.int64)
         parts = list(torch.cat(parts).to(device).split([p.numel() for p in parts]))
     ids_d, pos_d, qo_d, kv_d, idx_d, loc_d, rows_d = parts
+    until = None
+    if step.attend_until is not None:
+        until = torch.tensor(step.attend_until, dtype=torch.int64)
+        if bool(((until <= positions) | (until > kv_lens[req])).any()):
+            raise ValueError("attend_until must lie in (position, kv_len] for every new token")
+        until = until.to(device)
     lora = None
     if step.lora_slots is not None and max(step.lora_slots) >= 0:  # [T]: each new token's adapter slot
         lora = torch.tensor(step.lora_slots, dtype=torch.int64)[req].to(device)
@@ -107,5 +136,6 @@ def build_forward_batch(
         max_q_len=max(step.q_lens),
         max_kv_len=int(kv_lens.max()),
         lora_slots=lora,
+        attend_until=until,
     )
     return batch, rows_d

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,31 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    """How a vision-language checkpoint takes images (read from its config.json).
+
+    A prompt holds each image as `begin_id`, then `tokens_per_image` copies of `token_id`
+    (the positions its encoder's embeddings fill), then `end_id`. With `bidirectional`,
+    the tokens of one image attend to each other in both directions during prefill
+    (Gemma 3); every other token attends causally. `vision` is config.json's
+    `vision_config` as transformers completes it (defaults filled in), read by the encoder.
+    """
+
+    token_id: int
+    begin_id: int
+    end_id: int
+    tokens_per_image: int
+    bidirectional: bool
+    vision: dict[str, Any] = field(hash=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_image < 1:
+            raise ValueError(f"tokens_per_image must be positive, got {self.tokens_per_image}")
+        if len({self.token_id, self.begin_id, self.end_id}) != 3:
+            raise ValueError(f"image token ids must differ: {self.token_id}, {self.begin_id}, {self.end_id}")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A checkpoint's architecture and geometry.
 
@@ -78,7 +103,9 @@ class ModelConfig:
     `embedding_multiplier`, each sub-block's output by `residual_multiplier` before it joins
     the residual stream, the logits divided by `logits_scaling` (all 1 elsewhere).
     `attention_softcap` c, when set, maps every scaled attention score s to c * tanh(s / c)
-    (Gemma 2's `attn_logit_softcapping`).
+    (Gemma 2's `attn_logit_softcapping`). `image` describes how a vision-language
+    checkpoint takes images (None: text only); `architecture` is then the multimodal one
+    and every other field describes its text model.
     """
 
     architecture: str
@@ -112,6 +139,7 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
     attention_softcap: float | None = None
+    image: ImageSpec | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -149,7 +177,7 @@ class ModelConfig:
         path = Path(path)
         if not path.is_dir():
             raise ValueError(f"model path {str(path)!r} is not a directory")
-        cfg = _text_model(path, _read_json(path / "config.json", required=True))
+        cfg, image = _text_model(path, _read_json(path / "config.json", required=True))
         archs = cfg.get("architectures") or []
         if not archs or (supported is not None and archs[0] not in supported):
             raise ValueError(
@@ -170,7 +198,7 @@ class ModelConfig:
             rope_theta, rope_scaling, sliding_theta = _layer_type_rope(cfg)
         window, sliding_layers = _sliding(cfg, archs[0])
         return cls(
-            architecture=archs[0],
+            architecture=archs[0] if image is None else cfg["multimodal_architecture"],
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
@@ -199,6 +227,7 @@ class ModelConfig:
             nope_layers=_nope_layers(cfg, archs[0]),
             **_granite_scalars(cfg, archs[0]),
             attention_softcap=cfg.get("attn_logit_softcapping") or None,
+            image=image,
         )
 
 
@@ -217,24 +246,35 @@ _PER_LAYER_TYPE_ROPE = {"Gemma3ForCausalLM": (1_000_000.0, 10_000.0, "rope_local
                         "Olmo3ForCausalLM": (500_000.0, 500_000.0, None)}
 
 
-# multimodal architectures -> the text model of theirs sprig serves (their vision towers
-# are not loaded: requests carry text only)
+# vision-language architectures -> the text model whose config.json keys theirs nests
 TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
 
 
-def _text_model(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
-    """config.json, or for a multimodal checkpoint (`TEXT_MODELS`) its text model's config
-    with every default filled in (such checkpoints save only a text config's non-default
-    values, so transformers reads it) and the top-level dtype, head tying and stop tokens."""
+def text_only(config: ModelConfig) -> ModelConfig:
+    """A vision-language model's config as its text model's (no images)."""
+    if config.image is None:
+        return config
+    return replace(config, image=None, architecture=TEXT_MODELS[config.architecture])
+
+
+def _text_model(path: Path, cfg: dict[str, Any]) -> tuple[dict[str, Any], ImageSpec | None]:
+    """config.json and no image spec, or for a vision-language checkpoint (`TEXT_MODELS`)
+    its text model's config with every default filled in (such checkpoints save only a
+    nested config's non-default values, so transformers reads it), the top-level dtype,
+    head tying and stop tokens, `multimodal_architecture`, and how it takes images."""
     arch = (cfg.get("architectures") or [None])[0]
     if arch not in TEXT_MODELS:
-        return cfg
+        return cfg, None
     from transformers import AutoConfig
 
-    text = AutoConfig.from_pretrained(path).get_text_config().to_dict()
-    log.info("%s: serving its text model (%s); its vision tower is not loaded", path, TEXT_MODELS[arch])
+    full = AutoConfig.from_pretrained(path)
+    text = full.get_text_config().to_dict()
     top = {key: cfg[key] for key in ("dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id") if key in cfg}
-    return {**text, **top, "architectures": [TEXT_MODELS[arch]]}
+    image = ImageSpec(
+        token_id=full.image_token_id, begin_id=full.boi_token_id, end_id=full.eoi_token_id,
+        tokens_per_image=full.mm_tokens_per_image, bidirectional=True, vision=full.vision_config.to_dict(),
+    )
+    return {**text, **top, "architectures": [TEXT_MODELS[arch]], "multimodal_architecture": arch}, image
 
 
 def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...]]:

@@ -19,7 +19,7 @@ from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.forward_step import ForwardStep, build_forward_batch
 from sprig.runtime.lora.manager import LoRAManager
-from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.model_config import ModelConfig, text_only
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.runner_config import DTYPES, RunnerConfig
@@ -59,6 +59,12 @@ class ModelRunner:
         self.model_config = ModelConfig.from_pretrained(
             config.model_path, context_length=config.context_length, supported=supported_architectures()
         )
+        self.no_images = "this model takes no images (it is not a vision-language model)"
+        if tp is not None and self.model_config.image is not None:
+            log.warning("%s: images are not served under tensor parallelism; serving its text model",
+                        config.model_path)
+            self.model_config = text_only(self.model_config)
+            self.no_images = "this server takes no images: they are not served under tensor parallelism"
         self.device = _resolve_device(config.device)
         if config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)
@@ -96,6 +102,12 @@ class ModelRunner:
         self.tp = tp
         self.lora = self._lora(config)
         self.graphs = self._new_graphs()
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether steps may carry images (`ForwardStep.images`): the model has an image
+        encoder (else `no_images` says why requests with images are refused)."""
+        return self.model_config.image is not None
 
     @property
     def num_slots(self) -> int:
@@ -188,8 +200,9 @@ class ModelRunner:
         return rows.float().cpu().tolist()
 
     def _read_config(self, path: str) -> ModelConfig:
-        return ModelConfig.from_pretrained(path, context_length=self.config.context_length,
-                                           supported=supported_architectures())
+        config = ModelConfig.from_pretrained(path, context_length=self.config.context_length,
+                                             supported=supported_architectures())
+        return text_only(config) if self.tp is not None else config
 
     def _load(self, path: str | Path) -> None:
         load_weights(self.model, path, dtype=self.dtype, device=self.device)
@@ -227,6 +240,8 @@ class ModelRunner:
     def _eager(self, step: ForwardStep) -> tuple[torch.Tensor, torch.Tensor]:
         batch, logit_rows = build_forward_batch(step, self.kv_cache, self.device)
         with torch.inference_mode():
+            if step.images and self.takes_images:  # (a text draft model mirrors such steps on placeholders)
+                batch.image_rows, batch.image_embeds = self._image_embeddings(step)
             self.backend.begin_step(batch)
             if self.lora is not None:
                 self.lora.tokens.slots = batch.lora_slots
@@ -236,6 +251,16 @@ class ModelRunner:
                 if self.lora is not None:
                     self.lora.tokens.slots = None
             return self.model.compute_logits(hidden), hidden  # [R, V], [R, H]
+
+
+    def _image_embeddings(self, step: ForwardStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows of `step`'s new tokens that take image embeddings `[M]`, and those
+        embeddings `[M, H]`: every image of the step encoded in one batch."""
+        pixels = torch.stack([im.pixels for im in step.images]).to(self.device, self.dtype)
+        encoded = self.model.encode_images(pixels)  # [N, tokens_per_image, H]
+        rows = torch.cat([torch.arange(im.row, im.row + im.count) for im in step.images]).to(self.device)
+        embeds = torch.cat([e[im.first : im.first + im.count] for e, im in zip(encoded, step.images, strict=True)])
+        return rows, embeds
 
 
 class WeightUpdateError(ValueError):

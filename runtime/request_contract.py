@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sprig.runtime import wire
+from sprig.runtime.multimodal.inputs import ImageInput
 from sprig.runtime.sampling import SamplingParams
 
 SamplingArg = dict[str, Any] | SamplingParams | Sequence[dict[str, Any] | SamplingParams] | None
@@ -34,10 +35,13 @@ class InvalidRequest(ValueError):
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """What the model allows: ids in `[0, vocab_size)`, prompt + output <= `context_len`."""
+    """What the model allows: ids in `[0, vocab_size)`, prompt + output <= `context_len`;
+    for a model that takes images, `image_token_id` appears in a prompt only in the runs
+    its images fill (None: a text-only model, whose prompts may hold any id)."""
 
     context_len: int
     vocab_size: int
+    image_token_id: int | None = None
 
 
 MAX_TOKEN_IDS_LOGPROB = 256
@@ -118,7 +122,9 @@ class TokenizedRequest:
     of ids in the vocabulary, prompt + `params.max_new_tokens` within the context, sampling
     parameters (constraints included) checked against the vocabulary. Only a `stream`ed
     request's text is decoded step by step. An `embed` request generates nothing
-    (`max_new_tokens` 0, no logprobs, not streamed): it reports its prompt's embedding."""
+    (`max_new_tokens` 0, no logprobs, not streamed): it reports its prompt's embedding.
+    `images` (a model that takes images) are in prompt order, each over its own run of
+    the model's image tokens, and those runs are the only image tokens of the prompt."""
 
     rid: str
     prompt_ids: tuple[int, ...]
@@ -128,6 +134,7 @@ class TokenizedRequest:
     embed: bool = False
     priority: int | None = None  # under priority scheduling (`SchedulerConfig`); None: the default, 0
     lora_path: str | None = None  # the name of the LoRA adapter it runs with (SGLang's field); None: the base model
+    images: tuple[ImageInput, ...] = ()
 
 
 def prompt_rows(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *,
@@ -157,7 +164,8 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
                    rid: Any = None, new_rid: Callable[[], str],
                    logprobs: LogprobOptions | Sequence[LogprobOptions] = LogprobOptions(),
                    stream: bool = False, prompt_field: str = "input_ids",
-                   priority: int | None = None, lora_path: Any = None) -> list[TokenizedRequest]:
+                   priority: int | None = None, lora_path: Any = None,
+                   images: Sequence[tuple[ImageInput, ...]] | None = None) -> list[TokenizedRequest]:
     """Every sequence of one call in output order: prompt by prompt, `n` samples each
     (sample j of n > 1 has rid `f"{rid}-{j}"` and seed `seed + j`). `sampling`: one
     `SamplingParams` or dict for all prompts, or a list with one per prompt; `logprobs`
@@ -165,12 +173,17 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
     `new_rid()` each). `prompt_field` names the prompts in errors. `priority` (every
     sequence's; a 32-bit int) is for a scheduler that schedules by it. `lora_path`: the
     LoRA adapter's name for all prompts, or a list with one (or None) per prompt; the
-    scheduler checks it is loaded. Raises `InvalidRequest` naming the field at fault."""
+    scheduler checks it is loaded. `images`: each prompt's (`ImagePrompter`), or None for
+    none. Raises `InvalidRequest` naming the field at fault."""
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
                                  or not -(2**31) <= priority < 2**31):
         raise InvalidRequest(f"priority must be a 32-bit integer, got {priority!r}", "priority")
-    for row in prompts:
+    per_prompt = [()] * len(prompts) if images is None else list(images)
+    if len(per_prompt) != len(prompts):
+        raise InvalidRequest(f"images for {len(per_prompt)} prompts, not {len(prompts)}", "image_data")
+    for row, imgs in zip(prompts, per_prompt, strict=True):
         _check_prompt(row, limits, prompt_field)
+        _check_images(row, imgs, limits, prompt_field)
     params = _params_per_prompt(sampling, len(prompts), limits)
     for row, p in zip(prompts, params, strict=True):
         if len(row) + p.max_new_tokens > limits.context_len:
@@ -190,14 +203,14 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
     rids = _rids_per_prompt(rid, len(prompts), new_rid)
     adapters = _adapters_per_prompt(lora_path, len(prompts))
     out = []
-    for r, ids, p, lp, adapter in zip(rids, prompts, params, options, adapters, strict=True):
+    for r, ids, p, lp, adapter, imgs in zip(rids, prompts, params, options, adapters, per_prompt, strict=True):
         for j in range(p.n):
             try:
                 seq_params = p if p.n == 1 or p.seed is None else replace(p, seed=p.seed + j)
             except ValueError as e:  # a seed + sample index out of range
                 raise InvalidRequest(str(e), "sampling_params") from None
             out.append(TokenizedRequest(f"{r}-{j}" if p.n > 1 else r, tuple(ids), seq_params, lp, stream,
-                                        priority=priority, lora_path=adapter))
+                                        priority=priority, lora_path=adapter, images=imgs))
     if len({s.rid for s in out}) < len(out):
         raise InvalidRequest("the request ids of one call must be distinct", "rid")
     return out
@@ -223,6 +236,7 @@ def build_embedding_requests(prompts: list[list[int]], limits: ModelLimits, *, r
     `build_requests`). Raises `InvalidRequest` naming the field at fault."""
     for row in prompts:
         _check_prompt(row, limits, prompt_field)
+        _check_images(row, (), limits, prompt_field)
     rids = _rids_per_prompt(rid, len(prompts), new_rid)
     if len(set(rids)) < len(rids):
         raise InvalidRequest("the request ids of one call must be distinct", "rid")
@@ -241,6 +255,22 @@ def _check_prompt(row: list[int], limits: ModelLimits, field: str) -> None:
         )
     if bad := [t for t in row if not 0 <= t < limits.vocab_size]:
         raise InvalidRequest(f"{field} has token ids outside [0, {limits.vocab_size}): {bad[:5]}", field)
+
+
+def _check_images(row: list[int], images: tuple[ImageInput, ...], limits: ModelLimits, field: str) -> None:
+    """The prompt's image tokens are exactly its images' runs (`ModelLimits.image_token_id`)."""
+    token = limits.image_token_id
+    if token is None:
+        if images:
+            raise InvalidRequest("this model takes no images (it is not a vision-language model)", "image_data")
+        return
+    covered = 0
+    for image in images:
+        if image.end > len(row) or any(t != token for t in row[image.offset : image.end]):
+            raise InvalidRequest(f"an image's placeholders do not match {field}", "image_data")
+        covered += image.length
+    if row.count(token) != covered:
+        raise InvalidRequest(f"{field} holds image tokens ({token}) that no image in image_data fills", field)
 
 
 def _params_per_prompt(arg: SamplingArg, n: int, limits: ModelLimits) -> list[SamplingParams]:
@@ -271,4 +301,4 @@ def _rids_per_prompt(rid: Any, n: int, new_rid: Callable[[], str]) -> list[str]:
 
 
 wire.register(LogprobOptions, tuples=frozenset({"token_ids_logprob"}))
-wire.register(TokenizedRequest, tuples=frozenset({"prompt_ids"}))
+wire.register(TokenizedRequest, tuples=frozenset({"prompt_ids", "images"}))

@@ -15,7 +15,7 @@ import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -294,18 +294,25 @@ class _Names:
     prefixes: dict[str, str]
     unused: tuple[str, ...]
     tied: bool
+    encoder_param: Callable[[str], str | None] | None = None
+    encoder_prefix: str = ""
 
     @classmethod
     def of(cls, model: nn.Module) -> _Names:
         return cls(model.packed_modules, getattr(model, "expert_projections", {}), getattr(model, "renamed_modules", {}),
                    getattr(model, "checkpoint_prefixes", {}), tuple(getattr(model, "unused_prefixes", ())),
-                   model.config.tie_word_embeddings)
+                   model.config.tie_word_embeddings, getattr(model, "encoder_param", None),
+                   getattr(model, "encoder_prefix", ""))
 
     def canonical(self, name: str) -> str | None:
         """The checkpoint name `name` as a text-only checkpoint spells it (`prefixes`
         applied), or None for a tensor not loaded: a derived buffer, an `unused` part, a
         tied head."""
-        if name.endswith(IGNORED_SUFFIXES) or name.startswith(self.unused):
+        if name.endswith(IGNORED_SUFFIXES):
+            return None
+        if self.encoder_param is not None and (inner := self.encoder_param(name)) is not None:
+            return self.encoder_prefix + inner
+        if name.startswith(self.unused):
             return None
         for prefix, replacement in self.prefixes.items():
             if name.startswith(prefix):
@@ -317,7 +324,9 @@ class _Names:
 def _target(hf_name: str, names: _Names) -> Target:
     """HF tensor name -> sprig parameter and shard, e.g. `...self_attn.k_proj.weight` ->
     (`...self_attn.qkv_proj.weight`, "k"), `...experts.3.up_proj.weight` ->
-    (`...experts.gate_up_proj`, "3.up")."""
+    (`...experts.gate_up_proj`, "3.up"); an image encoder's name stays as it is."""
+    if names.encoder_prefix and hf_name.startswith(names.encoder_prefix):
+        return hf_name, None
     parts = [names.renamed.get(part, part) for part in hf_name.split(".")]
     for i, part in enumerate(parts):
         if part == "experts" and i + 3 == len(parts) - 1 and parts[i + 1].isdigit() and parts[i + 2] in names.experts:

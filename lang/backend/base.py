@@ -1,8 +1,8 @@
 """The interface between the interpreter and a model: what a backend must do.
 
-A backend sees a program state only as a `Prompt` (its text, finished chat messages and
-the open role) and answers with frozen results that carry the `Cost` of the requests it
-made. Every method may be called from many threads at once.
+A backend sees a program state only as a `Prompt` (its text, finished chat messages, the
+open role and the images) and answers with frozen results that carry the `Cost` of the
+requests it made. Every method may be called from many threads at once.
 
 `select` is implemented here once for all backends: a backend supplies the logprobs of
 each choice's own tokens (`score_choices`) and the method picks from them.
@@ -18,6 +18,7 @@ from typing import Any
 from sprig.chat_template import ChatTemplate
 from sprig.choices import ChoicesSamplingMethod, TokenEntry, mean_logprob
 from sprig.cost import Cost
+from sprig.images import ImageData
 from sprig.sampling import GenParams
 
 
@@ -26,14 +27,18 @@ class Prompt:
     """A program state at the moment of a call.
 
     `text` is always the full context. `messages` are the finished messages (OpenAI
-    format); `open_role` is the role begun and not yet ended (None outside roles) and
-    `open_role_text` the text appended inside it after its prefix.
+    format; a message with images has a list of content parts, its images as `image_url`
+    parts where they stood); `open_role` is the role begun and not yet ended (None
+    outside roles) and `open_role_text` the text appended inside it after its prefix.
+    `images` are the state's images in the order of their image tokens in `text`, one
+    per token.
     """
 
     text: str
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
     open_role: str | None = None
     open_role_text: str = ""
+    images: tuple[ImageData, ...] = ()
 
     @property
     def uses_roles(self) -> bool:

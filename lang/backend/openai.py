@@ -7,6 +7,10 @@ with the state's text otherwise. Parameters beyond OpenAI's (`top_k`, `min_p`, `
 `json_schema` becomes `response_format`. `select` needs prompt logprobs, which only
 `/completions` gives (`echo` with `logprobs` and `max_tokens: 0`); on a chat-formatted
 state it raises `NotImplementedError`. Costs come from `usage`.
+
+Images (`sgl.image`) go only through the chat API: each as an `image_url` content part
+(a data URL of the file, or the URL the program gave) where it stood in its message,
+the image token's text left out. A state with an image outside every role is an error.
 """
 
 from __future__ import annotations
@@ -53,6 +57,29 @@ def _output_logprobs(choice: dict[str, Any]) -> list[list[Any]]:
     return [[lp, None, tok] for lp, tok in zip(logprobs.get("token_logprobs", []), logprobs.get("tokens", []), strict=True)]
 
 
+def _refuse_images(prompt: Prompt) -> None:
+    """A `/completions` request takes text only."""
+    if prompt.images:
+        raise ValueError(
+            "an OpenAI-compatible server takes images through the chat API only: put sgl.image "
+            "inside a role, e.g. sgl.user(sgl.image(path) + 'question'), and gen inside assistant()"
+        )
+
+
+def _check_images_in_messages(prompt: Prompt) -> None:
+    """Every image of the state must sit in a message (none before the first role)."""
+    sent = sum(
+        part.get("type") == "image_url"
+        for message in prompt.messages if isinstance(message["content"], list)
+        for part in message["content"]
+    )
+    if sent != len(prompt.images):
+        raise ValueError(
+            f"{len(prompt.images) - sent} image(s) of the program stand outside every role; the chat "
+            "API sends images inside messages: put sgl.image inside a role, e.g. sgl.user(...)"
+        )
+
+
 class OpenAI(Backend):
     """`model` served at `base_url` (which includes `/v1`)."""
 
@@ -86,7 +113,9 @@ class OpenAI(Backend):
                 )
             path, chat = "/chat/completions", True
             body["messages"] = list(prompt.messages)
+            _check_images_in_messages(prompt)
         else:
+            _refuse_images(prompt)
             path, chat = "/completions", False
             body["prompt"] = prompt.text
         for name, key in _RENAMED.items():
@@ -144,6 +173,7 @@ class OpenAI(Backend):
                 "select on an OpenAI-compatible backend needs prompt logprobs, which only "
                 "/completions gives (echo + logprobs); a chat-formatted state cannot be scored"
             )
+        _refuse_images(prompt)
         conditional, cost = self._echo([prompt.text + c for c in choices], len(prompt.text))
         if not unconditional:
             return ChoiceLogprobs(conditional, None, cost)

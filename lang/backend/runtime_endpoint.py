@@ -24,6 +24,11 @@ Requests (all `POST /generate`):
   of prefix+choice, `max_new_tokens: 0`, `return_logprob`, `return_text_in_logprobs`,
   `logprob_start_len = prefix_tokens - 1`; `unconditional_likelihood_normalized` adds
   one more batched request on the choices' token ids alone (`input_ids`).
+
+Images (`sgl.image`): every request whose text holds the state's image tokens carries
+`"image_data"`, the state's images in order (each the base64 of the file's bytes, or the
+URL the program gave): a list for one text, a list of such lists (one per text) for the
+batched select. A state without images sends no `image_data` key.
 """
 
 from __future__ import annotations
@@ -62,6 +67,15 @@ def own_tokens(prefix: str, entries: Sequence[TokenEntry]) -> list[list[Any]]:
     while rows and rows[0][0] is None:
         rows = rows[1:]
     return rows
+
+
+def image_fields(prompt: Prompt, batch: int | None = None) -> dict[str, Any]:
+    """`{"image_data": ...}` for a request on `prompt.text` (or, with `batch`, on that
+    many texts that each extend it); empty when the prompt has no images."""
+    if not prompt.images:
+        return {}
+    images = [image.data for image in prompt.images]
+    return {"image_data": images if batch is None else [list(images) for _ in range(batch)]}
 
 
 def gather_logprobs(gathered: dict[str, list[Any]], meta: dict[str, Any]) -> dict[str, Any]:
@@ -127,15 +141,18 @@ class RuntimeEndpoint(Backend):
         return self._commit(prefix)[1]
 
     def commit(self, prompt: Prompt) -> Cost:
-        return self._commit(prompt.text)[1]
+        return self._commit(prompt.text, image_fields(prompt))[1]
 
-    def _commit(self, text: str) -> tuple[dict[str, Any], Cost]:
-        answer, waited = self.http.post("/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}})
+    def _commit(self, text: str, fields: dict[str, Any] | None = None) -> tuple[dict[str, Any], Cost]:
+        """Prefill `text`; `fields` are more of the request's fields (its `image_fields`)."""
+        payload = {"text": text, "sampling_params": {"max_new_tokens": 0}, **(fields or {})}
+        answer, waited = self.http.post("/generate", payload)
         return answer["meta_info"], Cost.of_call(answer["meta_info"], waited)
 
     @staticmethod
     def _payload(prompt: Prompt, params: GenParams) -> dict[str, Any]:
-        return {"text": prompt.text, "sampling_params": params.to_native(), **params.logprob_fields()}
+        return {"text": prompt.text, "sampling_params": params.to_native(), **params.logprob_fields(),
+                **image_fields(prompt)}
 
     def generate(self, prompt: Prompt, params: GenParams) -> Generation:
         answer, waited = self.http.post("/generate", self._payload(prompt, params))
@@ -156,7 +173,7 @@ class RuntimeEndpoint(Backend):
         prefix = prompt.text
         prefix_tokens, cost = 0, Cost()
         if prefix:
-            meta, cost = self._commit(prefix)
+            meta, cost = self._commit(prefix, image_fields(prompt))
             prefix_tokens = int(meta["prompt_tokens"])
         answers, waited = self.http.post("/generate", {
             "text": [prefix + c for c in choices],
@@ -164,6 +181,7 @@ class RuntimeEndpoint(Backend):
             "return_logprob": True,
             "return_text_in_logprobs": True,
             "logprob_start_len": max(prefix_tokens - 1, 0),
+            **image_fields(prompt, batch=len(choices)),
         })
         metas = [a["meta_info"] for a in answers]
         cost = cost + Cost.of_call(metas, waited)

@@ -38,11 +38,16 @@ class AttentionBackend(Protocol):
         """Write k, v at `batch.out_cache_loc` of `layer`, then return attention output.
 
         Extend: new token i of request b attends causally to its context (see
-        `ForwardBatch`). Decode: each request's single token attends to its whole context.
+        `ForwardBatch`); where `batch.attend_until` is given, the new token t (flattened
+        index) at context position p attends to the positions `j < batch.attend_until[t]`
+        instead, with `p + 1 <= batch.attend_until[t] <= kv_len` of its request (an image
+        block's tokens see the whole block, Gemma 3; None: causal for every token).
+        Decode: each request's single token attends to its whole context.
         `window` W (an int >= 1; None: full attention) is the layer's sliding window: the
         token at context position p then attends only to positions `max(0, p - W + 1) ..= p`
-        (a decode token to its context's last min(len, W) slots). A layer's window is the
-        same at every step; K/V outside it stay in the pool, written as usual.
+        (with attend_until, to those from `max(0, p - W + 1)` below it; a decode token to
+        its context's last min(len, W) slots). A layer's window is the same at every step;
+        K/V outside it stay in the pool, written as usual.
         `softcap` (a finite float > 0, else `ValueError`; None: no capping) is the layer's
         attention-logit soft cap (Gemma 2): each scaled score s = q.k * sm_scale becomes
         `softcap * tanh(s / softcap)` before the mask and the softmax. Like the window, it

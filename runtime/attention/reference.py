@@ -50,5 +50,5 @@ class ReferenceAttentionBackend:
             )
         return extend_attention_ref(
             q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-            sm_scale=sm_scale, window=window, softcap=softcap, **scales,
+            sm_scale=sm_scale, window=window, softcap=softcap, attend_until=batch.attend_until, **scales,
         )

@@ -31,7 +31,8 @@ class TritonAttentionBackend:
     dequantized on load, by the kernels' `KV_QUANT` variants; a sliding window: the
     kernels' `WINDOWED` variants, the window a kernel argument, so decode steps with
     windowed layers are captured in CUDA graphs as any others; a soft-capped layer: the
-    `SOFTCAP` variants, the cap a kernel argument too).
+    `SOFTCAP` variants, the cap a kernel argument too; image blocks, the extend kernel's
+    `ATTEND_UNTIL` variant, reading the batch's `attend_until` on the device).
 
     Invariants: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
     step (forward raises otherwise). The tensor `forward` returns is the step's shared
@@ -90,5 +91,5 @@ class TritonAttentionBackend:
         return extend_attention_triton(
             q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
             sm_scale=sm_scale, max_q_len=batch.max_q_len, out=plan.out, window=window, softcap=softcap,
-            **scales,
+            attend_until=batch.attend_until, **scales,
         )

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from sprig.runtime.models.gemma3 import Gemma2ForCausalLM, Gemma3ForCausalLM
+from sprig.runtime.models.gemma3 import (
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
+)
 from sprig.runtime.models.llama import (
     GraniteForCausalLM,
     LlamaForCausalLM,
@@ -31,6 +35,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,

@@ -1,4 +1,5 @@
-"""Gemma 3 (the text model, `Gemma3ForCausalLM`) and Gemma 2: Llama's attention and
+"""Gemma 3 (the text model, `Gemma3ForCausalLM`, and with its image encoder,
+`Gemma3ForConditionalGeneration`) and Gemma 2: Llama's attention and
 projections with Gemma's differences. Every RMSNorm scales by 1 + weight (`unit_offset`), four per layer:
 before and after attention, before and after the MLP; the MLP is GeGLU (tanh GELU); the
 embedding is scaled by sqrt(hidden_size) rounded to the model's dtype; q and k heads are
@@ -19,7 +20,9 @@ from sprig.runtime.layers.embedding import VocabEmbedding
 from sprig.runtime.layers.norm import RMSNorm
 from sprig.runtime.layers.rotary import LayerRotaries, RotaryEmbedding
 from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.models.gemma3_vision import Gemma3ImageEncoder, encoder_param_name
 from sprig.runtime.models.llama import LlamaForCausalLM, feed_forward, self_attention
+from sprig.runtime.models.siglip import VisionConfig
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -68,6 +71,8 @@ class Gemma3Model(nn.Module):
     def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # [T, H]
         hidden = self.embed_tokens(batch.input_ids)  # [T, H]
         hidden = hidden * self._normalizer(hidden.dtype)
+        if batch.image_rows is not None:  # image embeddings replace their tokens' (unscaled)
+            hidden = hidden.index_copy(0, batch.image_rows, batch.image_embeds.to(hidden.dtype))
         residual = None
         for i, layer in enumerate(self.layers):
             hidden, residual = layer(hidden, residual, batch, backend, self.rotaries.of(i))
@@ -107,6 +112,28 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         logits = super().compute_logits(hidden)
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """A Gemma 3 vision-language checkpoint (gemma-3-4b and up): the text model, and the
+    image encoder (`Gemma3ImageEncoder`) whose embeddings replace the image tokens' own
+    (`ForwardBatch.image_rows`). The encoder's tensors load under `image_encoder.`
+    (`encoder_param_name` reads every naming of them)."""
+
+    encoder_prefix: ClassVar[str] = "image_encoder."
+    encoder_param = staticmethod(encoder_param_name)
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        if config.image is None:
+            raise ValueError(f"{type(self).__name__} needs its config's image spec")
+        vision = VisionConfig.from_hf(config.image.vision)
+        self.image_encoder = Gemma3ImageEncoder(vision, config.hidden_size, config.image.tokens_per_image,
+                                                vision.layer_norm_eps)
+
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:  # [N, C, S, S] -> [N, tokens_per_image, H]
+        """Each image's token embeddings, in the model's dtype, as its text model takes them."""
+        return self.image_encoder(pixels)
 
 
 class Gemma2ForCausalLM(Gemma3ForCausalLM):

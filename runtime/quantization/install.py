@@ -13,9 +13,14 @@ def install_quantized_linears(model: nn.Module, fmt: WeightFormat) -> None:
     """Replace every linear layer that `fmt` quantizes with an empty `QuantizedLinear` of
     the same geometry (the loader fills and finalizes it). A fused layer is quantized only
     if `fmt` gives all its checkpoint layers one scheme; ValueError naming the layer if the
-    format quantizes some and not others, or if its group size does not divide the inputs."""
+    format quantizes some and not others, or if its group size does not divide the inputs.
+    An image encoder (under the model's `encoder_prefix`) stays in float: it runs once per
+    image, and quantized vision-language checkpoints keep their vision tower in float."""
     hf_parts: dict[tuple[str, str], str] = {v: k for k, v in model.packed_modules.items()}
+    encoder = getattr(model, "encoder_prefix", "")
     for name, module in list(model.named_modules()):
+        if encoder and (name + ".").startswith(encoder):
+            continue
         parent, _, leaf = name.rpartition(".")
         if isinstance(module, MergedLinear):
             out_sizes: dict[str | None, int] = dict(module.out_sizes)

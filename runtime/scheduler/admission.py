@@ -71,7 +71,7 @@ class Admission:
             match = self.kv.match(req)  # now: admitting others may have evicted part of it
             if self._shares_uncomputed_prefix(req, extends, len(match)):
                 continue
-            ext_len = min(req.seq_len - len(match), budget, self._chunk_cap())
+            ext_len = req.extend_length(len(match), min(req.seq_len - len(match), budget, self._chunk_cap()))
             need = self.kv.pages(ext_len) + decode_reserve(req, ratio)
             if busy and not self.kv.can_fit(need + reserved + len(match)):
                 break
@@ -115,7 +115,8 @@ class Admission:
         return size if size is not None else 1 << 62
 
     def _extend_for(self, req: Req, budget: int) -> Extend:
-        return Extend(req, min(req.seq_len - req.kv_len, max(1, budget), self._chunk_cap()))
+        length = min(req.seq_len - req.kv_len, max(1, budget), self._chunk_cap())
+        return Extend(req, req.extend_length(req.kv_len, length))
 
     def _shares_uncomputed_prefix(self, req: Req, extends: list[Extend], cached: int) -> bool:
         """Whether `req` would recompute tokens another request of this step computes."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from sprig.radix import DisabledCache, MatchResult, RadixCache, ReqToTokenPool, SlotAllocator
+from sprig.runtime.multimodal.inputs import reusable_prefix
 from sprig.runtime.scheduler.request import Req
 
 
@@ -30,9 +31,14 @@ class RequestKV:
 
     def match(self, req: Req) -> MatchResult:
         """The cached prefix `req` may reuse: at least one token is always left to compute,
-        and prompt positions whose logprobs are wanted are recomputed. Not counted in the
-        hit rate: `admit` counts the look-up that serves the request."""
-        return self.cache.match_prefix(req.cache_key(self._lookup_len(req)), record=False)
+        and prompt positions whose logprobs are wanted are recomputed. A prefix ending inside
+        an image after too few of its keys is cut back to the image's start
+        (`multimodal.inputs.reusable_prefix`). Not counted in the hit rate: `admit` counts
+        the look-up that serves the request."""
+        match = self.cache.match_prefix(req.cache_key(self._lookup_len(req)), record=False)
+        if req.images and (keep := reusable_prefix(len(match), req.images)) < len(match):
+            match = self.cache.match_prefix(req.cache_key(keep), record=False)
+        return match
 
     @staticmethod
     def _lookup_len(req: Req) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 
 from sprig.radix import TreeNode
 from sprig.radix.tree import namespaced
+from sprig.runtime.multimodal.inputs import ImageInput, keyed
 from sprig.runtime.request_contract import TokenizedRequest
 from sprig.runtime.sampling import SamplingParams
 
@@ -86,6 +87,7 @@ class Req:
     grammar: Any = None  # the request's grammar matcher (constrained decoding), once compiled
     embed: bool = False  # ends after its prefill with `embedding` (max_new_tokens is 0)
     embedding: list[float] | None = None  # the L2-normalized final hidden state of its last prompt token
+    images: tuple[ImageInput, ...] = ()  # its prompt's images, in order (`TokenizedRequest.images`)
 
     @classmethod
     def of(cls, request: TokenizedRequest) -> Req:
@@ -94,7 +96,8 @@ class Req:
         return cls(rid=request.rid, prompt_ids=list(request.prompt_ids), params=request.params,
                    return_logprob=lp.return_logprob, logprob_start_len=lp.logprob_start_len,
                    top_logprobs_num=lp.top_logprobs_num, token_ids_logprob=lp.token_ids_logprob,
-                   embed=request.embed, priority=request.priority or 0, lora_name=request.lora_path)
+                   embed=request.embed, priority=request.priority or 0, lora_name=request.lora_path,
+                   images=request.images)
 
     @property
     def namespace(self) -> int:
@@ -103,9 +106,21 @@ class Req:
         return self.lora_slot + 1
 
     def cache_key(self, end: int) -> list[int]:
-        """`fill_ids[:end]` as the radix tree keys them (`namespace`)."""
+        """`fill_ids[:end]` as the radix tree keys them: each image's placeholders by its
+        digest (`multimodal.inputs.keyed`), in its `namespace`."""
         ids = self.fill_ids
-        return namespaced(ids if end >= len(ids) else ids[:end], self.namespace)
+        return namespaced(keyed(ids if end >= len(ids) else ids[:end], self.images), self.namespace)
+
+    def extend_length(self, start: int, length: int) -> int:
+        """How many of the `length` tokens from `start` one step computes: as many, unless
+        that cuts an image's placeholders, which are computed in one step (their tokens
+        attend to each other): then up to the image, or through it when it starts at or
+        before `start`."""
+        end = start + length
+        for image in self.images:
+            if image.offset < end < image.end:
+                return image.offset - start if image.offset > start else image.end - start
+        return length
 
     @property
     def fill_ids(self) -> list[int]:

@@ -27,6 +27,7 @@ from sprig.runtime.scheduler.kv import RequestKV
 from sprig.runtime.scheduler.logprob_record import logits_from, record_input_logprobs
 from sprig.runtime.scheduler.output import collect_output
 from sprig.runtime.scheduler.request import FinishReason, Req
+from sprig.runtime.scheduler.step_images import extend_images
 from sprig.runtime.scheduler.stops import Stops
 from sprig.runtime.speculative.decode import SpeculativeDecoder
 from sprig.runtime.wire import TokenOutput
@@ -61,6 +62,8 @@ class Scheduler:
         mc = runner.model_config
         self.context_len = mc.context_len
         self.vocab_size = mc.vocab_size
+        self.image_token_id = mc.image.token_id if runner.takes_images else None
+        self.bidirectional_images = mc.image is not None and mc.image.bidirectional
         self.eos_ids = tuple(mc.eos_token_ids)
         allocator = SlotAllocator(runner.num_slots, runner.config.page_size, check=config.check_integrity)
         cache = make_prefix_cache(
@@ -293,6 +296,7 @@ class Scheduler:
     def _run_extend(self, extends: list[Extend]) -> list[Req]:
         firsts = [logits_from(e) for e in extends]
         ends = [e.req.kv_len + e.length for e in extends]
+        images, attend_until = extend_images(extends, self.bidirectional_images)
         step = ForwardStep(
             mode=ForwardMode.EXTEND,
             input_ids=[t for e in extends for t in e.req.fill_ids[e.req.kv_len : e.req.kv_len + e.length]],
@@ -301,6 +305,8 @@ class Scheduler:
             kv_indices=self.kv.contexts([e.req for e in extends], ends),
             logits_from=firsts,
             lora_slots=self.lora_slots([e.req for e in extends]),
+            images=images,
+            attend_until=attend_until,
         )
         if any(e.req.embed and e.completes for e in extends):
             logits, hidden = self.runner.forward_with_hidden(step)

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import Request
 
+from sprig.runtime.multimodal.inputs import ImageInput
 from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
 from sprig.runtime.scheduler.grammar import GRAMMAR_ERROR
 from sprig.runtime.server.chat_answer import AnswerFormat
@@ -44,7 +45,12 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint,
                           several=req.parallel_tool_calls is not False, context_free=st.context_free)
     text = st.builder.chat_text(req.messages, tools.rendered, _template_variables(st, req), **_continuation(req))
-    ids = st.builder.encode(text, add_special_tokens=False, param="messages")
+    sources = st.builder.chat_images(req.messages)
+    if sources:
+        ids, images = st.builder.with_images(text, sources, param="messages", field="messages",
+                                             add_special_tokens=False)
+    else:
+        ids, images = st.builder.encode(text, add_special_tokens=False, param="messages"), ()
     reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
     phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
     fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
@@ -57,7 +63,7 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
     adapter = adapter_of(st, req.model, req.lora_path)
     return ChatCall(fmt, contract_requests(st, [ids], sampling, logprobs, req.stream, constraint, req.priority,
-                                           adapter), constraint)
+                                           adapter, [images]), constraint)
 
 
 def adapter_of(st: ServerState, model: str | None, lora_path: str | None) -> str | None:
@@ -95,12 +101,13 @@ def sampling_for(st: ServerState, req: CompletionRequest | ChatCompletionRequest
 
 def contract_requests(st: ServerState, prompts: list[list[int]], sampling: list[dict[str, Any]],
                       logprobs: LogprobOptions, stream: bool, constraint: Constraint | None,
-                      priority: int | None = None, adapter: str | None = None) -> list[TokenizedRequest]:
-    """The request contract over OpenAI prompts; an invalid constraint is a 400 naming
-    the field it came from."""
+                      priority: int | None = None, adapter: str | None = None,
+                      images: list[tuple[ImageInput, ...]] | None = None) -> list[TokenizedRequest]:
+    """The request contract over OpenAI prompts (`images`: each prompt's, or None); an
+    invalid constraint is a 400 naming the field it came from."""
     try:
         return st.builder.requests(prompts, sampling, None, logprobs, stream=stream, prompt_field="prompt",
-                                   priority=priority, lora_path=adapter)
+                                   priority=priority, lora_path=adapter, images=images)
     except ApiError as e:
         if constraint is None or constraint.key not in e.message:
             raise

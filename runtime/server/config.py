@@ -41,6 +41,9 @@ class ServerConfig:
       stuck, answers 503 and exits non-zero.
     - `stats_interval`: seconds between the scheduler's stats reports while busy (they feed
       /metrics); `log_interval`: seconds between activity log lines.
+    - Images (a vision-language model): `allowed_local_media_path`, a directory whose
+      files requests may name by path (None: local paths refused); `disable_media_urls`
+      refuses http(s) image URLs (else fetched, within a size cap and a time limit).
     """
 
     host: str = "127.0.0.1"
@@ -58,6 +61,8 @@ class ServerConfig:
     log_interval: float = 5.0
     log_level: str = "info"
     access_log: bool = False
+    allowed_local_media_path: str | None = None
+    disable_media_urls: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -80,6 +85,8 @@ class ServerConfig:
             raise ValueError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {REASONING_PARSERS}, got {self.reasoning_parser!r}")
+        if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
+            raise ValueError(f"allowed_local_media_path {self.allowed_local_media_path!r} is not a directory")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
 

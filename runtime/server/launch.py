@@ -23,10 +23,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from sprig.runtime.engine_config import EngineConfig
+from sprig.runtime.model_config import ImageSpec
+from sprig.runtime.multimodal.media import MediaLimits
+from sprig.runtime.multimodal.prompts import load_prompter
 from sprig.runtime.server.app import create_app
 from sprig.runtime.server.child import setup_logging
 from sprig.runtime.server.config import ServerConfig, default_model_name
@@ -145,7 +150,8 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         http.should_exit = True
 
     builder = RequestBuilder(tokenizer, info["context_len"], info["vocab_size"], server.chat_template,
-                             priority_scheduling=engine.scheduler.enable_priority_scheduling)
+                             priority_scheduling=engine.scheduler.enable_priority_scheduling,
+                             **image_prompter(model_path, info, tokenizer, server))
     tool_format = resolve_format(server.tool_call_parser, builder.chat.source if builder.chat else None)
     log.info("tool calls in chat answers: %s", tool_format.name if tool_format else "not parsed")
     state = ServerState(
@@ -192,3 +198,17 @@ def _stop_children(children: dict[str, BaseProcess]) -> None:
             proc.kill()
             proc.join(1.0)
 
+
+def image_prompter(model_path: str, info: dict[str, Any], tokenizer: Any, server: ServerConfig) -> dict[str, Any]:
+    """`RequestBuilder`'s `images` (how prompts take images, within the server's media
+    limits) and `no_images` (why requests with images are refused, when they are), from
+    the scheduler's report (`info["image"]`: the model's image spec, or None)."""
+    image = info.get("image")
+    local = server.allowed_local_media_path
+    limits = MediaLimits(allowed_local_dir=None if local is None else Path(local), allow_http=not server.disable_media_urls)
+    prompter, why = load_prompter(model_path, None if image is None else ImageSpec(**image, vision={}), tokenizer,
+                                  limits)
+    if prompter is not None:
+        log.info("images: %d tokens each; local files %s; http(s) URLs %s", image["tokens_per_image"],
+                 f"under {local}" if local else "refused", "refused" if server.disable_media_urls else "fetched")
+    return {"images": prompter, "no_images": why if image is not None else info["no_images"]}

@@ -7,7 +7,7 @@ send many), except those of other servers that would change the output, which
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +35,9 @@ class GenerateRequest(_Body):
     rid: str | list[str] | None = None
     priority: int | None = None  # under --enable-priority-scheduling
     lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name (one per prompt in a list)
+    # SGLang's: one image (or a list) for a single prompt, a list with one entry per prompt for a batch;
+    # each a data URL, base64, an http(s) URL, or a local path under --allowed-local-media-path
+    image_data: str | list[str | list[str] | None] | None = None
 
 
 class AbortRequest(_Body):
@@ -127,9 +130,19 @@ class TextPart(_Body):
     text: str
 
 
+class ImageUrl(_Body):
+    url: str  # a data URL, base64, an http(s) URL, or a local path under --allowed-local-media-path
+    detail: Literal["auto", "low", "high"] | None = None  # taken and ignored: one resolution per model
+
+
+class ImagePart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None

@@ -14,6 +14,8 @@ import uuid
 from typing import Any
 
 from sprig.runtime import json_limits
+from sprig.runtime.multimodal.inputs import ImageInput
+from sprig.runtime.multimodal.prompts import IMAGE_FIELD, ImagePrompter, images_per_prompt
 from sprig.runtime.request_contract import (
     PRIORITY_OFF,
     InvalidRequest,
@@ -26,7 +28,7 @@ from sprig.runtime.request_contract import (
 )
 from sprig.runtime.server.chat_render import ChatRenderer
 from sprig.runtime.server.errors import ApiError
-from sprig.runtime.server.protocol import ChatMessage
+from sprig.runtime.server.protocol import ChatMessage, ImagePart
 
 
 def max_token_bytes(tokenizer: Any) -> int:
@@ -41,15 +43,19 @@ class RequestBuilder:
     requests' priorities."""
 
     def __init__(self, tokenizer: Any, context_len: int, vocab_size: int, chat_template: str | None = None, *,
-                 priority_scheduling: bool = False) -> None:
+                 priority_scheduling: bool = False, images: ImagePrompter | None = None,
+                 no_images: str = "") -> None:
         """`chat_template`: a Jinja file to use instead of the tokenizer's template.
-        Raises `ValueError` if the template does not compile, `OSError` if the file
-        cannot be read."""
+        `images`: how prompts take images, for a model that takes them; else `no_images`
+        says why a request with images is refused. Raises `ValueError` if the template
+        does not compile, `OSError` if the file cannot be read."""
         self.priority_scheduling = priority_scheduling
         self.tokenizer = tokenizer
         self.context_len = context_len
         self.vocab_size = vocab_size
-        self.limits = ModelLimits(context_len, vocab_size)
+        self.images = images
+        self.no_images = no_images or "this model takes no images (it is not a vision-language model)"
+        self.limits = ModelLimits(context_len, vocab_size, None if images is None else images.spec.token_id)
         # Unicode normalization can shrink text up to 4x (a 4-byte character to 1 byte)
         self.max_text_bytes = 4 * context_len * max_token_bytes(tokenizer)
         self.chat = ChatRenderer.for_model(tokenizer, chat_template, self.max_text_bytes)
@@ -79,6 +85,40 @@ class RequestBuilder:
         except InvalidRequest as e:
             raise ApiError(400, str(e), e.field) from None
 
+    def image_prompts(self, text: Any, input_ids: Any, image_data: Any,
+                      param: str = "text") -> tuple[bool, list[list[int]], list[tuple[ImageInput, ...]] | None]:
+        """`prompts`, each with its images from SGLang's `image_data` (`images_per_prompt`;
+        None: no images, and None back)."""
+        if image_data is None or (text is None) == (input_ids is None):
+            return *self.prompts(text, input_ids, param), None
+        if self.images is None:
+            raise ApiError(400, self.no_images, IMAGE_FIELD)
+        if text is None:
+            batch, prompts = self.prompts(None, input_ids, param)
+        elif isinstance(text, str) or (isinstance(text, list) and text and all(isinstance(t, str) for t in text)):
+            batch, prompts = not isinstance(text, str), [text] if isinstance(text, str) else text
+        else:
+            raise ApiError(400, f"{param} must be a string or a non-empty list of strings", param)
+        try:
+            sources = images_per_prompt(image_data, len(prompts))
+        except InvalidRequest as e:
+            raise ApiError(400, str(e), e.field) from None
+        out = [self.with_images(p, s, param=param) for p, s in zip(prompts, sources, strict=True)]
+        return batch, [ids for ids, _ in out], [imgs for _, imgs in out]
+
+    def with_images(self, prompt: str | list[int], sources: list[Any], *, param: str, field: str = IMAGE_FIELD,
+                    add_special_tokens: bool = True) -> tuple[list[int], tuple[ImageInput, ...]]:
+        """One prompt (a text or ids) with its image placeholders expanded and its images
+        loaded and processed (`ImagePrompter`; the cheap checks first)."""
+        if self.images is None:
+            raise ApiError(400, self.no_images, field)
+        try:
+            return self.images.prompt(prompt, sources,
+                                      lambda t: self.encode(t, add_special_tokens=add_special_tokens, param=param),
+                                      param=param, field=field)
+        except InvalidRequest as e:
+            raise ApiError(400, str(e), e.field) from None
+
     def chat_text(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
                   template_kwargs: dict[str, Any] | None, **render: bool) -> str:
         """The chat template rendered (`render`: `ChatRenderer.render`'s options), to be
@@ -87,10 +127,14 @@ class RequestBuilder:
         expect (`_call_for_template`)."""
         if self.chat is None:
             raise ApiError(400, "this model has no chat template (start the server with --chat-template)", "messages")
+        if self.images is None:
+            for i, m in enumerate(messages):
+                for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+                    if isinstance(part, ImagePart):
+                        raise ApiError(400, f"messages[{i}].content[{j}]: {self.no_images}", "messages")
         rendered = []
         for m in messages:
-            content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or [])
-            msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+            msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _content(m)}
             for key in ("name", "tool_call_id"):
                 if getattr(m, key) is not None:
                     msg[key] = getattr(m, key)
@@ -102,6 +146,12 @@ class RequestBuilder:
         except ValueError as e:  # a role or field the template rejects, a reserved variable, too long
             param = "chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages"
             raise ApiError(400, str(e), param) from None
+
+    @staticmethod
+    def chat_images(messages: list[ChatMessage]) -> list[str]:
+        """The URLs of the messages' image parts, in order."""
+        return [p.image_url.url for m in messages if isinstance(m.content, list)
+                for p in m.content if isinstance(p, ImagePart)]
 
     # ------------------------------------------------------------------ requests
     @staticmethod
@@ -115,7 +165,7 @@ class RequestBuilder:
     def requests(self, prompts: list[list[int]], sampling: SamplingArg, rid: Any,
                  logprobs: LogprobOptions | list[LogprobOptions], *,
                  stream: bool, prompt_field: str = "input_ids", priority: int | None = None,
-                 lora_path: Any = None) -> list[TokenizedRequest]:
+                 lora_path: Any = None, images: list[tuple[ImageInput, ...]] | None = None) -> list[TokenizedRequest]:
         """One `TokenizedRequest` per sequence (n per prompt, in output order): the request
         contract's `build_requests`, its `InvalidRequest` as a 400 naming the field. A
         `priority` is a 400 unless the scheduler schedules by it."""
@@ -124,13 +174,25 @@ class RequestBuilder:
         try:
             return build_requests(prompts, sampling, self.limits, rid=rid, new_rid=self.new_rid,
                                   logprobs=logprobs, stream=stream, prompt_field=prompt_field, priority=priority,
-                                  lora_path=lora_path)
+                                  lora_path=lora_path, images=images)
         except InvalidRequest as e:
             raise ApiError(400, str(e), e.field) from None
 
     def room(self, prompt_len: int) -> int:
         """The most tokens a prompt of this length can still generate."""
         return max(self.context_len - prompt_len, 0)
+
+
+def _content(m: ChatMessage) -> str | list[dict[str, str]] | None:
+    """A message's content as chat templates read it: a string, or, when it holds images,
+    its parts in order (`{"type": "text", "text": ...}` and `{"type": "image"}`, as
+    transformers' processors pass them; a vision model's template writes its image
+    placeholder for each)."""
+    if m.content is None or isinstance(m.content, str):
+        return m.content
+    if not any(isinstance(p, ImagePart) for p in m.content):
+        return "".join(p.text for p in m.content)
+    return [{"type": "image"} if isinstance(p, ImagePart) else {"type": "text", "text": p.text} for p in m.content]
 
 
 def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:

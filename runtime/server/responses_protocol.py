@@ -139,7 +139,7 @@ def input_messages(items: list[Any], field: str) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in INPUT_ROLES:
                 raise ApiError(400, f"{where}.role must be one of {', '.join(INPUT_ROLES)}; got {role!r}", field)
-            out.append({"role": role, "content": _text(item.get("content"), f"{where}.content", field)})
+            out.append({"role": role, "content": _content(item.get("content"), f"{where}.content", field)})
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", where, field), "type": "function",
                     "function": {"name": _string(item, "name", where, field),
@@ -155,6 +155,29 @@ def input_messages(items: list[Any], field: str) -> list[dict[str, Any]]:
             raise ApiError(400, f"{where}.type {kind!r} is not supported: input items are messages, function_call, "
                                 "function_call_output and reasoning", field)
     return out
+
+
+def _content(content: Any, where: str, field: str) -> str | list[dict[str, Any]]:
+    """A message's content for the chat request: its text (`_text`), or, when it holds
+    `input_image` parts (`image_url`: a data URL, an http(s) URL, ...), chat parts in
+    order: text parts and `image_url` parts."""
+    if (not isinstance(content, list) or not all(isinstance(p, dict) for p in content)
+            or not any(p.get("type") == "input_image" for p in content)):
+        return _text(content, where, field)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if part.get("type") != "input_image":
+            if part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}[{j}] must be a text part ({' or '.join(TEXT_PARTS)}, with text) or "
+                                    f"an input_image; got type {part.get('type')!r}", field)
+            parts.append({"type": "text", "text": part["text"]})
+            continue
+        url = part.get("image_url")
+        if not isinstance(url, str):
+            raise ApiError(400, f"{where}[{j}].image_url must be a string (a file_id is not taken here)", field)
+        detail = part.get("detail")
+        parts.append({"type": "image_url", "image_url": {"url": url, **({"detail": detail} if detail else {})}})
+    return parts
 
 
 def _text(content: Any, where: str, field: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from sprig.runtime.request_contract import InvalidRequest
 from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.http_io import json_response, prepare, state_of
 from sprig.runtime.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
@@ -61,7 +62,16 @@ def _tokenize(builder: RequestBuilder, req: TokenizeRequest) -> dict[str, Any]:
         text = builder.chat_text(req.messages, req.tools, req.chat_template_kwargs,
                                 add_generation_prompt=req.add_generation_prompt,
                                 continue_final=req.continue_final_message)
-        batch, ids = False, [_encode(builder, text, bool(req.add_special_tokens), "messages")]
+        images = len(builder.chat_images(req.messages))
+        if images and builder.images is not None:  # each image's placeholders, as a chat request holds them
+            special = bool(req.add_special_tokens)
+            try:
+                ids = [builder.images.text(text, images, lambda t: _encode(builder, t, special, "messages"), "messages")]
+            except InvalidRequest as e:
+                raise ApiError(400, str(e), "messages") from None
+        else:
+            ids = [_encode(builder, text, bool(req.add_special_tokens), "messages")]
+        batch = False
     else:
         batch = not isinstance(req.prompt, str)
         texts = req.prompt if batch else [req.prompt]

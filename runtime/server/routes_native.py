@@ -42,13 +42,13 @@ async def generate(request: Request) -> Response:
 
     def build(body: Any) -> tuple[GenerateRequest, bool, list[TokenizedRequest]]:
         req: GenerateRequest = parse(GenerateRequest, body)
-        batch, prompts = st.builder.prompts(req.text, req.input_ids)
+        batch, prompts, images = st.builder.image_prompts(req.text, req.input_ids, req.image_data)
         logprobs = st.builder.logprob_options(len(prompts), req.return_logprob, req.logprob_start_len,
                                               req.top_logprobs_num, req.return_text_in_logprobs,
                                               req.token_ids_logprob)
         return req, batch, st.builder.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
                                               prompt_field="text" if req.text is not None else "input_ids",
-                                              priority=req.priority, lora_path=req.lora_path)
+                                              priority=req.priority, lora_path=req.lora_path, images=images)
 
     req, batch, reqs = await prepare(request, build)
     call = st.manager.submit(reqs, client_of(request))

@@ -295,6 +295,8 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
             "attention_backend": runner.attention_backend,
             "tp_size": engine.dist.tp_size,
             "lora_adapters": scheduler.lora_adapters(),
+            "image": image_info(runner),
+            "no_images": runner.no_images,
         }
         loaded = time.monotonic()
         log.info("model loaded in %.1f s (%s on %s, a KV pool of %d tokens); warming up",
@@ -355,3 +357,13 @@ def warm_up(scheduler: Scheduler) -> None:
     scheduler.flush_cache()
     scheduler.kv.cache.reset_counters()
     scheduler.stats = SchedulerStats()
+
+
+def image_info(runner: Any) -> dict[str, Any] | None:
+    """How the served model takes images (`ImageSpec` without its vision config), for the
+    HTTP process's `ImagePrompter`; None when it takes none."""
+    spec = runner.model_config.image
+    if spec is None or not runner.takes_images:
+        return None
+    return {"token_id": spec.token_id, "begin_id": spec.begin_id, "end_id": spec.end_id,
+            "tokens_per_image": spec.tokens_per_image, "bidirectional": spec.bidirectional}

@@ -22,6 +22,7 @@ from sprig.radix import PrefixCache
 from sprig.radix.tree import TOKEN_MASK
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.multimodal.inputs import IMAGE_KEY_BASE
 from sprig.runtime.speculative.draft_model import DraftModel
 from sprig.runtime.speculative.ngram import NgramDrafter
 from sprig.runtime.speculative.radix_drafter import RadixDrafter
@@ -126,5 +127,10 @@ DRAFTERS: dict[str, Callable[[SchedulerConfig, PrefixCache, ModelRunner], Drafte
 def _plain(keys: list[int], req: Req) -> list[int]:
     """Tokens from keys of `req`'s radix namespace: a drafter sees a request's context as
     the tree keys it (`Req.cache_key`), so the radix drafter reads only continuations
-    cached under the same adapter; an n-gram drafter finds the same matches either way."""
-    return [t & TOKEN_MASK for t in keys] if req.namespace else keys
+    cached under the same adapter; an n-gram drafter finds the same matches either way.
+    A proposal ends before the first key of an image's placeholders (no token)."""
+    tokens = [t & TOKEN_MASK for t in keys] if req.namespace else keys
+    for i, t in enumerate(tokens):
+        if t >= IMAGE_KEY_BASE:
+            return tokens[:i]
+    return tokens

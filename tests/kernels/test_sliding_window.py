@@ -54,11 +54,13 @@ def dense_attention(
     qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
     *, sm_scale: float, window: int | None, softcap: float | None = None,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    attend_until: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D] float64
-    """The definition: the token at context position p sees position j iff j <= p and
-    (no window, or j > p - window); its scores q.k * sm_scale in float64, capped to
-    cap * tanh(s / cap) with a `softcap`, then a softmax over the whole context under that
-    dense mask. A token whose request has no context gets zeros."""
+    """The definition: the token at context position p sees position j iff j <= p (with
+    `attend_until` [T], iff j < its entry) and (no window, or j > p - window); its scores
+    q.k * sm_scale in float64, capped to cap * tanh(s / cap) with a `softcap`, then a
+    softmax over the whole context under that dense mask. A token whose request has no
+    context gets zeros."""
     k64 = k.double() if k_scale is None else k.double() * k_scale.double()[..., None]
     v64 = v.double() if v_scale is None else v.double() * v_scale.double()[..., None]
     group = q.shape[1] // k.shape[1]
@@ -70,7 +72,9 @@ def dense_attention(
             continue
         pos = torch.arange(n)[:, None] + (L - n)  # [n, 1]
         j = torch.arange(L)[None, :]  # [1, L]
-        mask = (j <= pos) & (j > pos - window) if window is not None else j <= pos  # [n, L]
+        mask = j <= pos if attend_until is None else j < attend_until[qo[b] : qo[b + 1], None].cpu()  # [n, L]
+        if window is not None:
+            mask &= j > pos - window
         slots = kv_indices[kv[b] : kv[b + 1]].long()
         keys = k64[slots].repeat_interleave(group, dim=1)  # [L, Hq, D]
         values = v64[slots].repeat_interleave(group, dim=1)  # [L, Hq, D]

@@ -22,7 +22,9 @@ runner as on CUDA; token trees up to 4 paths, half of the prompt-lookup workload
 driven step by step through the scheduler, on one of the given models (dense, or in
 `MOE_SHARE` of workloads a mixture-of-experts one: routing is per token, so a request's
 experts never depend on its batch; in `WINDOW_SHARE` of the others one whose layers attend
-within sliding windows shorter than most prompts). In `STALE_START_SHARE` of workloads (drawn by a
+within sliding windows shorter than most prompts; in `VISION_SHARE` of the rest a
+vision-language model, whose prompts hold images: random pixels, several per prompt, some in
+prefixes prompts share, so their K/V is cached and reused). In `STALE_START_SHARE` of workloads (drawn by a
 generator of their own) the engine starts on another checkpoint of the same model
 (`weight_checkpoints.perturbed_copy`), runs the whole workload there (caching its prefixes
 with K/V of the wrong weights), then loads the model's weights
@@ -69,17 +71,17 @@ from hf_kv_quant import hf_model
 from lora_adapters import peft_adapter
 from peft import PeftModel
 from quant_checkpoints import with_rtn_weights
+from vision_checkpoint import random_image
 from weight_checkpoints import perturbed_copy
 
 from sprig.kernels.logit_mask import unpack_bitmask
 from sprig.runtime import Engine
 from sprig.runtime.constrained import Grammar, RoutedBackend, bitmask_width, spec_from_params
 from sprig.runtime.constrained.regex_text import lark_grammar
-from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.model_config import ImageSpec, ModelConfig
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.request_contract import (
     LogprobOptions,
-    ModelLimits,
     build_embedding_requests,
     build_requests,
 )
@@ -101,6 +103,8 @@ LORA_SHARE = 0.15  # of workloads (neither int4 nor tensor-parallel), those serv
 LORA_NAMES = ("a", "b")  # `fuzz_adapters`' adapters
 MOE_SHARE = 0.2  # of workloads, those on a mixture-of-experts model (where the fuzzer is given one)
 WINDOW_SHARE = 0.2  # of the others, those on a model with sliding-window layers (where given one)
+VISION_SHARE = 0.15  # of the rest, those on a vision-language model, with images (where given one)
+IMAGE_SHARE = 0.5  # of a vision workload's prompts and shared prefixes, those holding an image (or two)
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' names (the EOS's too), whole, as text
@@ -141,6 +145,7 @@ class Request:
     embed: bool = False  # an embedding request (its params unused): its prompt's embedding
     priority: int | None = None  # sent only where the workload's engine schedules by priority
     lora: str | None = None  # the LoRA adapter it runs with (`fuzz_adapters`' names), in LoRA workloads
+    images: tuple[int, ...] = ()  # the seeds of its prompt's images (`random_image`), in prompt order
 
     @property
     def checked(self) -> bool:
@@ -261,6 +266,7 @@ class Stats:
     weight_updates: int = 0  # workloads run after a run on other weights and a weight update
     preemptions: int = 0  # running requests retracted for waiting ones of higher priority
     lora: int = 0  # sequences run with a LoRA adapter (checked against PEFT's model)
+    images: int = 0  # sequences whose prompts held images (checked against transformers with their pixels)
 
     def line(self) -> str:
         kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec,
@@ -274,7 +280,7 @@ class Stats:
             f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
             f"alternative paths verified, {self.alternatives_kept} followed; {self.weight_updates} after a weight update; "
-            f"{self.preemptions} preemptions by priority; {self.lora} with a LoRA adapter"
+            f"{self.preemptions} preemptions by priority; {self.lora} with a LoRA adapter; {self.images} with images"
         )
 
 
@@ -282,14 +288,28 @@ class Stats:
 
 
 def make_workload(
-    seed: int, model: str, vocab: int, *, triton: bool, int4_share: float = 0.25, tp_share: float = 0.0
+    seed: int, model: str, vocab: int, *, triton: bool, int4_share: float = 0.25, tp_share: float = 0.0,
+    image: ImageSpec | None = None,
 ) -> Workload:
     """A random workload and engine config, a function of `seed` alone (and of the shares
-    of workloads with int4 weights and with two tensor-parallel ranks)."""
+    of workloads with int4 weights and with two tensor-parallel ranks). For a model that
+    takes images (`image`), prompts and shared prefixes hold images (`IMAGE_SHARE`; their
+    own generator), and what sprig does not combine with images is not drawn: int4
+    weights, tensor parallelism, LoRA adapters, the draft-model drafter (radix instead),
+    embedding requests with images."""
     rng, constraints = random.Random(seed), random.Random(f"constraints {seed}")
+    pictures = random.Random(f"images {seed}")
+    if image is not None:
+        int4_share = tp_share = 0.0
+        vocab = min(vocab, image.token_id, image.begin_id, image.end_id)  # random ids never an image's
 
     def ids(n: int) -> list[int]:
-        return [rng.randrange(FIRST_ORDINARY_ID, vocab) for _ in range(n)]
+        out = [rng.randrange(FIRST_ORDINARY_ID, vocab) for _ in range(n)]
+        if image is not None and pictures.random() < IMAGE_SHARE:
+            for _ in range(pictures.choice([1, 1, 2])):
+                at = pictures.randint(0, len(out))
+                out[at:at] = [-1 - pictures.randrange(10_000)]  # an image of that seed (`_expanded`)
+        return out
 
     small = triton  # the Triton interpreter is slow: fewer, shorter requests
     prefixes = [ids(rng.randint(8, 24 if small else 70)) for _ in range(rng.randint(0, 3))]
@@ -303,7 +323,8 @@ def make_workload(
     requests = []
     picks = random.Random(f"token_ids_logprob {seed}")  # apart from `rng`: older seeds replay unchanged
     embeds = random.Random(f"embed {seed}")  # likewise
-    for i, prompt in enumerate(prompts):
+    for i, marked in enumerate(prompts):
+        prompt, seeds = _expanded(marked, image)
         params = _params(rng, constraints, vocab, small)
         logprob = rng.random() < 0.3
         picked = tuple(picks.sample(range(vocab), picks.randint(1, 4))) if logprob and picks.random() < 0.5 else ()
@@ -317,7 +338,8 @@ def make_workload(
             token_ids_logprob=picked,
             arrival=rng.choice([0, 0, rng.randint(0, 12)]),
             abort_at=rng.randint(0, 16) if rng.random() < 0.1 else None,
-            embed=embeds.random() < EMBED_SHARE,
+            embed=embeds.random() < EMBED_SHARE and not seeds,
+            images=seeds,
         ))
     options = _options(rng, requests, triton, int4_share, tp_share)
     if constraints.random() < GUIDED_SHARE:  # its own generator, as the requests' constraints
@@ -329,12 +351,28 @@ def make_workload(
         options["priority_scheduling_preemption_threshold"] = ranks.choice([0, 1, 10])
         requests = [replace(r, priority=ranks.choice([None, 0, 1, 5, 20, -3])) for r in requests]
     adapters = random.Random(f"lora {seed}")  # likewise
-    if adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options:
+    if (adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options
+            and image is None):
         options["max_loras_per_batch"] = adapters.choice([2, 3, 8])  # `run_one` adds the adapters' paths
         requests = [replace(r, lora=adapters.choice([None, *LORA_NAMES])) for r in requests]
+    if image is not None and options.get("speculative_algorithm") == "draft":
+        options["speculative_algorithm"] = "radix"
+        options.pop("disable_draft_decoder", None)
+        options["speculative_alternatives"] = 0
     trees = options.get("speculative_algorithm") == "ngram" and options["speculative_alternatives"] > 0
     return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5,
                     stale_start=random.Random(f"weights {seed}").random() < STALE_START_SHARE)
+
+
+def _expanded(marked: list[int], image: ImageSpec | None) -> tuple[list[int], tuple[int, ...]]:
+    """A prompt whose images are marked by -1 - seed: each becomes its begin token, the
+    image tokens and its end token; and the images' seeds, in order."""
+    if image is None:
+        return marked, ()
+    out: list[int] = []
+    for t in marked:
+        out.extend((image.begin_id, *[image.token_id] * image.tokens_per_image, image.end_id) if t < 0 else (t,))
+    return out, tuple(-1 - t for t in marked if t < 0)
 
 
 def _params(rng: random.Random, constraints: random.Random, vocab: int, small: bool) -> SamplingParams:
@@ -424,7 +462,7 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
     """Run `requests` through the engine's scheduler step by step (arrivals and aborts at
     their steps); returns each sequence's outcome by rid (`{rid}-{j}` for n > 1)."""
     sched = engine.scheduler
-    limits = ModelLimits(sched.context_len, sched.vocab_size)
+    limits = engine.limits
     reqs: dict[str, Req] = {}
     aborts: dict[int, list[str]] = {}
     last_arrival = max(r.arrival for r in requests)
@@ -442,7 +480,7 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
             seqs = (build_embedding_requests([list(r.prompt)], limits, rid=r.rid, new_rid=str, lora_path=r.lora)
                     if r.embed else
                     build_requests([list(r.prompt)], r.params, limits, rid=r.rid, new_rid=str, logprobs=logprobs,
-                                   priority=priority, lora_path=r.lora))
+                                   priority=priority, lora_path=r.lora, images=[_images(engine, r)]))
             for seq in seqs:
                 req = Req.of(seq)
                 sched.add_request(req)
@@ -468,6 +506,13 @@ def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
         for req in reqs.values():
             _check_spec_counts(req)
     return {rid: Outcome.of(req) for rid, req in reqs.items()}
+
+
+def _images(engine: Engine, request: Request) -> tuple:
+    """The request's processed images (`ImageInput`s over its prompt's image runs)."""
+    if not request.images:
+        return ()
+    return engine.images.images(list(request.prompt), [random_image(s) for s in request.images])
 
 
 def _check_spec_counts(req: Req) -> None:
@@ -500,6 +545,7 @@ class Reference:
         self.vocab = engine.runner.model_config.vocab_size
         self.eos_ids = engine.scheduler.eos_ids
         self.tokenizer = engine.tokenizer
+        self.image = engine.images.spec if engine.images is not None else None
         self._grammars: dict[str, RoutedBackend] = {}  # by grammar_backend
 
     def engine(self, key: ReferenceKey) -> Engine:
@@ -513,8 +559,11 @@ class Reference:
         engine.flush_cache()
         return drive(engine, (replace(request, arrival=0, abort_at=None),))
 
-    def logits(self, ids: list[int], key: ReferenceKey, lora: str | None = None) -> torch.Tensor:  # [len(ids), V] f32
-        """transformers' logits (with PEFT's adapter `lora` of `fuzz_adapters`, if given)."""
+    def logits(self, ids: list[int], key: ReferenceKey, lora: str | None = None,
+               images: tuple[int, ...] = ()) -> torch.Tensor:  # [len(ids), V] f32
+        """transformers' logits (with PEFT's adapter `lora` of `fuzz_adapters`, if given;
+        with the images of seeds `images` over the image runs of `ids`, their blocks
+        attending bidirectionally: transformers' `token_type_ids`)."""
         key = tuple(kv for kv in key if kv[0] in NUMERICS)
         if (key, lora) not in self.hf:
             options = dict(key)
@@ -525,11 +574,16 @@ class Reference:
             if lora is not None:
                 hf = PeftModel.from_pretrained(hf, fuzz_adapters(self.path)[lora]).eval()
             self.hf[key, lora] = hf
+        inputs: dict[str, torch.Tensor] = {"input_ids": torch.tensor([ids])}
+        if images:
+            pixels = [im.tensor() for im in self.engine(()).images.images(list(ids), [random_image(s) for s in images])]
+            inputs["pixel_values"] = torch.stack(pixels)
+            inputs["token_type_ids"] = (inputs["input_ids"] == self.image.token_id).long()
         with torch.inference_mode():
-            return self.hf[key, lora](torch.tensor([ids])).logits[0].float()
+            return self.hf[key, lora](**inputs).logits[0].float()
 
     def kv_rounding_effect(self, ids: list[int], key: ReferenceKey, rounded: torch.Tensor, top: int = 0,
-                           also: tuple[int, ...] = (), lora: str | None = None) -> float:
+                           also: tuple[int, ...] = (), lora: str | None = None, images: tuple[int, ...] = ()) -> float:
         """The most the int8 KV cache's rounding moves a logprob of `ids`, of the tokens
         `also` at each position (where token_ids_logprob's are compared), or with `top`
         of any of the `top + 1` likeliest tokens at each position too (where top logprobs
@@ -550,7 +604,7 @@ class Reference:
             return 0.0
         float_key = tuple(kv for kv in key if kv[0] != "kv_cache_dtype")
         with_rounding, exact = (torch.log_softmax(logits[:-1], -1)
-                                for logits in (rounded, self.logits(ids, float_key, lora)))
+                                for logits in (rounded, self.logits(ids, float_key, lora, images)))
         compared = torch.tensor(ids[1:])[:, None]
         if also:
             compared = torch.cat([compared, torch.tensor(also).expand(len(ids) - 1, -1)], 1)
@@ -682,11 +736,12 @@ def _check_sequence(
         raise Mismatch(f"{where}\nthe request alone was aborted: {want.finish}")
     prompt = list(request.prompt)
     seq_params = want.params
-    logits = ref.logits(prompt + want.ids, key, request.lora)  # transformers' after prompt + ids[:i], for each i
+    logits = ref.logits(prompt + want.ids, key, request.lora, request.images)  # after prompt + ids[:i], for each i
     rows = logits[len(prompt) - 1 :].clone()  # [len(want.ids) + 1, V], masked by a grammar below
     stats.ties += _check_against_transformers(rows, seq_params, prompt, want.ids, ref, where, key)
     stats.hf_tokens += len(want.ids)
     stats.lora += request.lora is not None
+    stats.images += bool(request.images)
     stats.constrained += spec_from_params(seq_params) is not None
     stats.context_free += seq_params.ebnf is not None
     stats.guided += seq_params.regex is not None and ("grammar_backend", "llguidance") in key
@@ -703,13 +758,14 @@ def _check_sequence(
         raise Mismatch(f"{where}\nbatched {got.ids} {got.finish}\nalone   {want.ids} {want.finish}")
     tol = tol_top = tol_picked = LOGPROB_TOL
     if ("kv_cache_dtype", "int8") in key:
-        tol = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits, lora=request.lora))
+        tol = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits, lora=request.lora, images=request.images))
         if request.top_logprobs_num:
             tol_top = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits, request.top_logprobs_num,
-                                                      lora=request.lora))
+                                                      lora=request.lora, images=request.images))
         if request.token_ids_logprob:
             tol_picked = max(tol, ref.kv_rounding_effect(prompt + want.ids, key, logits,
-                                                         also=request.token_ids_logprob, lora=request.lora))
+                                                         also=request.token_ids_logprob, lora=request.lora,
+                                                         images=request.images))
     _close(got.logprobs[:n], want.logprobs[:n], f"{where}\noutput logprobs", tol)
     for a, b in zip(got.top[:n], want.top[:n], strict=True):
         _close_top(a, b, f"{where}\noutput top logprobs", tol_top)
@@ -814,8 +870,10 @@ def fuzz(
     start = time.monotonic()
     configs = {name: ModelConfig.from_pretrained(path) for name, path in models.items()}
     sparse = sorted(name for name, c in configs.items() if c.moe is not None)
-    windowed = sorted(name for name, c in configs.items() if c.moe is None and c.sliding_window is not None)
-    names = sorted(set(models) - set(sparse) - set(windowed))
+    vision = sorted(name for name, c in configs.items() if c.image is not None)
+    windowed = sorted(name for name, c in configs.items()
+                      if c.moe is None and c.sliding_window is not None and c.image is None)
+    names = sorted(set(models) - set(sparse) - set(windowed) - set(vision))
     i = 0
     while stats.workloads < min_workloads or time.monotonic() - start < seconds:
         workload_seed = seed + i
@@ -823,14 +881,17 @@ def fuzz(
         name = names[rng.randrange(len(names))] if names else ""
         moe = random.Random(f"moe {workload_seed}")  # apart from `rng`: older seeds replay unchanged
         window = random.Random(f"window {workload_seed}")
+        sight = random.Random(f"vision {workload_seed}")
         if sparse and (not names or moe.random() < MOE_SHARE):
             name = moe.choice(sparse)
         elif windowed and (not names or window.random() < WINDOW_SHARE):
             name = window.choice(windowed)
+        elif vision and (not names or sight.random() < VISION_SHARE):
+            name = sight.choice(vision)
         triton = rng.random() < triton_share and triton_runs
         ref = refs[name]
         workload = make_workload(workload_seed, name, ref.vocab, triton=triton,
-                                 int4_share=0.0 if name in sparse else int4_share, tp_share=tp_share)
+                                 int4_share=0.0 if name in sparse else int4_share, tp_share=tp_share, image=ref.image)
         run_one(workload, models[name], ref, stats)
         i += 1
         if progress is not None and (stats.workloads % 10 == 0):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from engine_fuzz import Workload, fuzz, make_workload, reference_key
+from vision_checkpoint import build_vision_checkpoint
 
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
@@ -26,7 +27,8 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     with sliding windows shorter than most prompts (`engine_fuzz.WINDOW_SHARE`): Gemma 3
     (a window of 6 in two of its three layers), Gemma 2 (7 in its first layer; attention
     scores and logits soft-capped), Qwen2 (12, in its second layer) and OLMo 3 (5, in three
-    of its four layers; norms after attention and the MLP)."""
+    of its four layers; norms after attention and the MLP); and a Gemma 3 vision-language model
+    (`engine_fuzz.VISION_SHARE`; images of 4 tokens, windows of 5)."""
     root = tmp_path_factory.mktemp("fuzz")
     return {
         "llama": tiny_checkpoints["llama"],
@@ -45,6 +47,7 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
         "olmo3-sharp": build_tiny_checkpoint(root / "olmo3", "olmo3", seed=8, sliding_window=5, num_hidden_layers=4,
                                              layer_types=None, initializer_range=0.1),
         "gemma2-sharp": build_tiny_checkpoint(root / "gemma2", "gemma2", seed=9, sliding_window=7, initializer_range=0.1),
+        "gemma3-vision": build_vision_checkpoint(root / "gemma3-vision", sliding_window=5, seed=10),
     }
 
 

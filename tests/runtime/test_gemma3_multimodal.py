@@ -1,7 +1,8 @@
 """A Gemma 3 multimodal checkpoint (`Gemma3ForConditionalGeneration`, as gemma-3-4b and up
-ship) serves its text model: sprig reads the nested, sparse text config as transformers
-does, loads the language model's tensors under either naming and skips the vision tower;
-its logits and greedy tokens equal transformers' multimodal model on text."""
+ship) on text: sprig reads the nested, sparse text config as transformers does and loads
+the language model's and the image encoder's tensors under either naming; its logits and
+greedy tokens equal transformers' multimodal model on text (images:
+`test_gemma3_vision.py`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from transformers import (
 )
 
 from sprig.runtime import Engine
-from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.model_config import ImageSpec, ModelConfig, text_only
 from sprig.runtime.models import model_class
 from sprig.runtime.tiny_checkpoint import build_tokenizer
 
@@ -65,7 +66,11 @@ def test_the_config_is_the_text_models(multimodal: Path) -> None:
     saved = json.loads((multimodal / "config.json").read_text())
     assert saved["architectures"] == ["Gemma3ForConditionalGeneration"]
     c = ModelConfig.from_pretrained(multimodal)
-    assert model_class(c.architecture).__name__ == "Gemma3ForCausalLM"
+    assert model_class(c.architecture).__name__ == "Gemma3ForConditionalGeneration"
+    assert c.image == ImageSpec(token_id=500, begin_id=501, end_id=502, tokens_per_image=4, bidirectional=True,
+                                vision={})
+    assert c.image.vision["image_size"] == 28 and c.image.vision["patch_size"] == 7
+    assert model_class(text_only(c).architecture).__name__ == "Gemma3ForCausalLM" and text_only(c).image is None
     assert (c.sliding_window, c.sliding_layers, c.sliding_rope_theta) == (4, (0, 2), 500.0)
     assert c.rope_scaling == {"rope_type": "linear", "factor": 2.0} and c.rope_theta == 10_000.0
     assert c.attention_scale == 24**-0.5 and c.hidden_act == "gelu_pytorch_tanh" and c.tie_word_embeddings

@@ -15,7 +15,13 @@ from sprig.radix.kv_cache import KVCache, LayerKV
 from sprig.runtime.attention.cpu import cascade
 from sprig.runtime.attention.cpu.buckets import PaddedRows, gather_bucket_kv
 from sprig.runtime.attention.cpu.kept_kv import KeptKV
-from sprig.runtime.attention.cpu.plan import DecodePlan, SharingPlan, trim_to_window, window_bites
+from sprig.runtime.attention.cpu.plan import (
+    DecodePlan,
+    SharingPlan,
+    trim_to_window,
+    widened_requests,
+    window_bites,
+)
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
 from sprig.runtime.model_config import ModelConfig
 
@@ -48,7 +54,10 @@ class TorchAttentionBackend:
     shares a prefix only with cuts that start at the same slot; its kept K/V are keyed
     with the window, and a cut that slid by a slot fails the check and is gathered
     again, so buckets with a context as long as the window are not kept at all); an
-    extend that the window cuts runs the per-request reference with it. A soft-capped
+    extend that the window cuts runs the per-request reference with it. An extend's
+    request with image blocks (`batch.attend_until` lets a token see past itself) runs the
+    per-request reference with its attend_until, in no group (`SharingPlan.alone`); the
+    other requests of the step keep the plan's paths. A soft-capped
     layer (`softcap`) runs the same plans with its scores capped in every part (shared
     prefix, remainders, per-request reference), written out where the fused CPU kernel
     would run (`attention_lse`); the kept K/V do not depend on the cap.
@@ -67,13 +76,15 @@ class TorchAttentionBackend:
         self.kept_kv = KeptKV(KEPT_KV_BUDGET_BYTES)
 
     def begin_step(self, batch: ForwardBatch) -> None:
-        """Plan the step (which requests share a prefix); forget the kept K/V unless this
-        is a decode step."""
+        """Plan the step (which requests share a prefix, which have image blocks); forget
+        the kept K/V unless this is a decode step."""
         if batch.mode is ForwardMode.DECODE:
             plan = DecodePlan.build(batch.kv_indptr, batch.kv_indices, self.q_heads, self.kv_heads)
         else:
             self.kept_kv.clear()
-            plan = SharingPlan.build(batch.kv_indptr, batch.kv_indices)
+            until = batch.attend_until
+            alone = None if until is None else widened_requests(batch.qo_indptr, batch.kv_indptr, until)
+            plan = SharingPlan.build(batch.kv_indptr, batch.kv_indices, alone=alone)
         self._step = _Step(batch, plan)
 
     def forward(
@@ -101,8 +112,11 @@ class TorchAttentionBackend:
             return extend_attention_ref(
                 q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
                 sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale, window=window, softcap=softcap,
+                attend_until=batch.attend_until,
             )
-        return cascade.extend_attention(q, kv, batch.qo_indptr, plan, sm_scale=sm_scale, softcap=softcap)
+        return cascade.extend_attention(
+            q, kv, batch.qo_indptr, plan, sm_scale=sm_scale, softcap=softcap, attend_until=batch.attend_until,
+        )
 
     def _decode(
         self, q: torch.Tensor, plan: DecodePlan, layer: int, kv: LayerKV, window: int | None, sm_scale: float,

@@ -5,6 +5,8 @@ cache hands every match the slots of the one computed copy. Attention over such 
 reads the shared K/V once, as one matrix product for all the group's new tokens and query
 heads (no mask: every new token comes after the prefix), then each request attends to the
 rest of its own context, and the two partial results are merged by their log-sum-exp.
+A request with image blocks (`SharingPlan.alone`) is attended on its own, by the
+per-request reference given its `attend_until`.
 The result equals plain attention up to float rounding; the K/V traffic for a prefix
 shared by n requests drops n-fold. A soft-capped layer's scores (`softcap`) are capped in
 every part: the cap is elementwise, so the merge stays exact.
@@ -62,6 +64,7 @@ def extend_attention(
     *,
     sm_scale: float,
     softcap: float | None = None,
+    attend_until: torch.Tensor | None = None,  # [T] int64: the batch's; required when plan.alone is not empty
 ) -> torch.Tensor:  # [T, Hq, D] in q.dtype
     """Extend attention by `plan` (made from the batch's kv metadata), scores capped by
     `softcap` when given. A grouped request
@@ -70,7 +73,10 @@ def extend_attention(
     every group with at most `SHORT_EXTEND` new tokens after a cached context (a
     speculative verification, a short turn) attends with the others of its number of new
     tokens, their contexts padded into length buckets (`pad_by_length`) as decode's are;
-    any other (a prompt's prefill) runs the plain per-request reference."""
+    any other (a prompt's prefill) runs the plain per-request reference, which a request
+    in `plan.alone` runs given its slice of `attend_until`."""
+    if plan.alone and attend_until is None:
+        raise ValueError("requests planned alone for their image blocks need the batch's attend_until")
     T, Hq, D = q.shape
     out = torch.empty((T, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
@@ -85,14 +91,16 @@ def extend_attention(
         rest = int(plan.rest_lens[b])
         if rest < q1 - q0:  # shared slots are computed KV, never a new token's
             raise ValueError(f"request {b}: {rest} unshared slots < {q1 - q0} new tokens")
+        alone = b in plan.alone
         if b in grouped:
             tails.setdefault((q1 - q0, rest), []).append(b)
-        elif q1 - q0 <= SHORT_EXTEND and rest > q1 - q0:
+        elif not alone and q1 - q0 <= SHORT_EXTEND and rest > q1 - q0:
             short.setdefault(q1 - q0, []).append(b)
         else:
             out[q0:q1] = request_attention_ref(
                 q[q0:q1], kv.k, kv.v, plan.rest(b),
                 sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale, softcap=softcap,
+                attend_until=attend_until[q0:q1] if alone else None,
             )
     for (n_new, _), members in tails.items():
         slots = torch.stack([plan.rest(b) for b in members])  # [m, R]

@@ -28,7 +28,8 @@ class SharingPlan:
     Invariant: request b's context `kv_indices[kv_indptr[b]:kv_indptr[b+1]]` begins with
     its group's `slots` (`shared_lens[b]` of them; 0 for a request in no group); the rest,
     its remainder (`rest_starts[b]`, `rest_lens[b]` in `kv_indices`), is never empty for
-    a grouped request: its newest token is its own.
+    a grouped request: its newest token is its own. The requests in `alone` (an extend's
+    with image blocks: `widened_requests`) are in no group; each is attended on its own.
     """
 
     groups: tuple[SharedPrefix, ...]
@@ -36,18 +37,25 @@ class SharingPlan:
     shared_lens: torch.Tensor  # [B] int64
     rest_starts: torch.Tensor  # [B] int64
     rest_lens: torch.Tensor  # [B] int64
+    alone: frozenset[int] = frozenset()
 
     @staticmethod
-    def build(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, min_shared: int = MIN_SHARED) -> SharingPlan:
-        """Group requests that share at least `min_shared` leading slots (see `_groups`)."""
+    def build(
+        kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, min_shared: int = MIN_SHARED,
+        alone: torch.Tensor | None = None,  # [B] bool: requests to keep out of every group
+    ) -> SharingPlan:
+        """Group requests that share at least `min_shared` leading slots (see `_groups`),
+        all but those `alone` marks."""
         indptr = kv_indptr.to(torch.int64)
         indices = kv_indices.to(torch.int64)
         lens = indptr[1:] - indptr[:-1]  # [B]
-        groups = _groups(indptr, indices, lens, min_shared)
+        # a request kept alone is grouped as if it had no context: it joins no group
+        groups = _groups(indptr, indices, lens if alone is None else lens.masked_fill(alone, 0), min_shared)
         shared = torch.zeros_like(lens)
         for g in groups:
             shared[g.members] = g.slots.numel()
-        return SharingPlan(tuple(groups), indices, shared, indptr[:-1] + shared, lens - shared)
+        lone = frozenset() if alone is None else frozenset(torch.nonzero(alone).flatten().tolist())
+        return SharingPlan(tuple(groups), indices, shared, indptr[:-1] + shared, lens - shared, lone)
 
     def rest(self, b: int) -> torch.Tensor:  # [rest_lens[b]] int64
         """Request b's remainder slots."""
@@ -90,6 +98,23 @@ def _groups(indptr: torch.Tensor, indices: torch.Tensor, lens: torch.Tensor, min
         SharedPrefix(rows, indices[start : start + n])
         for rows, start, n in zip(members.split(sizes.tolist()), starts, shared[chosen].tolist(), strict=True)
     ]
+
+
+def widened_requests(
+    qo_indptr: torch.Tensor,  # [B+1] int
+    kv_indptr: torch.Tensor,  # [B+1] int
+    attend_until: torch.Tensor,  # [T] int64: `ForwardBatch.attend_until`
+) -> torch.Tensor:  # [B] bool
+    """The requests with a new token that `attend_until` lets see past its own position
+    (one in an image block that goes on after it)."""
+    qo = qo_indptr.to(torch.int64)
+    kv = kv_indptr.to(torch.int64)
+    q_lens = qo[1:] - qo[:-1]  # [B]
+    B, T = q_lens.numel(), attend_until.numel()
+    req = torch.repeat_interleave(torch.arange(B, device=qo.device), q_lens, output_size=T)  # [T]
+    pos = torch.arange(T, device=qo.device) - qo[req] + (kv[1:] - kv[:-1] - q_lens)[req]  # [T] context positions
+    wide = (attend_until > pos + 1).to(torch.int64)  # [T]
+    return torch.zeros(B, dtype=torch.int64, device=qo.device).index_add_(0, req, wide) > 0
 
 
 def window_bites(kv_indptr: torch.Tensor, window: int) -> bool:
