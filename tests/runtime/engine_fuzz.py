@@ -79,6 +79,7 @@ from sprig.runtime import Engine
 from sprig.runtime.constrained import Grammar, RoutedBackend, bitmask_width, spec_from_params
 from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.model_config import ImageSpec, ModelConfig
+from sprig.runtime.multimodal.prompts import image_runs
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.request_contract import (
     LogprobOptions,
@@ -574,13 +575,28 @@ class Reference:
             if lora is not None:
                 hf = PeftModel.from_pretrained(hf, fuzz_adapters(self.path)[lora]).eval()
             self.hf[key, lora] = hf
-        inputs: dict[str, torch.Tensor] = {"input_ids": torch.tensor([ids])}
-        if images:
-            pixels = [im.tensor() for im in self.engine(()).images.images(list(ids), [random_image(s) for s in images])]
-            inputs["pixel_values"] = torch.stack(pixels)
-            inputs["token_type_ids"] = (inputs["input_ids"] == self.image.token_id).long()
+        hf = self.hf[key, lora]
         with torch.inference_mode():
-            return self.hf[key, lora](**inputs).logits[0].float()
+            if not images:
+                return hf(torch.tensor([ids])).logits[0].float()
+            return hf(**self._image_inputs(hf, ids, images)).logits[0].float()
+
+    def _image_inputs(self, hf: torch.nn.Module, ids: list[int], images: tuple[int, ...]) -> dict[str, torch.Tensor]:
+        """transformers' inputs for `ids` whose first image runs hold the images of seeds
+        `images` (the prompt's): their embeddings scattered over those runs alone and their
+        tokens marked as image blocks (`token_type_ids`). An image token the model
+        generated later is a token like any other, as sprig feeds it (transformers' own
+        scatter would count it as a placeholder)."""
+        runs = image_runs(ids, self.image.token_id)[: len(images)]
+        prompt = ids[: runs[-1][0] + runs[-1][1]]
+        pixels = [im.tensor() for im in self.engine(()).images.images(prompt, [random_image(s) for s in images])]
+        features = hf.model.get_image_features(torch.stack(pixels)).pooler_output  # [N, tokens, H]
+        embeds = hf.get_input_embeddings()(torch.tensor([ids]))
+        types = torch.zeros(1, len(ids), dtype=torch.long)
+        for (start, n), image in zip(runs, features, strict=True):
+            embeds[0, start : start + n] = image.to(embeds.dtype)
+            types[0, start : start + n] = 1
+        return {"inputs_embeds": embeds, "token_type_ids": types}
 
     def kv_rounding_effect(self, ids: list[int], key: ReferenceKey, rounded: torch.Tensor, top: int = 0,
                            also: tuple[int, ...] = (), lora: str | None = None, images: tuple[int, ...] = ()) -> float:

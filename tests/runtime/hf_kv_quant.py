@@ -1,6 +1,7 @@
 """transformers with sprig's quantized KV cache emulated: an attention implementation that
 rounds every token's K and V, per KV head, through `sprig.kernels.kv_quant`'s rule before
-SDPA (eager attention for a model whose scores are soft-capped), so its logits are what sprig computes over an int8 cache (up to float rounding, which
+SDPA (eager attention for a model whose scores are soft-capped; a vision tower's attention,
+which no cache holds, stays plain SDPA), so its logits are what sprig computes over an int8 cache (up to float rounding, which
 can tip a value across a rounding boundary: one step of that row's scale)."""
 
 from __future__ import annotations
@@ -42,4 +43,7 @@ def hf_model(path: Path, kv_cache_dtype: str = "auto") -> torch.nn.Module:
     AttentionInterface.register(name, _attention(storage, capped))
     # without a mask function of its own, transformers passes no mask: no sliding window
     AttentionMaskInterface.register(name, eager_mask if capped else sdpa_mask)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=name).eval()
+    # only the language model's attention reads sprig's cache: a vision tower keeps SDPA
+    config = json.loads((Path(path) / "config.json").read_text())
+    implementation = {"text_config": name, "vision_config": "sdpa", "": name} if "vision_config" in config else name
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=implementation).eval()
