@@ -26,9 +26,8 @@ from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.engine_driver import EngineDriver, add_all
 from sprig.runtime.label_scores import SCORE_SAMPLING, score_call
 from sprig.runtime.model_runner import WeightUpdateError
-from sprig.runtime.multimodal.inputs import ImageInput
 from sprig.runtime.multimodal.media import MediaLimits
-from sprig.runtime.multimodal.prompts import images_per_prompt, load_prompter
+from sprig.runtime.multimodal.prompts import load_prompter, prompts_with_images
 from sprig.runtime.request_contract import (
     PRIORITY_OFF,
     InvalidRequest,
@@ -361,7 +360,10 @@ class Engine:
             batch, prompts = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
             images = None
         else:
-            batch, prompts, images = self._image_prompts(prompt, input_ids, image_data, field)
+            if self.images is None:
+                raise InvalidRequest(self._no_images, "image_data")
+            batch, prompts, images = prompts_with_images(self.images, prompt, input_ids, image_data,
+                                                         self.tokenizer.encode, param=field)
         logprobs = LogprobOptions.per_prompt(len(prompts), *logprob_options)
         requests = build_requests(
             prompts, sampling_params, self.limits, rid=rid, logprobs=logprobs, stream=stream,
@@ -372,22 +374,6 @@ class Engine:
         builder = ResponseBuilder(self.tokenizer, reqs, return_text_in_logprobs=logprobs[0].return_text_in_logprobs,
                                   stream=stream, indexed=batch or len(reqs) > 1)
         return batch, reqs, builder
-
-    def _image_prompts(self, prompt: Prompt, input_ids: Any, image_data: Any,
-                       field: str) -> tuple[bool, list[list[int]], list[tuple[ImageInput, ...]]]:
-        """`prompt_rows` with each prompt's images (`ImagePrompter.prompt`)."""
-        if self.images is None:
-            raise InvalidRequest(self._no_images, "image_data")
-        if prompt is not None and input_ids is None:
-            texts = [prompt] if isinstance(prompt, str) else prompt
-            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-                raise InvalidRequest("prompt must be a string or a non-empty list of strings", "prompt")
-            batch, given = not isinstance(prompt, str), list(texts)
-        else:
-            batch, given = prompt_rows(prompt, input_ids, self.tokenizer.encode, text_field="prompt")
-        out = [self.images.prompt(p, sources, self.tokenizer.encode, param=field)
-               for p, sources in zip(given, images_per_prompt(image_data, len(given)), strict=True)]
-        return batch, [ids for ids, _ in out], [imgs for _, imgs in out]
 
     def _prepare_embedding(self, prompt: Prompt, input_ids: Any, rid: Any,
                            lora_path: Any) -> tuple[bool, list[Req], ResponseBuilder]:

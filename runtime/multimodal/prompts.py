@@ -25,7 +25,7 @@ import torch
 from sprig.runtime.model_config import ImageSpec
 from sprig.runtime.multimodal.inputs import ImageInput
 from sprig.runtime.multimodal.media import MediaError, MediaLimits, load_image
-from sprig.runtime.request_contract import InvalidRequest
+from sprig.runtime.request_contract import InvalidRequest, prompt_rows
 
 log = logging.getLogger("sprig.multimodal")
 
@@ -123,6 +123,30 @@ class ImagePrompter:
                 raise InvalidRequest(f"{field}[{i}]: {e}", field) from None
         pixels = self.processor(images=loaded, return_tensors="pt")["pixel_values"]  # [N, C, H, W]
         return tuple(ImageInput.of(p, start, n) for p, (start, n) in zip(pixels.to(torch.float32), runs, strict=True))
+
+
+def prompts_with_images(prompter: ImagePrompter, text: Any, input_ids: Any, image_data: Any,
+                        encode: Callable[[str], list[int]], *,
+                        param: str) -> tuple[bool, list[list[int]], list[tuple[ImageInput, ...]]]:
+    """`request_contract.prompt_rows` for prompts with images: (is_batch, each prompt's
+    ids, each prompt's images), the images from SGLang's `image_data`
+    (`images_per_prompt`), each prompt built as `ImagePrompter.prompt` builds one (a text
+    is tokenized by `encode` once its placeholders are expanded; `param` names it), every
+    prompt's cheap checks before any image is read. Raises `InvalidRequest` naming the
+    field."""
+    if text is not None and input_ids is None:
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest(f"{param} must be a string or a non-empty list of strings", param)
+        batch, given = not isinstance(text, str), list(texts)
+    else:
+        batch, given = prompt_rows(text, input_ids, encode, text_field=param)
+    per_prompt = images_per_prompt(image_data, len(given))
+    for sources in per_prompt:  # every cheap check before any prompt's images are read
+        prompter.count_check(sources)
+    rows = [prompter.text(p, len(sources), encode, field=param) if isinstance(p, str)
+            else prompter.ids(p, len(sources)) for p, sources in zip(given, per_prompt, strict=True)]
+    return batch, rows, [prompter.images(ids, sources) for ids, sources in zip(rows, per_prompt, strict=True)]
 
 
 def load_prompter(model_path: str | Path, spec: ImageSpec | None, tokenizer: Any,

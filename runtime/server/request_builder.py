@@ -15,7 +15,7 @@ from typing import Any
 
 from sprig.runtime import json_limits
 from sprig.runtime.multimodal.inputs import ImageInput
-from sprig.runtime.multimodal.prompts import IMAGE_FIELD, ImagePrompter, images_per_prompt
+from sprig.runtime.multimodal.prompts import IMAGE_FIELD, ImagePrompter, prompts_with_images
 from sprig.runtime.request_contract import (
     PRIORITY_OFF,
     InvalidRequest,
@@ -87,24 +87,17 @@ class RequestBuilder:
 
     def image_prompts(self, text: Any, input_ids: Any, image_data: Any,
                       param: str = "text") -> tuple[bool, list[list[int]], list[tuple[ImageInput, ...]] | None]:
-        """`prompts`, each with its images from SGLang's `image_data` (`images_per_prompt`;
-        None: no images, and None back)."""
-        if image_data is None or (text is None) == (input_ids is None):
+        """`prompts`, each with its images from SGLang's `image_data`
+        (`multimodal.prompts.prompts_with_images`; None: no images, and None back)."""
+        if image_data is None:
             return *self.prompts(text, input_ids, param), None
         if self.images is None:
             raise ApiError(400, self.no_images, IMAGE_FIELD)
-        if text is None:
-            batch, prompts = self.prompts(None, input_ids, param)
-        elif isinstance(text, str) or (isinstance(text, list) and text and all(isinstance(t, str) for t in text)):
-            batch, prompts = not isinstance(text, str), [text] if isinstance(text, str) else text
-        else:
-            raise ApiError(400, f"{param} must be a string or a non-empty list of strings", param)
         try:
-            sources = images_per_prompt(image_data, len(prompts))
+            return prompts_with_images(self.images, text, input_ids, image_data,
+                                       lambda t: self.encode(t, param=param), param=param)
         except InvalidRequest as e:
             raise ApiError(400, str(e), e.field) from None
-        out = [self.with_images(p, s, param=param) for p, s in zip(prompts, sources, strict=True)]
-        return batch, [ids for ids, _ in out], [imgs for _, imgs in out]
 
     def with_images(self, prompt: str | list[int], sources: list[Any], *, param: str, field: str = IMAGE_FIELD,
                     add_special_tokens: bool = True) -> tuple[list[int], tuple[ImageInput, ...]]:
