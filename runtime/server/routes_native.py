@@ -117,6 +117,8 @@ async def model_info(request: Request) -> Response:
             "eos_token": getattr(st.builder.tokenizer, "eos_token", None),
             "context_len": st.model_info["context_len"],
             "vocab_size": st.model_info["vocab_size"],
+            "has_image_understanding": st.builder.images is not None,  # SGLang's: requests may carry images
+            "has_audio_understanding": False,
         }
     )
 

@@ -214,6 +214,7 @@ def test_info_routes(server: Server, tiny_llama: Path) -> None:
         info = server.get(path).json()
         assert info["model_path"] == str(tiny_llama) and info["is_generation"] is True
         assert "<|assistant|>" in info["chat_template"]
+        assert info["has_image_understanding"] is False  # a text model
     for path in ("/get_server_info", "/server_info"):
         info = server.get(path).json()
         assert info["healthy"] and info["model"]["context_len"] == 1024

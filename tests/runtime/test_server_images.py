@@ -88,6 +88,11 @@ def intact_after(server: Server) -> Iterator[None]:
     server.wait_idle()
 
 
+def test_model_info_says_it_takes_images(server: Server) -> None:
+    info = server.get("/get_model_info").json()
+    assert info["has_image_understanding"] is True and info["has_audio_understanding"] is False
+
+
 def test_generate_takes_image_data_in_every_form(server: Server, media: Path, offline: dict) -> None:
     for image in (b64(1), "data:image/png;base64," + b64(1), str(media / "one.png"), (media / "one.png").as_uri(),
                   [b64(1)]):
