@@ -190,8 +190,11 @@ def load_named_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tens
 def checkpoint_target(model: nn.Module, hf_name: str) -> tuple[str, str | None]:
     """The parameter of `model` a checkpoint tensor named `hf_name` loads into, and its
     shard (None for a whole parameter), e.g. `model.layers.0.self_attn.k_proj.weight` ->
-    (`model.layers.0.self_attn.qkv_proj.weight`, "k"); the parameter may not exist."""
-    return _target(hf_name, _Names.of(model))
+    (`model.layers.0.self_attn.qkv_proj.weight`, "k"), under any naming the model's
+    checkpoints use (a multimodal checkpoint's `model.language_model.*` is `model.*`);
+    the parameter may not exist."""
+    names = _Names.of(model)
+    return _target(names.canonical(hf_name) or hf_name, names)
 
 
 def named_tensor(model: nn.Module, name: str) -> torch.Tensor:

@@ -73,6 +73,11 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> LoRAAdapter:
             module, part = _split(key, weights_file)
             param, shard = checkpoint_target(model, module.removeprefix(PEFT_PREFIX) + ".weight")
             layer = param.removesuffix(".weight")
+            encoder = getattr(model, "encoder_prefix", "")
+            if encoder and param.startswith(encoder):
+                raise ValueError(f"{weights_file}: tensor {key!r} adapts the image encoder ({module!r}); adapters "
+                                 "adapt the language model only (train with target_modules that exclude the "
+                                 "vision tower)")
             if not param.endswith(".weight") or layer not in modules:
                 raise ValueError(f"{weights_file}: tensor {key!r} is for {module!r}, which the model has no "
                                  "linear layer for")

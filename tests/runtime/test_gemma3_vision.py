@@ -146,3 +146,39 @@ def test_a_text_model_refuses_images(tmp_path: Path) -> None:
     path = build_tiny_checkpoint(tmp_path / "llama")
     with Engine(str(path), dtype="float32", device="cpu") as e, pytest.raises(InvalidRequest, match="takes no images"):
         e.generate("hi <start_of_image>", GREEDY, image_data=[random_image(1)])
+
+
+def test_a_lora_adapter_of_the_language_model_equals_peft(vision: Path, tmp_path: Path) -> None:
+    """A PEFT adapter of the vision-language model's language model (named
+    `model.language_model.*`) runs on requests with images as PEFT's model computes them,
+    beside requests without it; one that adapts the vision tower is refused by name."""
+    from lora_adapters import peft_adapter
+    from peft import PeftModel
+
+    adapter = peft_adapter(vision, tmp_path / "lm", seed=1, scale=0.5,
+                           targets=r".*language_model.*\.(q_proj|v_proj|o_proj|down_proj)")
+    text, seeds = PROMPTS[0], IMAGES[0]
+    with Engine(str(vision), dtype="float32", device="cpu", lora_paths={"lm": str(adapter)},
+                check_integrity=True) as e:
+        outs = e.generate([text, text], GREEDY, image_data=[[random_image(s) for s in seeds]] * 2,
+                          lora_path=["lm", None], return_logprob=True)
+        e.scheduler.check_integrity()
+    tuned, base = outs
+    hf = PeftModel.from_pretrained(Gemma3ForConditionalGeneration.from_pretrained(vision, dtype=torch.float32),
+                                   str(adapter)).eval()
+    inputs = hf_inputs(vision, text, seeds)
+    full = torch.cat([inputs["input_ids"], torch.tensor([tuned["output_ids"][:-1]])], dim=1)
+    types = torch.cat([inputs["token_type_ids"], torch.zeros(1, full.shape[1] - inputs["input_ids"].shape[1],
+                                                             dtype=torch.long)], 1)
+    with torch.no_grad():
+        logits = hf(input_ids=full, pixel_values=inputs["pixel_values"], token_type_ids=types).logits[0]
+    rows = torch.log_softmax(logits[inputs["input_ids"].shape[1] - 1:].float(), -1)
+    assert tuned["output_ids"] == rows.argmax(-1).tolist()
+    got = torch.tensor([lp for lp, *_ in tuned["meta_info"]["output_token_logprobs"]])
+    torch.testing.assert_close(got, rows.gather(1, torch.tensor(tuned["output_ids"])[:, None])[:, 0], atol=1e-4, rtol=0)
+    assert base["output_ids"] != tuned["output_ids"] or base["meta_info"]["output_token_logprobs"] != \
+        tuned["meta_info"]["output_token_logprobs"]
+
+    tower = peft_adapter(vision, tmp_path / "all", seed=2, targets=["q_proj", "v_proj"])
+    with pytest.raises(ValueError, match="image encoder"):
+        Engine(str(vision), dtype="float32", device="cpu", lora_paths={"all": str(tower)})
