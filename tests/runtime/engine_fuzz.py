@@ -296,8 +296,8 @@ def make_workload(
     of workloads with int4 weights and with two tensor-parallel ranks). For a model that
     takes images (`image`), prompts and shared prefixes hold images (`IMAGE_SHARE`; their
     own generator), and what sprig does not combine with images is not drawn: int4
-    weights, tensor parallelism, LoRA adapters, the draft-model drafter (radix instead),
-    embedding requests with images."""
+    weights, tensor parallelism, the draft-model drafter (radix instead), embedding
+    requests with images."""
     rng, constraints = random.Random(seed), random.Random(f"constraints {seed}")
     pictures = random.Random(f"images {seed}")
     if image is not None:
@@ -352,8 +352,7 @@ def make_workload(
         options["priority_scheduling_preemption_threshold"] = ranks.choice([0, 1, 10])
         requests = [replace(r, priority=ranks.choice([None, 0, 1, 5, 20, -3])) for r in requests]
     adapters = random.Random(f"lora {seed}")  # likewise
-    if (adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options
-            and image is None):
+    if adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options:
         options["max_loras_per_batch"] = adapters.choice([2, 3, 8])  # `run_one` adds the adapters' paths
         requests = [replace(r, lora=adapters.choice([None, *LORA_NAMES])) for r in requests]
     if image is not None and options.get("speculative_algorithm") == "draft":
@@ -918,15 +917,19 @@ def fuzz(
 def fuzz_adapters(path: Path) -> dict[str, Path]:
     """Two PEFT LoRA adapters of the model at `path` (`LORA_NAMES`), written beside it once:
     one on attention (q, v, o; rank 8), one on k and the dense MLP (rank 4; on a
-    mixture-of-experts model, k alone: PEFT adapts the experts, which sprig refuses). B is
+    mixture-of-experts model, k alone: PEFT adapts the experts, which sprig refuses; on a
+    vision-language model, the language model's layers alone). B is
     scaled so that each `scale * B @ A` is about half the size of the tiny models' weights
     (std 0.02): large enough to move their tokens, not so large that it dwarfs the model
     (PEFT's random init alone gives deltas 4x the weights) and blows float32 rounding up past
     the logprob tolerance (seed 95642 at 20x: 1.0e-5)."""
-    a = peft_adapter(path, path.parent / f"{path.name}-lora-a", seed=1, targets=["q_proj", "v_proj", "o_proj"],
-                     scale=0.1)
-    mlp = [] if ModelConfig.from_pretrained(path).moe else ["gate_proj", "up_proj", "down_proj"]
-    b = peft_adapter(path, path.parent / f"{path.name}-lora-b", seed=2, targets=["k_proj", *mlp], r=4, scale=0.1)
+    config = ModelConfig.from_pretrained(path)
+    mlp = [] if config.moe else ["gate_proj", "up_proj", "down_proj"]
+    targets = [["q_proj", "v_proj", "o_proj"], ["k_proj", *mlp]]
+    if config.image is not None:  # the language model's layers only (sprig refuses a vision tower's)
+        targets = [rf".*language_model.*\.({'|'.join(t)})" for t in targets]
+    a = peft_adapter(path, path.parent / f"{path.name}-lora-a", seed=1, targets=targets[0], scale=0.1)
+    b = peft_adapter(path, path.parent / f"{path.name}-lora-b", seed=2, targets=targets[1], r=4, scale=0.1)
     return dict(zip(LORA_NAMES, (a, b), strict=True))
 
 
