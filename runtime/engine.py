@@ -85,8 +85,7 @@ class Engine:
         self.scheduler = Scheduler(self.config.scheduler, self.runner, self.tokenizer)
         self._ids = itertools.count()
         self.images, self._no_images = load_prompter(model_path, self.runner.model_config.image, self.tokenizer,
-                                                     MediaLimits(allowed_local_dir=Path("/")))
-        self._no_images = self._no_images if self.runner.takes_images else self.runner.no_images
+                                                     MediaLimits(allowed_local_dir=Path("/")), self.runner.no_images)
         self.limits = ModelLimits(self.scheduler.context_len, self.scheduler.vocab_size,
                                   None if self.images is None else self.images.spec.token_id)
         self._driver = EngineDriver(self.scheduler)

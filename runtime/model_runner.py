@@ -21,6 +21,7 @@ from sprig.runtime.forward_step import ForwardStep, build_forward_batch
 from sprig.runtime.lora.manager import LoRAManager
 from sprig.runtime.model_config import ModelConfig, text_only
 from sprig.runtime.models import supported_architectures
+from sprig.runtime.multimodal.inputs import TEXT_ONLY
 from sprig.runtime.quantization.formats import OnlineFormat
 from sprig.runtime.runner_config import DTYPES, RunnerConfig
 from sprig.runtime.weight_loader import (
@@ -59,7 +60,7 @@ class ModelRunner:
         self.model_config = ModelConfig.from_pretrained(
             config.model_path, context_length=config.context_length, supported=supported_architectures()
         )
-        self.no_images = "this model takes no images (it is not a vision-language model)"
+        self.no_images = "" if self.model_config.image is not None else TEXT_ONLY
         if tp is not None and self.model_config.image is not None:
             log.warning("%s: images are not served under tensor parallelism; serving its text model",
                         config.model_path)

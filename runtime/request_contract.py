@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sprig.runtime import wire
-from sprig.runtime.multimodal.inputs import ImageInput
+from sprig.runtime.multimodal.inputs import TEXT_ONLY, ImageInput
 from sprig.runtime.sampling import SamplingParams
 
 SamplingArg = dict[str, Any] | SamplingParams | Sequence[dict[str, Any] | SamplingParams] | None
@@ -262,7 +262,7 @@ def _check_images(row: list[int], images: tuple[ImageInput, ...], limits: ModelL
     token = limits.image_token_id
     if token is None:
         if images:
-            raise InvalidRequest("this model takes no images (it is not a vision-language model)", "image_data")
+            raise InvalidRequest(TEXT_ONLY, "image_data")
         return
     covered = 0
     for image in images:

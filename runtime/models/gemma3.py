@@ -22,7 +22,6 @@ from sprig.runtime.layers.rotary import LayerRotaries, RotaryEmbedding
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models.gemma3_vision import Gemma3ImageEncoder, encoder_param_name
 from sprig.runtime.models.llama import LlamaForCausalLM, feed_forward, self_attention
-from sprig.runtime.models.siglip import VisionConfig
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -127,9 +126,9 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         super().__init__(config)
         if config.image is None:
             raise ValueError(f"{type(self).__name__} needs its config's image spec")
-        vision = VisionConfig.from_hf(config.image.vision)
-        self.image_encoder = Gemma3ImageEncoder(vision, config.hidden_size, config.image.tokens_per_image,
-                                                vision.layer_norm_eps)
+        self.image_encoder = Gemma3ImageEncoder.from_hf(
+            {"vision_config": config.image.vision, "mm_tokens_per_image": config.image.tokens_per_image},
+            config.hidden_size)
 
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:  # [N, C, S, S] -> [N, tokens_per_image, H]
         """Each image's token embeddings, in the model's dtype, as its text model takes them."""

@@ -23,6 +23,8 @@ from sprig.runtime import wire
 # against its vocabulary) can equal one: 23 bits of the digest per key.
 IMAGE_KEY_BASE = 1 << 23
 _KEY_BITS = 23
+# why a text-only model refuses a request with images
+TEXT_ONLY = "this model takes no images (it is not a vision-language model)"
 # keys of one image that must match before a cached prefix ending inside it is reused:
 # 8 keys carry 184 bits of its digest (all of an image's keys when it has fewer)
 MIN_MATCHED_KEYS = 8
@@ -90,14 +92,6 @@ def reusable_prefix(matched: int, images: tuple[ImageInput, ...]) -> int:
         if image.offset < matched < image.end and matched - image.offset < min(MIN_MATCHED_KEYS, image.length):
             return image.offset
     return matched
-
-
-def image_at(position: int, images: tuple[ImageInput, ...]) -> ImageInput | None:
-    """The image whose placeholders include prompt `position`, if any."""
-    for image in images:
-        if image.offset <= position < image.end:
-            return image
-    return None
 
 
 wire.register(ImageInput, tuples=frozenset({"shape"}))

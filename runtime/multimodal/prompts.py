@@ -149,13 +149,14 @@ def prompts_with_images(prompter: ImagePrompter, text: Any, input_ids: Any, imag
     return batch, rows, [prompter.images(ids, sources) for ids, sources in zip(rows, per_prompt, strict=True)]
 
 
-def load_prompter(model_path: str | Path, spec: ImageSpec | None, tokenizer: Any,
-                  limits: MediaLimits) -> tuple[ImagePrompter | None, str]:
+def load_prompter(model_path: str | Path, spec: ImageSpec | None, tokenizer: Any, limits: MediaLimits,
+                  refusal: str) -> tuple[ImagePrompter | None, str]:
     """The `ImagePrompter` of a model that takes images (`spec`), or None and why requests
-    with images are refused: the model takes none (`spec` None), or its checkpoint has no
-    image processor sprig can run (logged as a warning: it serves text)."""
+    with images are refused: `refusal` when the served model takes none (`spec` None:
+    `ModelRunner.no_images`), or its checkpoint has no image processor sprig can run
+    (logged as a warning: it serves text)."""
     if spec is None:
-        return None, "this model takes no images (it is not a vision-language model)"
+        return None, refusal
     try:
         return ImagePrompter(model_path, spec, tokenizer, limits), ""
     except ValueError as e:

@@ -62,7 +62,6 @@ class Scheduler:
         mc = runner.model_config
         self.context_len = mc.context_len
         self.vocab_size = mc.vocab_size
-        self.image_token_id = mc.image.token_id if runner.takes_images else None
         self.bidirectional_images = mc.image is not None and mc.image.bidirectional
         self.eos_ids = tuple(mc.eos_token_ids)
         allocator = SlotAllocator(runner.num_slots, runner.config.page_size, check=config.check_integrity)

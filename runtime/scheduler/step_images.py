@@ -15,6 +15,8 @@ def extend_images(extends: Sequence[Extend], bidirectional: bool) -> tuple[list[
     when no request of the step has an image, or `bidirectional` is False). An extend
     never cuts an image (`Req.extend_length`), so the new tokens of an image see all of
     it: `attend_until` is its end for each of them, position + 1 for every other token."""
+    if not any(ext.req.images for ext in extends):
+        return [], None
     images: list[StepImage] = []
     until: list[int] = []
     row = 0

@@ -207,8 +207,8 @@ def image_prompter(model_path: str, info: dict[str, Any], tokenizer: Any, server
     local = server.allowed_local_media_path
     limits = MediaLimits(allowed_local_dir=None if local is None else Path(local), allow_http=not server.disable_media_urls)
     prompter, why = load_prompter(model_path, None if image is None else ImageSpec(**image, vision={}), tokenizer,
-                                  limits)
+                                  limits, info["no_images"])
     if prompter is not None:
         log.info("images: %d tokens each; local files %s; http(s) URLs %s", image["tokens_per_image"],
                  f"under {local}" if local else "refused", "refused" if server.disable_media_urls else "fetched")
-    return {"images": prompter, "no_images": why if image is not None else info["no_images"]}
+    return {"images": prompter, "no_images": why}

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from sprig.runtime import json_limits
-from sprig.runtime.multimodal.inputs import ImageInput
+from sprig.runtime.multimodal.inputs import TEXT_ONLY, ImageInput
 from sprig.runtime.multimodal.prompts import IMAGE_FIELD, ImagePrompter, prompts_with_images
 from sprig.runtime.request_contract import (
     PRIORITY_OFF,
@@ -44,7 +44,7 @@ class RequestBuilder:
 
     def __init__(self, tokenizer: Any, context_len: int, vocab_size: int, chat_template: str | None = None, *,
                  priority_scheduling: bool = False, images: ImagePrompter | None = None,
-                 no_images: str = "") -> None:
+                 no_images: str = TEXT_ONLY) -> None:
         """`chat_template`: a Jinja file to use instead of the tokenizer's template.
         `images`: how prompts take images, for a model that takes them; else `no_images`
         says why a request with images is refused. Raises `ValueError` if the template
@@ -54,7 +54,7 @@ class RequestBuilder:
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.images = images
-        self.no_images = no_images or "this model takes no images (it is not a vision-language model)"
+        self.no_images = no_images
         self.limits = ModelLimits(context_len, vocab_size, None if images is None else images.spec.token_id)
         # Unicode normalization can shrink text up to 4x (a 4-byte character to 1 byte)
         self.max_text_bytes = 4 * context_len * max_token_bytes(tokenizer)
