@@ -7,7 +7,8 @@ one KV head per query head. On the CPU, torch's fused flash-attention kernel run
 number of rows: it reads each row's K/V once, never materialises the scores and
 parallelises over batch, heads and query blocks. Elsewhere (the torch backend on CUDA),
 and wherever the scores are soft-capped (the fused kernel cannot cap), the explicit
-product runs.
+product runs. Attention sinks join once a row's parts are merged (`add_sinks_`): a sink
+adds to the whole softmax's denominator, not to each part's.
 """
 
 from __future__ import annotations
@@ -58,3 +59,15 @@ def explicit_attention_lse(
     weights = scores.sub_(peak).exp_()
     sums = weights.sum(dim=-1, keepdim=True)
     return torch.matmul(weights, v).div_(sums), sums.log_().add_(peak).squeeze(-1)
+
+
+def add_sinks_(
+    out: torch.Tensor,  # [..., H, D] float32: rows' attention output, merged over all their parts
+    lse: torch.Tensor,  # [..., H] float32: those rows' log-sum-exp L (-inf for a row that saw nothing)
+    sinks: torch.Tensor,  # [H] float32: each head's sink logit s
+) -> torch.Tensor:  # [..., H, D], in place: `out`
+    """Give each row's softmax its head's sink: the denominator exp(L) becomes
+    exp(L) + exp(s) and the sink weighs no value, so the output scales by
+    exp(L) / (exp(L) + exp(s)) = sigmoid(L - s). Call once per row, with L over the
+    row's whole context (after every log-sum-exp merge); a row that saw nothing stays 0."""
+    return out.mul_(torch.sigmoid(lse - sinks).unsqueeze(-1))

@@ -3,10 +3,12 @@
 Request b attends, without a mask, over the slots kv_indices[kv_indptr[b]:kv_indptr[b+1]]
 of k_buffer / v_buffer, or with a sliding `window` W over the last min(len, W) of them
 (the new token at position len - 1 sees positions len - W ..= len - 1); with a
-`softcap` the scaled scores are capped before the softmax (`softcap.py`). A quantized
-pool's K/V are dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule). GQA:
-query head h reads kv head h // (Hq // Hkv). Softmax is computed in float32; the output
-has q's dtype. A request with no context gets zeros.
+`softcap` the scaled scores are capped before the softmax (`softcap.py`); with `sinks`
+([Hq] float32, gpt-oss) query head h's softmax denominator gains exp(sinks[h]), a logit
+neither scaled nor capped that weighs no value. A quantized pool's K/V are dequantized on
+load by `k_scale` / `v_scale` (`kv_quant`'s rule). GQA: query head h reads kv head
+h // (Hq // Hkv). Softmax is computed in float32; the output has q's dtype. A request
+with no context gets zeros.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from ._dispatch import dot_in_f32, next_pow2, use_triton
 from ._triton import tl, triton
 from .kv_quant import dequantize_tile, kernel_scales
-from .paged import check_window, request_attention_ref
+from .paged import check_sinks, check_window, request_attention_ref
 from .softcap import check_softcap, tanh_tile
 
 
@@ -128,6 +130,7 @@ def _decode_stage1_kernel(
 def _decode_stage2_kernel(
     part_o_ptr,  # [B, Hq, NUM_SPLITS, BLOCK_D] float32
     part_lse_ptr,  # [B, Hq, NUM_SPLITS] float32
+    sinks_ptr,  # [Hq] float32: each query head's sink logit (read when SINKS)
     o_ptr,  # [B, Hq, D]
     stride_ob,
     stride_oh,
@@ -135,8 +138,11 @@ def _decode_stage2_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    SINKS: tl.constexpr,  # the head's sink logit joins the softmax denominator
 ):
-    """One program per (request, query head): merge the splits by log-sum-exp."""
+    """One program per (request, query head): merge the splits by log-sum-exp. The sink
+    joins here, once per head whatever the splits: the merged denominator gains
+    exp(sink) (a request with no context still gets zeros)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     row = b * tl.num_programs(1) + h
@@ -151,6 +157,8 @@ def _decode_stage2_kernel(
     po = tl.load(part_o_ptr + (row * num_splits + s[:, None]) * BLOCK_D + d[None, :],
                  mask=valid[:, None], other=0.0)  # [BS, BD]
     denom = tl.sum(w, 0)
+    if SINKS:
+        denom = denom + tl.exp(tl.load(sinks_ptr + h) - m)
     o = tl.sum(po * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)  # [BD]
     tl.store(o_ptr + b * stride_ob + h * stride_oh + d, o.to(o_ptr.dtype.element_ty),
              mask=d < D)
@@ -188,6 +196,7 @@ def decode_attention_triton(
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16, contiguous
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [B, Hq, D]
     """Split-KV flash decoding: stage 1 per (request, KV head, split), stage 2 merges.
 
@@ -195,11 +204,13 @@ def decode_attention_triton(
     captured CUDA graph stays valid). With a sliding `window` the splits share each
     request's visible positions, found on the device (the window is a kernel argument:
     a captured graph stays valid for any context lengths). A `softcap` is a kernel
-    argument too (the `SOFTCAP` variant). Requires the last dim of q, k_buffer, v_buffer
-    (and out) to be contiguous.
+    argument too (the `SOFTCAP` variant), and so are `sinks` (stage 2's `SINKS` variant,
+    read on the device). Requires the last dim of q, k_buffer, v_buffer (and out) to be
+    contiguous.
     """
     check_window(window)
     check_softcap(softcap)
+    check_sinks(sinks, q)
     B, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
@@ -230,8 +241,9 @@ def decode_attention_triton(
         SOFTCAP=softcap is not None, num_warps=4, num_stages=2,
     )
     _decode_stage2_kernel[(B, Hq)](
-        part_o, part_lse, out, out.stride(0), out.stride(1), splits,
-        D=D, BLOCK_D=block_d, BLOCK_S=next_pow2(splits), num_warps=4,
+        part_o, part_lse, part_lse if sinks is None else sinks,  # any pointer when there are none
+        out, out.stride(0), out.stride(1), splits,
+        D=D, BLOCK_D=block_d, BLOCK_S=next_pow2(splits), SINKS=sinks is not None, num_warps=4,
     )
     return out
 
@@ -248,10 +260,13 @@ def decode_attention_ref(
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [B, Hq, D]
     """Torch reference: request by request, its one query token attends to its whole
-    context, or to its last `window` slots, its scores capped by a `softcap`
-    (`request_attention_ref`), in float32. A request with no context gets zeros."""
+    context, or to its last `window` slots, its scores capped by a `softcap`, its heads'
+    softmax denominators gaining exp(`sinks`) (`request_attention_ref`), in float32. A
+    request with no context gets zeros."""
+    check_sinks(sinks, q)
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     bounds = kv_indptr.tolist()
     for b in range(q.shape[0]):
@@ -260,7 +275,7 @@ def decode_attention_ref(
             slots = kv_indices[start:end].to(torch.int64)
             out[b] = request_attention_ref(
                 q[b : b + 1], k_buffer, v_buffer, slots,
-                sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
+                sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap, sinks=sinks,
             )[0]
     return out
 
@@ -279,18 +294,19 @@ def decode_attention(
     v_scale: torch.Tensor | None = None,  # [S, Hkv] float16
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [B, Hq, D]
     """Decode attention (over the last `window` slots of each context with a sliding
-    window; scores capped by a `softcap`); Triton split-KV flash-decoding on CUDA, the
-    reference otherwise."""
-    if use_triton(q, k_buffer, v_buffer, kv_indptr, kv_indices):
+    window; scores capped by a `softcap`; each head's softmax denominator gaining exp of its
+    entry of `sinks`); Triton split-KV flash-decoding on CUDA, the reference otherwise."""
+    if use_triton(q, k_buffer, v_buffer, kv_indptr, kv_indices, sinks):
         return decode_attention_triton(
             q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale=sm_scale, num_kv_splits=num_kv_splits,
-            out=out, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
+            out=out, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap, sinks=sinks,
         )
     o = decode_attention_ref(
         q, k_buffer, v_buffer, kv_indptr, kv_indices,
-        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
+        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap, sinks=sinks,
     )
     if out is None:
         return o

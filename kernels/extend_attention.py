@@ -6,9 +6,11 @@ kv_len >= q_len). New token i sits at position p = kv_len - q_len + i and attend
 context positions 0 ..= p, or with `attend_until` (one int64 per new token, p + 1 <=
 attend_until[i] <= kv_len: an image block's tokens see the whole block) to those below
 attend_until[i]; with a sliding `window` W only to those from max(0, p - W + 1) on.
-With a `softcap` the scaled scores are capped before the mask (`softcap.py`). GQA: query
-head h reads kv head h // (Hq // Hkv). Softmax in float32; output in q's dtype. A
-quantized pool's K/V are dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule).
+With a `softcap` the scaled scores are capped before the mask (`softcap.py`). With
+`sinks` ([Hq] float32, gpt-oss) query head h's softmax denominator gains exp(sinks[h]), a
+logit neither scaled nor capped that weighs no value. GQA: query head h reads kv head
+h // (Hq // Hkv). Softmax in float32; output in q's dtype. A quantized pool's K/V are
+dequantized on load by `k_scale` / `v_scale` (`kv_quant`'s rule).
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import torch
 from ._dispatch import dot_in_f32, next_pow2, use_triton
 from ._triton import tl, triton
 from .kv_quant import dequantize_tile, kernel_scales
-from .paged import check_attend_until, check_window, request_attention_ref
+from .paged import check_attend_until, check_sinks, check_window, request_attention_ref
 from .softcap import check_softcap, tanh_tile
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+LOG2E_IN_KERNEL = tl.constexpr(LOG2E)  # the same, as a kernel may read a global
 
 
 @triton.jit
@@ -104,6 +107,7 @@ def _extend_kernel(
     kv_indptr_ptr,  # [B+1]
     kv_indices_ptr,  # [N]
     until_ptr,  # [T] int64: each new token's attend_until (read when ATTEND_UNTIL)
+    sinks_ptr,  # [Hq] float32: each query head's sink logit (read when SINKS)
     k_scale_ptr,  # [S, Hkv] float16 (read when KV_QUANT)
     v_scale_ptr,  # [S, Hkv] float16
     qk_scale,  # sm_scale * log2(e); sm_scale / cap when SOFTCAP
@@ -129,13 +133,15 @@ def _extend_kernel(
     WINDOWED: tl.constexpr,  # a row sees only the `window` positions ending at its own
     SOFTCAP: tl.constexpr,  # scores are capped before the mask
     ATTEND_UNTIL: tl.constexpr,  # a row sees the positions below its attend_until, not just to its own
+    SINKS: tl.constexpr,  # the head's sink logit joins the softmax denominator
 ):
     """One program: request b, query head h, BLOCK_M consecutive new tokens. The block's
     rows see positions below the diagonal block without a causal mask; with a window, the
     positions some row of the block no longer sees are skipped whole and those only its
     later rows no longer see are masked. With ATTEND_UNTIL the block visits positions up
     to the largest attend_until of its rows; those from the diagonal that every row sees
-    (in whole key blocks) go without the per-row mask."""
+    (in whole key blocks) go without the per-row mask. With SINKS the finished online
+    softmax's denominator gains exp(sink) (in the running max's base-2 frame)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     mb = tl.program_id(2)
@@ -209,6 +215,8 @@ def _extend_kernel(
             CAUSAL=True, WINDOWED=WINDOWED, SOFTCAP=SOFTCAP, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
             PRECISION=PRECISION, DOT_F32=DOT_F32, KV_QUANT=KV_QUANT, KV_DTYPE=q_ptr.dtype.element_ty,
         )
+        if SINKS:  # m_i is finite for every real row: it sees at least its own position
+            l_i = l_i + tl.exp2(tl.load(sinks_ptr + h) * LOG2E_IN_KERNEL - m_i)
         if WINDOWED:  # a padding row past the last real one may have seen nothing
             l_i = tl.where(l_i > 0, l_i, 1.0)
         o = acc / l_i[:, None]
@@ -232,18 +240,21 @@ def extend_attention_triton(
     window: int | None = None,
     softcap: float | None = None,
     attend_until: torch.Tensor | None = None,  # [T] int64
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [T, Hq, D]
     """Flash-attention launcher: grid (requests, query heads, blocks of max_q_len).
 
     `max_q_len` must be >= every request's q_len (rows past it are silently not computed).
     A sliding `window` is a kernel argument (the positions a block visits are found on
-    the device), and so are a `softcap` (the `SOFTCAP` variant) and `attend_until` (the
-    `ATTEND_UNTIL` variant: read on the device, its values unchecked). Requires the last
-    dim of q, k_buffer, v_buffer (and out) to be contiguous.
+    the device), and so are a `softcap` (the `SOFTCAP` variant), `attend_until` (the
+    `ATTEND_UNTIL` variant: read on the device, its values unchecked) and `sinks` (the
+    `SINKS` variant, read on the device). Requires the last dim of q, k_buffer, v_buffer
+    (and out) to be contiguous.
     """
     check_window(window)
     check_softcap(softcap)
     check_attend_until(attend_until, q)
+    check_sinks(sinks, q)
     T, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
@@ -262,6 +273,7 @@ def extend_attention_triton(
     _extend_kernel[(B, Hq, triton.cdiv(max_q_len, block))](
         q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices,
         qo_indptr if attend_until is None else attend_until,  # any pointer when there is none
+        qo_indptr if sinks is None else sinks,  # likewise
         k_scale_arg, v_scale_arg, sm_scale * LOG2E if softcap is None else sm_scale / softcap,
         0 if window is None else window, 1.0 if softcap is None else softcap * LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
@@ -269,7 +281,8 @@ def extend_attention_triton(
         GROUP=Hq // Hkv, D=D, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=dot_in_f32(q.dtype), KV_QUANT=quantized, WINDOWED=window is not None,
-        SOFTCAP=softcap is not None, ATTEND_UNTIL=attend_until is not None, num_warps=4, num_stages=stages,
+        SOFTCAP=softcap is not None, ATTEND_UNTIL=attend_until is not None, SINKS=sinks is not None,
+        num_warps=4, num_stages=stages,
     )
     return out
 
@@ -288,11 +301,13 @@ def extend_attention_ref(
     window: int | None = None,
     softcap: float | None = None,
     attend_until: torch.Tensor | None = None,  # [T] int64
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [T, Hq, D]
     """Torch reference (the CPU path): per request, gather the K/V its new tokens see and
-    one masked SDPA, or written-out capped scores with a `softcap` (`request_attention_ref`,
-    given the request's slice of `attend_until`)."""
+    one masked SDPA, or written-out scores with a `softcap` or `sinks`
+    (`request_attention_ref`, given the request's slice of `attend_until`)."""
     check_attend_until(attend_until, q)
+    check_sinks(sinks, q)
     out = torch.empty_like(q)
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
@@ -306,7 +321,7 @@ def extend_attention_ref(
         out[q0:q1] = request_attention_ref(
             q[q0:q1], k_buffer, v_buffer, slots,
             sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
-            attend_until=None if attend_until is None else attend_until[q0:q1],
+            attend_until=None if attend_until is None else attend_until[q0:q1], sinks=sinks,
         )
     return out
 
@@ -327,20 +342,22 @@ def extend_attention(
     window: int | None = None,
     softcap: float | None = None,
     attend_until: torch.Tensor | None = None,  # [T] int64
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [T, Hq, D]
     """Extend attention (within a sliding `window` when one is given, scores capped by a
-    `softcap`, each new token seeing the positions below its `attend_until` when given);
+    `softcap`, each new token seeing the positions below its `attend_until` when given,
+    each head's softmax denominator gaining exp of its entry of `sinks` when given);
     Triton flash attention on CUDA, the reference otherwise."""
-    if use_triton(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices):
+    if use_triton(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sinks):
         return extend_attention_triton(
             q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale=sm_scale,
             max_q_len=max_q_len, out=out, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
-            attend_until=attend_until,
+            attend_until=attend_until, sinks=sinks,
         )
     o = extend_attention_ref(
         q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
         sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
-        attend_until=attend_until,
+        attend_until=attend_until, sinks=sinks,
     )
     if out is None:
         return o

@@ -53,6 +53,24 @@ def check_attend_until(attend_until: torch.Tensor | None, q: torch.Tensor) -> No
         )
 
 
+def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
+    """`ValueError` unless `sinks` is None (no sinks) or a contiguous float32 vector with
+    one entry per query head of `q` [T, Hq, D], on q's device. Its values are not read:
+    that would wait for the device (and break a captured CUDA graph)."""
+    if sinks is None:
+        return
+    if (
+        sinks.dtype != torch.float32
+        or sinks.shape != q.shape[1:2]
+        or sinks.device != q.device
+        or not sinks.is_contiguous()
+    ):
+        raise ValueError(
+            f"attention sinks are one float32 entry per query head ({q.shape[1]}), contiguous, on {q.device}; "
+            f"got {sinks.dtype} of shape {tuple(sinks.shape)} on {sinks.device}"
+        )
+
+
 def request_attention_ref(
     q: torch.Tensor,  # [Lq, Hq, D]: the last Lq tokens of the context
     k_buffer: torch.Tensor,  # [S, Hkv, D]
@@ -65,6 +83,7 @@ def request_attention_ref(
     window: int | None = None,
     softcap: float | None = None,
     attend_until: torch.Tensor | None = None,  # [Lq] int64, p + 1 <= attend_until[i] <= L
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [Lq, Hq, D] in q.dtype
     """One request's attention: new token i, at position p = L - Lq + i, attends to context
     positions `0 ..= p` (with `attend_until`, to those below `attend_until[i]`: an image
@@ -74,11 +93,13 @@ def request_attention_ref(
     `gather_kv` reads them. Only the slots some token sees are gathered. GQA: query head h
     reads KV head h // (Hq // Hkv). The inputs carry a batch dimension: on the CPU, 3-D
     GQA inputs take SDPA's unfused path (6x slower for 544 tokens, 8 query and 4 KV
-    heads). A `softcap` caps the scaled scores before the mask (`softcap.py`): SDPA
-    cannot, so the scores are then written out (`capped_attention`)."""
+    heads). A `softcap` caps the scaled scores before the mask (`softcap.py`), and
+    `sinks` add exp(sinks[h]) to each softmax denominator of query head h (gpt-oss): SDPA
+    can do neither, so the scores are then written out (`capped_attention`)."""
     check_window(window)
     check_softcap(softcap)
     check_attend_until(attend_until, q)
+    check_sinks(sinks, q)
     Hq, Hkv = q.shape[1], k_buffer.shape[1]
     q_len = q.shape[0]
     # the first token sees from L - Lq - W + 1 on; later ones from further on
@@ -88,10 +109,10 @@ def request_attention_ref(
     kv_len = slots.numel()
     k = gather_kv(k_buffer, slots, k_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
     v = gather_kv(v_buffer, slots, v_scale, q.dtype).float().transpose(0, 1)[None]  # [1, Hkv, L, D]
-    if softcap is not None:
+    if softcap is not None or sinks is not None:
         o = capped_attention(
             q.float().transpose(0, 1), k[0], v[0], sm_scale=sm_scale, softcap=softcap, window=window,
-            attend_until=until,
+            attend_until=until, sinks=sinks,
         )
         return o.transpose(0, 1).to(q.dtype)
     qb = q.float().transpose(0, 1)[None]  # [1, Hq, Lq, D]

@@ -5,7 +5,9 @@ merged by log-sum-exp stays exact; masked positions are set to -inf after cappin
 capped -inf would be -cap, a visible score).
 
 The torch paths cap explicit float32 score matrices (SDPA and the fused CPU kernel
-cannot); the Triton kernels cap each tile of scores with `tanh_tile`.
+cannot); the Triton kernels cap each tile of scores with `tanh_tile`. Attention sinks
+(gpt-oss: a per-head logit that joins each softmax's denominator only) take the explicit
+path too (`capped_attention` with `sinks`).
 """
 
 from __future__ import annotations
@@ -37,19 +39,23 @@ def capped_attention(
     v: torch.Tensor,  # [Hkv, L, D] float32, any strides
     *,
     sm_scale: float,
-    softcap: float,
+    softcap: float | None,
     window: int | None,
     attend_until: torch.Tensor | None = None,  # [Lq] int64, p + 1 <= attend_until[i] <= L
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [Hq, Lq, D] float32
-    """One request's attention with capped scores, written out: query row i, at position
-    p = L - Lq + i, sees positions `0 ..= p`, or those below `attend_until[i]` when given
-    (with a `window` W, only those > p - W). GQA: query head h reads KV head
-    h // (Hq // Hkv). Rows go in chunks of at most `CAPPED_SCORE_ELEMENTS` scores; every
-    row sees at least its own position."""
+    """One request's attention with its scores written out, capped by `softcap` when
+    given: query row i, at position p = L - Lq + i, sees positions `0 ..= p`, or those
+    below `attend_until[i]` when given (with a `window` W, only those > p - W). With
+    `sinks`, query head h's softmax runs over its visible scores and one more, sinks[h]
+    (neither scaled nor capped), whose column is then dropped (`softmax_with_sinks_`).
+    GQA: query head h reads KV head h // (Hq // Hkv). Rows go in chunks of at most
+    `CAPPED_SCORE_ELEMENTS` scores; every row sees at least its own position."""
     Hq, Lq, D = q.shape
     Hkv, L = k.shape[:2]
     G = Hq // Hkv
     qg = q.reshape(Hkv, G, Lq, D)
+    head_sinks = None if sinks is None else sinks.view(Hkv, G, 1, 1)
     out = q.new_empty((Hkv, G, Lq, D))
     cols = torch.arange(L, device=q.device)  # [L]
     step = max(1, CAPPED_SCORE_ELEMENTS // (Hq * L))
@@ -60,10 +66,26 @@ def capped_attention(
         if window is not None:
             hidden |= cols <= pos - window
         rows = qg[:, :, r0 : r0 + n].reshape(Hkv, G * n, D)
-        scores = soft_cap_(torch.matmul(rows, k.transpose(1, 2)).mul_(sm_scale), softcap)  # [Hkv, G*n, L]
-        weights = scores.view(Hkv, G, n, L).masked_fill_(hidden, float("-inf")).softmax(-1)
+        scores = torch.matmul(rows, k.transpose(1, 2)).mul_(sm_scale)  # [Hkv, G*n, L]
+        if softcap is not None:
+            soft_cap_(scores, softcap)
+        masked = scores.view(Hkv, G, n, L).masked_fill_(hidden, float("-inf"))
+        weights = masked.softmax(-1) if head_sinks is None else softmax_with_sinks_(masked, head_sinks)
         out[:, :, r0 : r0 + n] = torch.matmul(weights.view(Hkv, G * n, L), v).view(Hkv, G, n, D)
     return out.view(Hq, Lq, D)
+
+
+def softmax_with_sinks_(
+    scores: torch.Tensor,  # [..., L] float32, masked scores are -inf
+    sinks: torch.Tensor,  # float32, broadcastable to [..., 1]: each row's sink logit
+) -> torch.Tensor:  # [..., L], in place: `scores`
+    """The softmax of each row over its scores and its sink, in place, the sink's column
+    dropped: exp(s_j - m) / (sum_j exp(s_j - m) + exp(sink - m)), with m the larger of the
+    row's peak and its sink (so that neither a large sink nor a fully masked row
+    overflows). A row's weights then sum to less than 1: the sink takes the rest."""
+    peak = torch.maximum(scores.amax(dim=-1, keepdim=True), sinks)
+    weights = scores.sub_(peak).exp_()
+    return weights.div_(weights.sum(dim=-1, keepdim=True).add_((sinks - peak).exp_()))
 
 
 @triton.jit

@@ -34,6 +34,7 @@ class AttentionBackend(Protocol):
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,  # [num_q_heads] float32
     ) -> torch.Tensor:  # [T, num_q_heads, head_dim]
         """Write k, v at `batch.out_cache_loc` of `layer`, then return attention output.
 
@@ -52,5 +53,13 @@ class AttentionBackend(Protocol):
         attention-logit soft cap (Gemma 2): each scaled score s = q.k * sm_scale becomes
         `softcap * tanh(s / softcap)` before the mask and the softmax. Like the window, it
         is the same for a layer at every step and changes nothing that is stored.
+        `sinks` (None: no sinks) are the layer's attention sinks (gpt-oss): a contiguous
+        float32 tensor `[num_q_heads]` on q's device (else `ValueError`), sinks[h] a logit
+        that joins the softmax of every row of query head h as one more column, neither
+        scaled by sm_scale nor capped, whose value is zero: with L the log-sum-exp of the
+        row's scaled, capped, masked scores, the output is the plain one times
+        `exp(L) / (exp(L) + exp(sinks[h]))`, once per row however the backend splits the
+        context. Read on the device (a model parameter at a fixed address, so a captured
+        decode step stays valid); like the cap, it changes nothing that is stored.
         """
         ...

@@ -39,6 +39,7 @@ class ReferenceAttentionBackend:
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,  # [Hq] float32
     ) -> torch.Tensor:  # [T, Hq, D]
         kv = batch.kv_cache.layers[layer]
         scales = {"k_scale": kv.k_scale, "v_scale": kv.v_scale}
@@ -46,9 +47,10 @@ class ReferenceAttentionBackend:
         if batch.mode is ForwardMode.DECODE:
             return decode_attention_ref(
                 q, kv.k, kv.v, batch.kv_indptr, batch.kv_indices,
-                sm_scale=sm_scale, window=window, softcap=softcap, **scales,
+                sm_scale=sm_scale, window=window, softcap=softcap, sinks=sinks, **scales,
             )
         return extend_attention_ref(
             q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-            sm_scale=sm_scale, window=window, softcap=softcap, attend_until=batch.attend_until, **scales,
+            sm_scale=sm_scale, window=window, softcap=softcap, attend_until=batch.attend_until, sinks=sinks,
+            **scales,
         )

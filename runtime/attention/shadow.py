@@ -57,9 +57,11 @@ class ShadowAttention:
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,  # [Hq] float32
     ) -> torch.Tensor:  # [T, Hq, D]
-        got = self.backend.forward(q, k, v, layer, batch, sm_scale=sm_scale, window=window, softcap=softcap)
-        want = self.reference.forward(q, k, v, layer, batch, sm_scale=sm_scale, window=window, softcap=softcap)
+        options = {"sm_scale": sm_scale, "window": window, "softcap": softcap, "sinks": sinks}
+        got = self.backend.forward(q, k, v, layer, batch, **options)
+        want = self.reference.forward(q, k, v, layer, batch, **options)
         atol, rtol = TOLERANCES[batch.kv_cache.shape.dtype]
         excess = (got.float() - want.float()).abs() - (atol + rtol * want.float().abs())  # [T, Hq, D]
         bad = excess.amax(dim=(1, 2)) > 0  # [T]

@@ -32,7 +32,9 @@ class TritonAttentionBackend:
     kernels' `WINDOWED` variants, the window a kernel argument, so decode steps with
     windowed layers are captured in CUDA graphs as any others; a soft-capped layer: the
     `SOFTCAP` variants, the cap a kernel argument too; image blocks, the extend kernel's
-    `ATTEND_UNTIL` variant, reading the batch's `attend_until` on the device).
+    `ATTEND_UNTIL` variant, reading the batch's `attend_until` on the device; attention
+    sinks, the `SINKS` variants, reading the layer's `sinks` on the device, so that a
+    decode step with them is captured as any other).
 
     Invariants: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
     step (forward raises otherwise). The tensor `forward` returns is the step's shared
@@ -73,6 +75,7 @@ class TritonAttentionBackend:
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,  # [Hq] float32
     ) -> torch.Tensor:  # [T, Hq, D]
         plan = self._plan
         if plan is None or plan.batch is not batch:
@@ -86,10 +89,10 @@ class TritonAttentionBackend:
             return decode_attention_triton(
                 q, kv.k, kv.v, batch.kv_indptr, batch.kv_indices,
                 sm_scale=sm_scale, num_kv_splits=plan.num_kv_splits, out=plan.out, window=window, softcap=softcap,
-                **scales,
+                sinks=sinks, **scales,
             )
         return extend_attention_triton(
             q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
             sm_scale=sm_scale, max_q_len=batch.max_q_len, out=plan.out, window=window, softcap=softcap,
-            attend_until=batch.attend_until, **scales,
+            attend_until=batch.attend_until, sinks=sinks, **scales,
         )

@@ -52,18 +52,21 @@ def make_case(
 def dense_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-    *, sm_scale: float, window: int | None, softcap: float | None = None,
+    *, sm_scale: float, window: int | None = None, softcap: float | None = None,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-    attend_until: torch.Tensor | None = None,
+    attend_until: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D] float64
     """The definition: the token at context position p sees position j iff j <= p (with
     `attend_until` [T], iff j < its entry) and (no window, or j > p - window); its scores
     q.k * sm_scale in float64, capped to cap * tanh(s / cap) with a `softcap`, then a
-    softmax over the whole context under that dense mask. A token whose request has no
-    context gets zeros."""
+    softmax over the whole context under that dense mask; with `sinks` [Hq], head h's row
+    gains a column holding sinks[h] (not scaled, not capped) that the softmax runs over and
+    that is dropped before the product with V. A token whose request has no context gets
+    zeros."""
     k64 = k.double() if k_scale is None else k.double() * k_scale.double()[..., None]
     v64 = v.double() if v_scale is None else v.double() * v_scale.double()[..., None]
-    group = q.shape[1] // k.shape[1]
+    hq = q.shape[1]
+    group = hq // k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64)
     qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
     for b in range(len(qo) - 1):
@@ -81,7 +84,11 @@ def dense_attention(
         scores = torch.einsum("nhd,lhd->hnl", q[qo[b] : qo[b + 1]].double(), keys) * sm_scale
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
-        weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)  # [Hq, n, L]
+        scores = scores.masked_fill(~mask, float("-inf"))  # [Hq, n, L]
+        if sinks is not None:
+            column = sinks.double().cpu()[:, None, None].expand(hq, n, 1)  # [Hq, n, 1]
+            scores = torch.cat([scores, column], dim=-1)  # [Hq, n, L + 1]
+        weights = scores.softmax(-1)[..., :L]  # a sink's column dropped
         out[qo[b] : qo[b + 1]] = torch.einsum("hnl,lhd->nhd", weights, values)
     return out
 

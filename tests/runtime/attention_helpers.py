@@ -89,3 +89,21 @@ def step_batch(mode: ForwardMode, q_lens: list[int], contexts: list[list[int]], 
     """The `ForwardBatch` of a step over `contexts` (slot lists) with `q_lens` new tokens each."""
     step = contexts_step(mode, [0] * sum(q_lens), q_lens, [torch.tensor(ctx) for ctx in contexts], [0] * len(q_lens))
     return build_forward_batch(step, pool, pool.device)[0]
+
+
+def shared_prefix_steps(decode_steps: int) -> list[tuple[ForwardMode, list[int], list[list[int]]]]:
+    """(mode, new tokens per request, contexts) of each step: an extend step, then decode
+    steps. Three requests share a 40-slot cached prefix (a group in every step), one more
+    has 20 slots of its own cached and 4 new (a short extend), one has nothing cached (a
+    prefill); the second leaves after the third decode step."""
+    c = [1]
+    system = fresh(40, c)
+    contexts = [system + fresh(6, c), system + fresh(3, c), system + fresh(14, c), fresh(24, c), fresh(30, c)]
+    steps = [(ForwardMode.EXTEND, [6, 3, 10, 4, 30], [list(ctx) for ctx in contexts])]
+    for step in range(decode_steps):
+        if step == 3:
+            del contexts[1]
+        for ctx in contexts:
+            ctx += fresh(1, c)
+        steps.append((ForwardMode.DECODE, [1] * len(contexts), [list(ctx) for ctx in contexts]))
+    return steps

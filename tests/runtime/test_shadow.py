@@ -50,8 +50,8 @@ class RowsSwapped(TorchAttentionBackend):
     """A broken backend: on a decode step of several requests, the first two requests
     get each other's attention."""
 
-    def forward(self, q, k, v, layer, batch, *, sm_scale, window=None, softcap=None):
-        out = super().forward(q, k, v, layer, batch, sm_scale=sm_scale, window=window, softcap=softcap)
+    def forward(self, q, k, v, layer, batch, *, sm_scale, window=None, softcap=None, sinks=None):
+        out = super().forward(q, k, v, layer, batch, sm_scale=sm_scale, window=window, softcap=softcap, sinks=sinks)
         if batch.mode is ForwardMode.DECODE and batch.batch_size > 1:
             out = out[torch.tensor([1, 0, *range(2, batch.batch_size)])]
         return out

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from attention_helpers import fresh, random_pools, step_batch
+from attention_helpers import random_pools, shared_prefix_steps, step_batch
 
 from sprig.runtime.attention import backend_class, make_backend
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.attention.shadow import ShadowAttention, ShadowMismatch
-from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
+from sprig.runtime.forward_batch import ForwardBatch
 from sprig.runtime.model_config import ModelConfig
 
 CPU = torch.device("cpu")
@@ -27,24 +27,6 @@ POOL = 512
 # windows (8 bites from the extend step on, 58 only from the fifth decode step)
 LAYERS = ((None, None), (None, 50.0), (None, 1.0), (8, 5.0), (58, 2.0))
 
-
-
-def _steps(decode_steps: int) -> list[tuple[ForwardMode, list[int], list[list[int]]]]:
-    """(mode, new tokens per request, contexts) of each step: an extend step, then decode
-    steps. Three requests share a 40-slot cached prefix (a group in every step), one more
-    has 20 slots of its own cached and 4 new (a short extend), one has nothing cached (a
-    prefill); the second leaves after the third decode step."""
-    c = [1]
-    system = fresh(40, c)
-    contexts = [system + fresh(6, c), system + fresh(3, c), system + fresh(14, c), fresh(24, c), fresh(30, c)]
-    steps = [(ForwardMode.EXTEND, [6, 3, 10, 4, 30], [list(ctx) for ctx in contexts])]
-    for step in range(decode_steps):
-        if step == 3:
-            del contexts[1]
-        for ctx in contexts:
-            ctx += fresh(1, c)
-        steps.append((ForwardMode.DECODE, [1] * len(contexts), [list(ctx) for ctx in contexts]))
-    return steps
 
 
 
@@ -68,7 +50,7 @@ def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype 
     reference = backend_class("reference")(config, ref_pool)
     g = torch.Generator().manual_seed(3)
     scale = config.head_dim**-0.5
-    for mode, q_lens, contexts in _steps(decode_steps):
+    for mode, q_lens, contexts in shared_prefix_steps(decode_steps):
         batch = step_batch(mode, q_lens, contexts, mine)
         ref_batch = dataclasses.replace(batch, kv_cache=ref_pool)
         backend.begin_step(batch)
@@ -109,7 +91,7 @@ def test_backends_refuse_a_cap_that_is_not_positive(tiny_llama: Path, name: str)
     device = torch.device("cuda") if name == "triton" and torch.cuda.is_available() else CPU
     (pool,) = random_pools(config, len(LAYERS), 1, None, device)
     backend = backend_class(name)(config, pool)
-    mode, q_lens, contexts = _steps(0)[0]
+    mode, q_lens, contexts = shared_prefix_steps(0)[0]
     batch = step_batch(mode, q_lens, contexts, pool)
     backend.begin_step(batch)
     q, k, v = _qkv(batch, config, torch.Generator().manual_seed(0), device)
@@ -125,7 +107,7 @@ def test_shadow_mode_passes_capped_layers(tiny_llama: Path, backend: str) -> Non
     shadow = make_backend(backend, config, pool, shadow=True)
     assert isinstance(shadow, ShadowAttention)
     g = torch.Generator().manual_seed(7)
-    for mode, q_lens, contexts in _steps(4 if backend == "torch" else 2):
+    for mode, q_lens, contexts in shared_prefix_steps(4 if backend == "torch" else 2):
         batch = step_batch(mode, q_lens, contexts, pool)
         shadow.begin_step(batch)
         for layer, (window, cap) in enumerate(LAYERS):
@@ -136,15 +118,15 @@ def test_shadow_mode_passes_capped_layers(tiny_llama: Path, backend: str) -> Non
 class CapDropped(TorchAttentionBackend):
     """A broken backend: it attends without the layer's cap."""
 
-    def forward(self, q, k, v, layer, batch, *, sm_scale, window=None, softcap=None):
-        return super().forward(q, k, v, layer, batch, sm_scale=sm_scale, window=window)
+    def forward(self, q, k, v, layer, batch, *, sm_scale, window=None, softcap=None, sinks=None):
+        return super().forward(q, k, v, layer, batch, sm_scale=sm_scale, window=window, sinks=sinks)
 
 
 def test_shadow_mode_catches_a_backend_that_drops_the_cap(tiny_llama: Path) -> None:
     config = ModelConfig.from_pretrained(tiny_llama)
     (pool,) = random_pools(config, len(LAYERS), 1, None, CPU)
     shadow = ShadowAttention(CapDropped(config, pool), backend_class("reference")(config, pool))
-    mode, q_lens, contexts = _steps(0)[0]
+    mode, q_lens, contexts = shared_prefix_steps(0)[0]
     batch = step_batch(mode, q_lens, contexts, pool)
     shadow.begin_step(batch)
     q, k, v = _qkv(batch, config, torch.Generator().manual_seed(2), CPU)

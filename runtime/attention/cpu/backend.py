@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sprig.kernels.extend_attention import extend_attention_ref
-from sprig.kernels.paged import check_window
+from sprig.kernels.paged import check_sinks, check_window
 from sprig.kernels.softcap import check_softcap
 from sprig.kernels.store_kv import store_kv_ref
 from sprig.radix.kv_cache import KVCache, LayerKV
@@ -60,7 +60,10 @@ class TorchAttentionBackend:
     other requests of the step keep the plan's paths. A soft-capped
     layer (`softcap`) runs the same plans with its scores capped in every part (shared
     prefix, remainders, per-request reference), written out where the fused CPU kernel
-    would run (`attention_lse`); the kept K/V do not depend on the cap.
+    would run (`attention_lse`); the kept K/V do not depend on the cap. A layer with
+    attention sinks (`sinks`) runs the same plans too: each row's sink joins once, after
+    its shared prefix and remainder are merged by log-sum-exp (the per-request reference
+    adds its own); the kept K/V do not depend on the sinks either.
 
     Invariant: `begin_step(batch)` precedes the layers' `forward(..., batch)` calls of a
     step, and every step of the pool goes through this backend (a step it did not see
@@ -98,29 +101,32 @@ class TorchAttentionBackend:
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,  # [Hq] float32
     ) -> torch.Tensor:  # [T, Hq, D]
         step = self._step
         if step is None or step.batch is not batch:
             raise RuntimeError("TorchAttentionBackend.forward: call begin_step(batch) first")
         check_softcap(softcap)
+        check_sinks(sinks, q)
         plan = step.plan if window is None else self._windowed_plan(step, window)
         kv = batch.kv_cache.layers[layer]
         store_kv_ref(kv.k, kv.v, batch.out_cache_loc, k, v, k_scale=kv.k_scale, v_scale=kv.v_scale)
         if isinstance(plan, DecodePlan):
-            return self._decode(q, plan, layer, kv, window, sm_scale, softcap)
+            return self._decode(q, plan, layer, kv, window, sm_scale, softcap, sinks)
         if plan is None:
             return extend_attention_ref(
                 q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
                 sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale, window=window, softcap=softcap,
-                attend_until=batch.attend_until,
+                attend_until=batch.attend_until, sinks=sinks,
             )
         return cascade.extend_attention(
             q, kv, batch.qo_indptr, plan, sm_scale=sm_scale, softcap=softcap, attend_until=batch.attend_until,
+            sinks=sinks,
         )
 
     def _decode(
         self, q: torch.Tensor, plan: DecodePlan, layer: int, kv: LayerKV, window: int | None, sm_scale: float,
-        softcap: float | None,
+        softcap: float | None, sinks: torch.Tensor | None,
     ) -> torch.Tensor:  # [B, Hq, D]
         """Cascade decode by `plan`, K/V from the kept stores; a windowed layer's entries
         carry its window in their keys. A remainder bucket holding a context as long as
@@ -136,7 +142,7 @@ class TorchAttentionBackend:
 
         return cascade.decode_attention(
             q, plan, rest_kv, lambda i, bucket: kept.prefixes.get((layer, i, *tag), bucket, kv),
-            sm_scale=sm_scale, softcap=softcap,
+            sm_scale=sm_scale, softcap=softcap, sinks=sinks,
         )
 
     def _windowed_plan(self, step: _Step, window: int) -> DecodePlan | SharingPlan | None:

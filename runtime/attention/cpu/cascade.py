@@ -9,7 +9,9 @@ A request with image blocks (`SharingPlan.alone`) is attended on its own, by the
 per-request reference given its `attend_until`.
 The result equals plain attention up to float rounding; the K/V traffic for a prefix
 shared by n requests drops n-fold. A soft-capped layer's scores (`softcap`) are capped in
-every part: the cap is elementwise, so the merge stays exact.
+every part: the cap is elementwise, so the merge stays exact. Attention sinks (`sinks`,
+gpt-oss) add to a row's whole softmax denominator: they join once per row, after its
+parts are merged (`add_sinks_`), or inside the per-request reference for rows it attends.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from sprig.kernels.attention_lse import attention_lse
+from sprig.kernels.attention_lse import add_sinks_, attention_lse
 from sprig.kernels.paged import request_attention_ref
 from sprig.radix.kv_cache import LayerKV
 from sprig.runtime.attention.cpu.buckets import (
@@ -46,13 +48,16 @@ def decode_attention(
     *,
     sm_scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [B, Hq, D] in q.dtype
     """Decode attention by `plan`: the remainders (K/V from `rest_kv`), then each shared
     prefix once per group (K/V from `prefix_kv`), merged by log-sum-exp; scores capped by
-    `softcap` when given."""
+    `softcap` when given, then every row given its head's sink when `sinks` are."""
     out, lse = attend_padded(q, list(plan.rests), rest_kv, sm_scale=sm_scale, softcap=softcap)
     for i, bucket in enumerate(plan.prefixes):
         _merge_prefix(q, prefix_kv(i, bucket), bucket, out, lse, sm_scale, softcap=softcap)
+    if sinks is not None:
+        add_sinks_(out, lse, sinks)
     return out.to(q.dtype)
 
 
@@ -65,9 +70,11 @@ def extend_attention(
     sm_scale: float,
     softcap: float | None = None,
     attend_until: torch.Tensor | None = None,  # [T] int64: the batch's; required when plan.alone is not empty
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:  # [T, Hq, D] in q.dtype
     """Extend attention by `plan` (made from the batch's kv metadata), scores capped by
-    `softcap` when given. A grouped request
+    `softcap` when given, each row given its head's sink once when `sinks` are (after the
+    prefix merge; the per-request reference adds its own). A grouped request
     attends causally to its remainder (requests with the same shapes in one call), then
     all of a group's new tokens attend to the shared prefix at once. A request outside
     every group with at most `SHORT_EXTEND` new tokens after a cached context (a
@@ -100,7 +107,7 @@ def extend_attention(
             out[q0:q1] = request_attention_ref(
                 q[q0:q1], kv.k, kv.v, plan.rest(b),
                 sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale, softcap=softcap,
-                attend_until=attend_until[q0:q1] if alone else None,
+                attend_until=attend_until[q0:q1] if alone else None, sinks=sinks,
             )
     for (n_new, _), members in tails.items():
         slots = torch.stack([plan.rest(b) for b in members])  # [m, R]
@@ -116,7 +123,26 @@ def extend_attention(
     ]
     for bucket in pad_groups(rows, [g.slots for g in plan.groups], Hq, kv.k.shape[1]):
         _merge_prefix(q, gather_prefix_kv(kv, bucket), bucket, out, lse, sm_scale, softcap=softcap)
+    if sinks is not None:
+        with_lse = [b for members in (*tails.values(), *short.values()) for b in members]
+        _add_sinks_to_requests(out, lse, qo, with_lse, sinks)
     return out.to(q.dtype)
+
+
+def _add_sinks_to_requests(
+    out: torch.Tensor,  # [T, Hq, D] float32: the requests' rows updated
+    lse: torch.Tensor,  # [T, Hq] float32: their log-sum-exp over their whole contexts
+    qo: list[int],  # the batch's query offsets
+    requests: list[int],  # the requests whose rows `out` and `lse` hold unsinked
+    sinks: torch.Tensor,  # [Hq] float32
+) -> None:
+    """`add_sinks_` on the rows of `requests` only: the others' rows came from the
+    per-request reference, with their sinks, and have no log-sum-exp here."""
+    if not requests:
+        return
+    token_rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in requests]).to(out.device)
+    sinked = add_sinks_(out.index_select(0, token_rows), lse.index_select(0, token_rows), sinks)
+    out.index_copy_(0, token_rows, sinked)
 
 
 def _merge_prefix(
@@ -124,26 +150,29 @@ def _merge_prefix(
     kv: tuple[torch.Tensor, torch.Tensor],  # `gather_prefix_kv` of the bucket
     bucket: PaddedGroups,
     out: torch.Tensor,  # [T, Hq, D] float32, contiguous: the rows' attention to the rest, updated
-    lse: torch.Tensor,  # [T, Hq] float32, contiguous: its log-sum-exp (left as it is)
+    lse: torch.Tensor,  # [T, Hq] float32, contiguous: its log-sum-exp, updated
     sm_scale: float,
     *,
     softcap: float | None,
 ) -> None:
-    """Attend the bucket's rows to their shared prefix and merge that into `out`: the two
-    parts weigh by their shares of the total softmax mass, the prefix's being
-    sigmoid(lse_prefix - lse_rest). A row belongs to one group, so it merges once and
-    its total log-sum-exp is never needed. Works on (token, head) pairs in the prefix
-    attention's order: the queries, `out` and `lse` are gathered in it and the merged
-    rows scattered back, whatever the rows' batch order."""
+    """Attend the bucket's rows to their shared prefix and merge that into `out` and
+    `lse`: the two parts weigh by their shares of the total softmax mass, the prefix's
+    being sigmoid(lse_prefix - lse_rest), and the total log-sum-exp (what a sink is
+    weighed against) is logaddexp(lse_prefix, lse_rest). A row belongs to one group, so
+    it merges once. Works on (token, head) pairs in the prefix attention's order: the
+    queries, `out` and `lse` are gathered in it and the merged rows scattered back,
+    whatever the rows' batch order."""
     T, Hq, D = q.shape
     heads = bucket.heads
     o_p, lse_p = _prefix_attention(q, kv, bucket, sm_scale, softcap)  # [P, D], [P]
     if heads.keep is not None:  # padding rows
         o_p, lse_p = o_p.index_select(0, heads.keep), lse_p.index_select(0, heads.keep)
-    flat_out = out.view(T * Hq, D)
-    o_r = flat_out.index_select(0, heads.flat)
-    share = torch.sigmoid(lse_p.sub_(lse.view(T * Hq).index_select(0, heads.flat))).unsqueeze(-1)  # [m, 1]
+    flat_out, flat_lse = out.view(T * Hq, D), lse.view(T * Hq)
+    o_r, lse_r = flat_out.index_select(0, heads.flat), flat_lse.index_select(0, heads.flat)
+    total = torch.logaddexp(lse_p, lse_r)  # [m]
+    share = torch.sigmoid(lse_p.sub_(lse_r)).unsqueeze(-1)  # [m, 1]
     flat_out.index_copy_(0, heads.flat, o_p.sub_(o_r).mul_(share).add_(o_r))
+    flat_lse.index_copy_(0, heads.flat, total)
 
 
 def _prefix_attention(
