@@ -61,12 +61,13 @@ HELP = {
     "responses_store_bytes": "memory for stored /v1/responses (previous_response_id, GET /v1/responses/ID), least "
                              "recently used dropped first; 0 stores none",
     "chat_template": "a Jinja chat template file to use instead of the model's",
-    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes; none: never "
-                        "parse). Without a format, tool_choice auto answers plain text; required or a named "
-                        "function still work on any model: the call is then a bare JSON object constrained to "
-                        "the tool's schema",
-    "reasoning_parser": "split a reasoning model's <think>...</think> into reasoning_content; response_format and "
-                        "forced tool calls then constrain only the answer after it",
+    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes, gpt-oss's "
+                        "harmony included; none: never parse). Without a format, tool_choice auto answers plain "
+                        "text; required or a named function still work on any model: the call is then a bare "
+                        "JSON object constrained to the tool's schema",
+    "reasoning_parser": "split a reasoning model's <think>...</think> (qwen3, deepseek-r1) or harmony analysis "
+                        "channel (gpt-oss: its final channel is the answer, its calls are read too) into "
+                        "reasoning_content; response_format and forced tool calls then constrain only the answer",
     "read_timeout": "seconds a client has to send a request's headers, and again its body (408 / closed after)",
     "watchdog_timeout": "seconds a child process may show no sign of life (a step longer than this counts as stuck) before the server exits non-zero",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",

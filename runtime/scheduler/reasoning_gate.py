@@ -1,6 +1,7 @@
 """A constraint deferred past a reasoning model's thinking: the request's grammar applies
-only to the text after the end-of-reasoning marker (`</think>`), so `response_format` and
-forced tool calls work with models that think first.
+only to the text after the end-of-reasoning marker (`</think>`; for gpt-oss's harmony,
+`<|channel|>final<|message|>`, special tokens being decoded here as their names), so
+`response_format` and forced tool calls work with models that think first.
 
 Phases of one request's output:
 - `START` (the params give `reasoning_start`): the output may open the reasoning with a

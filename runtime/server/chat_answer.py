@@ -10,13 +10,16 @@ call in "auto" once the format's marker is written (the answer is constrained fr
 (`max_tokens`); then the last call holds the arguments written so far, whole and streamed
 alike, and the finish reason says why it ended. A call in "auto" without that constraint
 (a marker the text does not show, tools with free-form parameters) streams whole, in the
-last delta: until it has parsed it may yet turn out to be text."""
+last delta: until it has parsed it may yet turn out to be text. A harmony answer (gpt-oss,
+`harmony`) is read as a whole: reasoning, content and calls from its messages; its calls
+stream as written, the header naming each before its arguments begin."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from sprig.runtime.server.harmony import HarmonyReader
 from sprig.runtime.server.reasoning import Phase, ReasoningFormat
 from sprig.runtime.server.tool_calls import ToolCall, ToolFormat, new_call_id
 
@@ -28,7 +31,8 @@ class AnswerFormat:
     answer (None: plain content), whose calls must name one of `tool_names`; `forced`:
     the answer is constrained to one call; `gated`: it is constrained to calls from the
     format's marker on (both stream their calls as written); `one_call`: keep only the
-    first call (`parallel_tool_calls: false`)."""
+    first call (`parallel_tool_calls: false`); `harmony`: the output is harmony messages,
+    read by it (then `reasoning` and `tools` are None)."""
 
     reasoning: ReasoningFormat | None
     phase: Phase
@@ -37,10 +41,37 @@ class AnswerFormat:
     forced: bool = False
     one_call: bool = False
     gated: bool = False
+    harmony: HarmonyReader | None = None
+
+    @property
+    def splits_reasoning(self) -> bool:
+        """Whether the message has a `reasoning_content` field."""
+        return self.reasoning is not None or (self.harmony is not None and self.harmony.split_reasoning)
+
+    @property
+    def plain(self) -> bool:
+        """Whether the output is all content, passed through as it arrives."""
+        return self.reasoning is None and self.tools is None and self.harmony is None
 
     def split_reasoning(self, text: str, finished: bool) -> tuple[str | None, str]:
         """(reasoning, answer) of the output so far (`ReasoningFormat.split`)."""
         return (None, text) if self.reasoning is None else self.reasoning.split(text, self.phase, finished)
+
+    def parts(self, text: str, finished: bool) -> tuple[str | None, str, list[tuple[str, str, bool]] | None,
+                                                       list[ToolCall]]:
+        """(reasoning, content, calls as written so far, calls parsed whole) of the output
+        so far: calls either stream as written (`written_calls`, a harmony answer's),
+        or arrive whole once the answer has finished (`calls`); the other is None or []."""
+        if self.harmony is not None:
+            reading = self.harmony.read(text, finished)
+            written = reading.calls[:1] if self.one_call else reading.calls
+            return reading.reasoning, reading.content, written or None, []
+        reasoning, answer = self.split_reasoning(text, finished)
+        written = self.written_calls(answer)
+        if written is not None:
+            return reasoning, written[0], written[1], []
+        content, calls = self.calls(answer, finished)
+        return reasoning, content, None, calls
 
     def written_calls(self, answer: str) -> tuple[str, list[tuple[str, str, bool]]] | None:
         """(content, calls as written so far: name, arguments' JSON text, whether they are
@@ -68,16 +99,12 @@ class AnswerFormat:
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The finished output as an assistant message, and whether it ends in complete
         tool calls (finish reason "tool_calls")."""
-        reasoning, answer = self.split_reasoning(text, True)
-        written = self.written_calls(answer)
+        reasoning, content, written, calls = self.parts(text, True)
         if written is not None:
-            content, calls = written[0], [ToolCall(name, arguments) for name, arguments, _ in written[1]]
-            complete = all(done for *_, done in written[1])
-        else:
-            content, calls = self.calls(answer, True)
-            complete = bool(calls)
+            calls = [ToolCall(name, arguments) for name, arguments, _ in written]
+        complete = bool(calls) and (written is None or all(done for *_, done in written))
         message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-        if self.reasoning is not None:
+        if self.splits_reasoning:
             message["reasoning_content"] = reasoning or None
         if calls:
             message["tool_calls"] = [c.openai() for c in calls]
@@ -99,26 +126,24 @@ class DeltaState:
 
     def delta(self, fmt: AnswerFormat, text: str, finished: bool) -> tuple[dict[str, Any], bool]:
         """The next delta's message fields, given the `text` just generated (reasoning
-        first; content only once the reasoning has ended), and whether the answer has
-        ended in complete tool calls."""
-        if fmt.reasoning is None and fmt.tools is None:
+        first; content only once the reasoning has ended, except in harmony, where each
+        comes as its messages do), and whether the answer has ended in complete tool calls."""
+        if fmt.plain:
             return ({"content": text} if text else {}), False
         self.text += text
-        reasoning, answer = fmt.split_reasoning(self.text, finished)
+        reasoning, content, written, calls = fmt.parts(self.text, finished)
         body: dict[str, Any] = {}
         if reasoning and len(reasoning) > self.reasoning_chars:
             body["reasoning_content"] = reasoning[self.reasoning_chars :]
             self.reasoning_chars = len(reasoning)
-        written = fmt.written_calls(answer)
-        content, calls = (written[0], []) if written is not None else fmt.calls(answer, finished)
         if len(content) > self.content_chars:
             body["content"] = content[self.content_chars :]
             self.content_chars = len(content)
         if written is not None:
-            pieces = [self._piece(i, *call) for i, call in enumerate(written[1])]
+            pieces = [self._piece(i, *call) for i, call in enumerate(written)]
             if any(pieces):
                 body["tool_calls"] = [p for p in pieces if p]
-            return body, finished and all(done for *_, done in written[1])
+            return body, finished and all(done for *_, done in written)
         if calls:
             body["tool_calls"] = [c.openai(i) for i, c in enumerate(calls)]
         return body, bool(calls)

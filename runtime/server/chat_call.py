@@ -25,6 +25,8 @@ from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
 from sprig.runtime.server.request_manager import Call, RequestFailed
 from sprig.runtime.server.tool_calls import plan_tool_use
 
+REASONING_EFFORTS = ("low", "medium", "high")
+
 
 @dataclass(frozen=True)
 class ChatCall:
@@ -45,21 +47,31 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint,
                           several=req.parallel_tool_calls is not False, context_free=st.context_free)
     text = st.builder.chat_text(req.messages, tools.rendered, _template_variables(st, req), **_continuation(req))
+    turn = None
+    if st.harmony is not None:
+        turn = st.harmony.turn(text, tools, constraint, req.separate_reasoning, st.context_free)
+        text, tools = turn.prompt, turn.tools
     sources = st.builder.chat_images(req.messages)
     if sources:
         ids, images = st.builder.with_images(text, sources, param="messages", field="messages",
                                              add_special_tokens=False)
     else:
         ids, images = st.builder.encode(text, add_special_tokens=False, param="messages"), ()
-    reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
-    phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
-    fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
-                       forced=tools.forced, one_call=req.parallel_tool_calls is False,
-                       gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning))
+    one_call = req.parallel_tool_calls is False
+    if turn is not None:
+        fmt = AnswerFormat(None, Phase.ANSWER, None, tools.names, forced=tools.forced, one_call=one_call,
+                           harmony=turn.reader)
+        extra = turn.sampling
+    else:
+        reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
+        phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
+        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
+                           forced=tools.forced, one_call=one_call,
+                           gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning))
+        extra = tools.grammar_params(st.context_free) | (reasoning.sampling(phase) if reasoning is not None else {})
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    extra = reasoning.sampling(phase) if reasoning is not None else {}
     own = constraint if tools.regex is None else None  # else the tools' grammar holds it
-    sampling = [sampling_for(st, req, own, len(ids), max_tokens, **tools.grammar_params(st.context_free), **extra)]
+    sampling = [sampling_for(st, req, own, len(ids), max_tokens, **extra)]
     logprobs = LogprobOptions(req.logprobs, -1, req.top_logprobs or 0, True)
     adapter = adapter_of(st, req.model, req.lora_path)
     return ChatCall(fmt, contract_requests(st, [ids], sampling, logprobs, req.stream, constraint, req.priority,
@@ -126,9 +138,9 @@ async def reasoning_tokens(st: ServerState, fmt: AnswerFormat, texts: list[str])
     """How many tokens the reasoning of the outputs `texts` took, tokenized on the request
     pool (the reasoning as `reasoning_content` holds it, without its markers and the blanks
     around them); None when the answers' reasoning is not split off."""
-    if fmt.reasoning is None:
+    if not fmt.splits_reasoning:
         return None
-    reasonings = [r for r in (fmt.split_reasoning(t, True)[0] for t in texts) if r]
+    reasonings = [r for r in (fmt.parts(t, True)[0] for t in texts) if r]
     if not reasonings:
         return 0
     tokenizer = st.builder.tokenizer
@@ -157,10 +169,14 @@ def _continuation(req: ChatCompletionRequest) -> dict[str, bool]:
 
 
 def _template_variables(st: ServerState, req: ChatCompletionRequest) -> dict[str, Any] | None:
-    """`chat_template_kwargs`, plus `reasoning_effort` for a template that reads it (a
-    400 for one that does not: the field would change nothing)."""
+    """`chat_template_kwargs`, plus `reasoning_effort` (one of `REASONING_EFFORTS`, as
+    gpt-oss's template takes it) for a template that reads it (a 400 for one that does
+    not: the field would change nothing)."""
     if req.reasoning_effort is None:
         return req.chat_template_kwargs
+    if req.reasoning_effort not in REASONING_EFFORTS:
+        raise ApiError(400, f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}; "
+                            f"got {req.reasoning_effort!r}", "reasoning_effort")
     if st.builder.chat is None or "reasoning_effort" not in st.builder.chat.free_variables:
         raise ApiError(400, "reasoning_effort: this model's chat template takes no reasoning effort",
                        "reasoning_effort")

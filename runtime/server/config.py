@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral")  # see server.tool_calls
-REASONING_PARSERS = ("qwen3", "deepseek-r1")  # see server.reasoning
+TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral", "gpt-oss")  # server.tool_calls, server.harmony
+REASONING_PARSERS = ("qwen3", "deepseek-r1", "gpt-oss")  # server.reasoning, server.harmony
+HARMONY = "gpt-oss"  # OpenAI's harmony format, both reasoning and tool calls
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,17 @@ class ServerConfig:
     - `chat_template`: a Jinja file rendering chat messages, instead of the tokenizer's
       template (clients can pass variables to the template, never a template).
     - `tool_call_parser`: how chat answers are searched for tool calls: a format of
-      `sprig.runtime.server.tool_calls`, "auto" (the one the chat template writes, if
-      any) or "none" (answers are always plain content). A forced call (`tool_choice`
-      "required" or named) needs no format: without one it is a bare JSON object
-      `{"name": ..., "arguments": {...}}`, constrained to the tool's schema.
+      `sprig.runtime.server.tool_calls`, "gpt-oss" (harmony, `server.harmony`), "auto"
+      (the one the chat template writes, if any, harmony included) or "none" (answers
+      are always plain content). A forced call (`tool_choice` "required" or named) needs
+      no format: without one it is a bare JSON object `{"name": ..., "arguments": {...}}`,
+      constrained to the tool's schema.
     - `reasoning_parser`: the thinking format of a reasoning model (`<think>...</think>`),
       split off as `reasoning_content`; constraints then apply to the answer after it.
+      "gpt-oss": OpenAI's harmony format (`server.harmony`), whose analysis channel is the
+      reasoning and whose final channel is the answer; it reads tool calls too, so it goes
+      with `tool_call_parser` "auto", "none" or "gpt-oss" (and "gpt-oss" there with no
+      other reasoning parser). "auto" picks harmony from a chat template that writes it.
     - `responses_store_bytes`: how much JSON of stored responses (`/v1/responses` with
       `store`, the default) the server keeps in memory for `previous_response_id` and
       `GET /v1/responses/{id}`, the least recently used dropped first; 0 keeps none.
@@ -85,6 +91,11 @@ class ServerConfig:
             raise ValueError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {REASONING_PARSERS}, got {self.reasoning_parser!r}")
+        other_tools = self.tool_call_parser not in ("auto", "none", HARMONY)
+        if (self.reasoning_parser == HARMONY and other_tools) or (
+                self.tool_call_parser == HARMONY and self.reasoning_parser not in (None, HARMONY)):
+            raise ValueError(f"the {HARMONY} format holds both reasoning and tool calls: reasoning_parser "
+                             f"{self.reasoning_parser!r} cannot go with tool_call_parser {self.tool_call_parser!r}")
         if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
             raise ValueError(f"allowed_local_media_path {self.allowed_local_media_path!r} is not a directory")
         if self.log_level not in LOG_LEVELS:

@@ -21,6 +21,7 @@ from sprig.runtime.engine_config import EngineConfig
 from sprig.runtime.json_limits import check_depth
 from sprig.runtime.server.config import ServerConfig
 from sprig.runtime.server.errors import ApiError, error_body
+from sprig.runtime.server.harmony_call import HarmonyServing
 from sprig.runtime.server.request_builder import RequestBuilder
 from sprig.runtime.server.request_manager import RequestFailed, RequestManager
 from sprig.runtime.server.responses_store import ResponseStore
@@ -44,6 +45,7 @@ class ServerState:
     manager: RequestManager
     builder: RequestBuilder
     tool_format: ToolFormat | None  # how chat answers hold tool calls; None: not parsed
+    harmony: HarmonyServing | None  # chat answers are harmony messages (gpt-oss); then tool_format is None
     context_free: bool  # the scheduler compiles Lark grammars (llguidance drives the tokenizer)
     started: float  # time.monotonic() at launch
     url: str

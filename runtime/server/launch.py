@@ -37,6 +37,7 @@ from sprig.runtime.server.child import setup_logging
 from sprig.runtime.server.config import ServerConfig, default_model_name
 from sprig.runtime.server.detokenizer_process import run_detokenizer_process
 from sprig.runtime.server.forkserver import start_forkserver
+from sprig.runtime.server.harmony_call import HarmonyServing
 from sprig.runtime.server.http_io import ServerState
 from sprig.runtime.server.http_protocol import with_header_timeout
 from sprig.runtime.server.ipc import IpcPaths
@@ -152,8 +153,11 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
     builder = RequestBuilder(tokenizer, info["context_len"], info["vocab_size"], server.chat_template,
                              priority_scheduling=engine.scheduler.enable_priority_scheduling,
                              **image_prompter(model_path, info, tokenizer, server))
-    tool_format = resolve_format(server.tool_call_parser, builder.chat.source if builder.chat else None)
-    log.info("tool calls in chat answers: %s", tool_format.name if tool_format else "not parsed")
+    template = builder.chat.source if builder.chat else None
+    harmony = HarmonyServing.of(server.reasoning_parser, server.tool_call_parser, template)
+    tool_format = None if harmony is not None else resolve_format(server.tool_call_parser, template)
+    calls = "harmony" if harmony is not None and harmony.calls else tool_format.name if tool_format else None
+    log.info("tool calls in chat answers: %s", calls or "not parsed")
     state = ServerState(
         config=server,
         engine=engine,
@@ -166,6 +170,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
         ),
         builder=builder,
         tool_format=tool_format,
+        harmony=harmony,
         context_free=getattr(tokenizer, "backend_tokenizer", None) is not None and tokenizer.eos_token_id is not None,
         started=time.monotonic(),
         url=f"http://{_address(sock)}",

@@ -146,6 +146,8 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's reasoning (SGLang's name; vLLM's `reasoning`)
+    reasoning: str | None = None
 
 
 class ChatCompletionRequest(_OpenAISampling):

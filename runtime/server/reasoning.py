@@ -1,6 +1,7 @@
 """Reasoning models' thinking, split from their answer: `--reasoning-parser`.
 
-Qwen3 and DeepSeek-R1 write `<think> ... </think>` before the answer. The chat route
+Qwen3 and DeepSeek-R1 write `<think> ... </think>` before the answer (gpt-oss's harmony
+format, whose analysis channel is the reasoning, is read in `server.harmony`). The chat route
 sends the reasoning as `message.reasoning_content` (streamed: `delta.reasoning_content`,
 with content deltas only once the reasoning has ended) and the rest as `content`; and it
 asks the scheduler to start any constraint (response_format, a forced tool call, ...)

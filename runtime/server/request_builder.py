@@ -117,7 +117,9 @@ class RequestBuilder:
         """The chat template rendered (`render`: `ChatRenderer.render`'s options), to be
         tokenized without adding special tokens (the template places them). An assistant's
         tool calls reach the template with their arguments as an object, as templates
-        expect (`_call_for_template`)."""
+        expect (`_call_for_template`), and with content "" rather than null (templates test
+        it with `in`); its reasoning (`reasoning_content`, or vLLM's `reasoning`) as
+        `reasoning_content` (Qwen3's templates read it) and `thinking` (gpt-oss's)."""
         if self.chat is None:
             raise ApiError(400, "this model has no chat template (start the server with --chat-template)", "messages")
         if self.images is None:
@@ -133,6 +135,10 @@ class RequestBuilder:
                     msg[key] = getattr(m, key)
             if m.tool_calls is not None:
                 msg["tool_calls"] = [_call_for_template(c) for c in m.tool_calls]
+                msg["content"] = "" if msg["content"] is None else msg["content"]
+            reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+            if reasoning is not None and m.role == "assistant":
+                msg["reasoning_content"] = msg["thinking"] = reasoning
             rendered.append(msg)
         try:
             return self.chat.render(rendered, tools, template_kwargs, **render)

@@ -8,9 +8,12 @@ messages with text parts, the model's earlier `function_call`s and their
 `previous_response_id`; function `tools` and `tool_choice` their chat forms;
 `text.format` is `response_format`; `max_output_tokens` is `max_completion_tokens`;
 `reasoning.effort` is `reasoning_effort`; `top_logprobs` with
-`include: ["message.output_text.logprobs"]` asks for logprobs. Reasoning items in the
-input are dropped (chat templates drop earlier reasoning too). Errors name the Responses
-field (`input[2].content[0].type`, `text.format`), never the chat field behind it.
+`include: ["message.output_text.logprobs"]` asks for logprobs. A reasoning item's text
+(`content` parts of type `reasoning_text`, as this server writes them) is the
+`reasoning_content` of the assistant turn right after it (a template decides what to
+keep: gpt-oss's and Qwen3's keep a tool call's, drop earlier turns'); otherwise it is
+dropped. Errors name the Responses field (`input[2].content[0].type`, `text.format`),
+never the chat field behind it.
 """
 
 from __future__ import annotations
@@ -128,33 +131,49 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
 def input_messages(items: list[Any], field: str) -> list[dict[str, Any]]:
     """Chat messages of Responses items: a message keeps its role (its parts' text
     joined), consecutive function calls join the assistant message before them, a call's
-    output is a tool message, reasoning is dropped."""
+    output is a tool message, reasoning is the next assistant turn's `reasoning_content`."""
     out: list[dict[str, Any]] = []
+    reasoning: str | None = None  # of the reasoning item just read
     for i, item in enumerate(items):
         where = f"{field}[{i}]"
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an object", field)
         kind = item.get("type", "message")
+        thought, reasoning = reasoning, None
         if kind == "message":
             role = item.get("role")
             if role not in INPUT_ROLES:
                 raise ApiError(400, f"{where}.role must be one of {', '.join(INPUT_ROLES)}; got {role!r}", field)
             out.append({"role": role, "content": _content(item.get("content"), f"{where}.content", field)})
+            if role == "assistant" and thought:
+                out[-1]["reasoning_content"] = thought
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", where, field), "type": "function",
                     "function": {"name": _string(item, "name", where, field),
                                  "arguments": _string(item, "arguments", where, field)}}
-            if out and out[-1]["role"] == "assistant":
+            if out and out[-1]["role"] == "assistant" and not thought:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                out.append({"role": "assistant", "content": None, "tool_calls": [call],
+                            **({"reasoning_content": thought} if thought else {})})
+        elif kind == "reasoning":
+            reasoning = _reasoning_text(item)
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where, field),
                         "content": _text(item.get("output"), f"{where}.output", field)})
-        elif kind != "reasoning":
+        else:
             raise ApiError(400, f"{where}.type {kind!r} is not supported: input items are messages, function_call, "
                                 "function_call_output and reasoning", field)
     return out
+
+
+def _reasoning_text(item: dict[str, Any]) -> str | None:
+    """The text of a reasoning item's `reasoning_text` parts (None without any); other
+    parts (summaries, encrypted content) are not read."""
+    parts = item.get("content")
+    texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"
+             and isinstance(p.get("text"), str)] if isinstance(parts, list) else []
+    return "".join(texts) or None
 
 
 def _content(content: Any, where: str, field: str) -> str | list[dict[str, Any]]:

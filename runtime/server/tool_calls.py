@@ -8,6 +8,9 @@ Formats (`FORMATS`; `detect_format` picks one from a chat template's text):
 - `llama3` (Llama 3.1+): the whole answer is `{"name": ..., "parameters": {...}}`, several
   joined by `;`, optionally after `<|python_tag|>`;
 - `mistral`: `[TOOL_CALLS]` then a JSON list of `{"name": ..., "arguments": {...}}`.
+OpenAI's harmony format (gpt-oss: `<|channel|>commentary to=functions.NAME ...`) is read as
+whole messages, with its reasoning, in `server.harmony` (a template that writes `<|channel|>`
+and `<|start|>` speaks it), not here.
 
 A forced call on a model whose template teaches none of them is written in `BARE_JSON`:
 the call object alone, `{"name": ..., "arguments": {...}}` (OpenAI's own shape, which a
@@ -37,6 +40,7 @@ from sprig.runtime.constrained.json_schema import admits_free_form, schema_to_re
 from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.json_limits import MAX_JSON_DEPTH, json_depth
 from sprig.runtime.sampling.params import MAX_EBNF_CHARS
+from sprig.runtime.server.config import HARMONY
 from sprig.runtime.server.constraints import Constraint, response_format_regex
 from sprig.runtime.server.errors import ApiError
 
@@ -321,8 +325,10 @@ def detect_format(chat_template: str | None) -> ToolFormat | None:
 
 
 def resolve_format(choice: str, chat_template: str | None) -> ToolFormat | None:
-    """The format for a server's `tool_call_parser` setting ("auto": `detect_format`)."""
-    if choice == "none":
+    """The format for a server's `tool_call_parser` setting ("auto": `detect_format`;
+    None for "none", and for harmony's "gpt-oss", read as whole messages by `server.harmony`
+    and picked from a template by `harmony_call.HarmonyServing.of`)."""
+    if choice in ("none", HARMONY):
         return None
     if choice == "auto":
         return detect_format(chat_template)
@@ -429,6 +435,16 @@ def _gated_calls(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool, co
 def _calls_regex(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool) -> str:
     try:
         return fmt.forced(tools, several)
+    except ValueError as e:
+        raise ApiError(400, f"cannot constrain a call to these tools: {e}", "tools") from None
+
+
+def arguments_regex(tool: dict[str, Any]) -> str:
+    """The regex of a call's arguments alone (a format that writes the function's name
+    outside the JSON, harmony's): an object valid against `tool`'s parameter schema.
+    Raises ApiError (400 naming `tools`) for a schema the constrained decoder cannot enforce."""
+    try:
+        return schema_to_regex(json.dumps(tool["function"].get("parameters") or NO_PARAMETERS), _WHITESPACE)
     except ValueError as e:
         raise ApiError(400, f"cannot constrain a call to these tools: {e}", "tools") from None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sprig.runtime.server.config import REASONING_PARSERS, ServerConfig
+from sprig.runtime.server.config import HARMONY, REASONING_PARSERS, ServerConfig
 from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
 
 QWEN3, R1 = REASONING_FORMATS["qwen3"], REASONING_FORMATS["deepseek-r1"]
@@ -71,7 +71,7 @@ def test_sampling_defers_constraints_past_the_reasoning() -> None:
 
 
 def test_the_server_setting_names_every_format() -> None:
-    assert set(REASONING_PARSERS) == set(REASONING_FORMATS)
+    assert set(REASONING_PARSERS) == {*REASONING_FORMATS, HARMONY}  # harmony's reasoning: server.harmony
     assert ServerConfig(reasoning_parser="qwen3").reasoning_parser == "qwen3"
     with pytest.raises(ValueError, match="reasoning_parser"):
         ServerConfig(reasoning_parser="o1")

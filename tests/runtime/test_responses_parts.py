@@ -46,6 +46,17 @@ def test_items_become_the_chat_messages_of_the_same_conversation() -> None:
     ]
 
 
+def test_a_reasoning_item_goes_with_the_assistant_turn_after_it() -> None:
+    thought = {"type": "reasoning", "id": "rs_2", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "Add "}, {"type": "reasoning_text", "text": "them."}]}
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"}
+    answer = {"type": "message", "role": "assistant", "content": "5"}
+    user = {"role": "user", "content": "again"}
+    messages = input_messages([user, thought, call, thought, answer, thought, user], "input")
+    assert [m.get("reasoning_content") for m in messages] == [None, "Add them.", "Add them.", None]
+    assert [m["role"] for m in messages] == ["user", "assistant", "assistant", "user"]
+
+
 def test_the_chat_request_behind_a_response() -> None:
     req = ResponsesRequest.model_validate({
         "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 9, "temperature": 0.5, "seed": 3,

@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 
-from sprig.runtime.server.config import TOOL_CALL_PARSERS, ServerConfig
+from sprig.runtime.server.config import HARMONY, TOOL_CALL_PARSERS, ServerConfig
 from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.request_builder import _call_for_template
@@ -266,7 +266,7 @@ def test_bad_tool_requests_are_400(tools, choice, fmt, constraint: Constraint | 
 
 
 def test_the_server_setting_names_every_format() -> None:
-    assert set(TOOL_CALL_PARSERS) == {"auto", "none", *FORMATS}
+    assert set(TOOL_CALL_PARSERS) == {"auto", "none", *FORMATS, HARMONY}  # harmony's calls: server.harmony
     assert ServerConfig(tool_call_parser="llama3").tool_call_parser == "llama3"
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerConfig(tool_call_parser="xml")

@@ -1,0 +1,119 @@
+"""One chat request on a model that writes harmony (gpt-oss; the format is read in
+`harmony`): what its prompt ends with, the sampling parameters that keep the format's
+markers in its text and defer its constraint, and how its output reads.
+
+- The markers are special tokens, which decoding drops by default (`skip_special_tokens`):
+  a harmony request is decoded with them kept, whatever the request says, and the reader
+  keeps them out of what the client sees. `/generate` and `/v1/completions` decode as asked.
+- A constraint (`response_format`, `regex`, ...) holds the final channel's text: the
+  scheduler's reasoning gate (`SamplingParams.reasoning_end`) lets the model write freely
+  (analysis, preambles) until `<|channel|>final<|message|>`, then hands the answer to the
+  grammar; a prompt that already ends inside the final channel constrains from the start.
+- A forced call (`tool_choice` "required" with one function, or a named one): a grammar
+  cannot write special tokens, so the server writes the call's header at the end of the
+  prompt, `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`,
+  and the grammar holds the arguments; the model skips its analysis for that turn. With
+  several functions to choose from the name would sit between special tokens, so that is
+  refused; so is `tool_choice` "auto" beside a constraint, as the gate forbids the
+  `<|call|>` that would end the output before the final channel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from sprig.runtime.server.config import HARMONY
+from sprig.runtime.server.constraints import Constraint
+from sprig.runtime.server.errors import ApiError
+from sprig.runtime.server.harmony import (
+    CHANNEL,
+    CONSTRAIN,
+    FINAL,
+    FUNCTIONS,
+    MESSAGE,
+    HarmonyReader,
+    Message,
+    opening,
+    speaks_harmony,
+)
+from sprig.runtime.server.tool_calls import ToolUse, arguments_regex
+
+GENERATION_PROMPT = "assistant"  # the header the chat template's generation prompt leaves open
+KEEP_MARKERS = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+
+
+@dataclass(frozen=True)
+class HarmonyServing:
+    """A server whose chat model writes harmony. `reasoning`: the analysis channel is
+    split off as `reasoning_content` (`--reasoning-parser gpt-oss`); `calls`: messages to
+    the request's functions are tool calls (`--tool-call-parser gpt-oss`, or "auto")."""
+
+    reasoning: bool
+    calls: bool
+
+    @classmethod
+    def of(cls, reasoning_parser: str | None, tool_call_parser: str,
+           chat_template: str | None) -> HarmonyServing | None:
+        """The server's harmony reading, if either parser names it or, with neither set
+        otherwise, its chat template writes harmony (`tool_call_parser` "auto")."""
+        named = HARMONY in (reasoning_parser, tool_call_parser)
+        detected = tool_call_parser == "auto" and reasoning_parser is None and speaks_harmony(chat_template)
+        if not (named or detected):
+            return None
+        return cls(reasoning=reasoning_parser == HARMONY, calls=tool_call_parser in ("auto", HARMONY))
+
+    def turn(self, prompt: str, tools: ToolUse, constraint: Constraint | None, separate_reasoning: bool,
+             context_free: bool) -> HarmonyTurn:
+        """The request whose rendered prompt is `prompt` and whose tools are planned
+        (`plan_tool_use`, with no text format). Raises ApiError for what harmony cannot
+        constrain (see the module docstring)."""
+        reader = HarmonyReader(opening(prompt), self.reasoning and separate_reasoning,
+                               tools.names if self.calls or tools.forced else frozenset())
+        sampling: dict[str, Any] = dict(KEEP_MARKERS)
+        if tools.forced:
+            prompt, tools = _forced(prompt, tools)
+            reader = dataclasses.replace(reader, opened=opening(prompt))
+        elif constraint is not None:
+            if self.calls and tools.rendered:
+                raise ApiError(400, 'a harmony (gpt-oss) model cannot take tool_choice "auto" beside '
+                                    f"{constraint.field}: a call would end the output before the final channel "
+                                    'the constraint holds; use tool_choice "none" or "required"', "tool_choice")
+            if not _in_final(reader.opened):
+                sampling["reasoning_end"] = FINAL
+        grammar = {k: v for k, v in tools.grammar_params(context_free).items() if v is not None}
+        return HarmonyTurn(prompt, tools, reader, sampling | grammar)
+
+
+@dataclass(frozen=True)
+class HarmonyTurn:
+    """One request as sent: its `prompt` (a forced call's header appended), its `tools`
+    (a forced call's regex that of its arguments), how its output reads, and the sampling
+    parameters the server adds."""
+
+    prompt: str
+    tools: ToolUse
+    reader: HarmonyReader
+    sampling: dict[str, Any]
+
+
+def _forced(prompt: str, tools: ToolUse) -> tuple[str, ToolUse]:
+    """The prompt with the forced call's header written, and the call's tool use with the
+    regex of its arguments."""
+    if len(tools.names) != 1:
+        raise ApiError(400, 'a harmony (gpt-oss) model cannot be made to call one of several functions: the '
+                            "name sits between special tokens, which a grammar cannot write; name the function "
+                            '({"type": "function", "function": {"name": ...}}) or give one tool', "tool_choice")
+    if opening(prompt).strip() != GENERATION_PROMPT:
+        raise ApiError(400, "a forced tool call needs the assistant's generation prompt (not "
+                            "continue_final_message or add_generation_prompt: false)", "tool_choice")
+    [name] = tools.names
+    [tool] = [t for t in tools.rendered or () if t["function"]["name"] == name][:1]
+    header = f"{CHANNEL}commentary to={FUNCTIONS}{name} {CONSTRAIN}json{MESSAGE}"
+    return prompt + header, dataclasses.replace(tools, regex=arguments_regex(tool), trigger=None)
+
+
+def _in_final(opened: str) -> bool:
+    """Whether the output continues a final-channel body the prompt opened."""
+    return opened.endswith(MESSAGE) and Message(opened, "", False).channel == "final"
