@@ -34,7 +34,12 @@ class MoEConfig:
     outputs. A shared expert (`shared_expert_intermediate_size` > 0, Qwen2-MoE) runs on
     every token, scaled by sigmoid of its own one-output gate. Layers in `dense_layers`
     keep a dense MLP of the model's `intermediate_size` instead.
-    Invariants: 0 < top_k <= num_experts; expert_intermediate_size > 0.
+    gpt-oss's experts (`clamped_swiglu` = (alpha, limit)): the router and every expert
+    projection have a bias, each expert's gate and up rows are interleaved, and its
+    activation is the clamped SwiGLU `sprig.kernels.moe.ClampedSwiGLU`; with
+    `expert_format` "mxfp4" their weights stay in the checkpoint's MXFP4 (None: float).
+    Invariants: 0 < top_k <= num_experts; expert_intermediate_size > 0; an MXFP4 expert's
+    input sizes (hidden and intermediate) are multiples of 32.
     """
 
     num_experts: int
@@ -43,12 +48,19 @@ class MoEConfig:
     renormalize: bool
     shared_expert_intermediate_size: int = 0
     dense_layers: tuple[int, ...] = ()
+    clamped_swiglu: tuple[float, float] | None = None
+    expert_format: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be in 1..{self.num_experts}, got {self.top_k}")
         if self.expert_intermediate_size <= 0:
             raise ValueError(f"the experts' intermediate size must be positive, got {self.expert_intermediate_size}")
+        if self.expert_format not in (None, "mxfp4") or (self.expert_format and self.clamped_swiglu is None):
+            raise ValueError(f"experts in {self.expert_format!r} are not supported for this architecture")
+        if self.expert_format and self.expert_intermediate_size % 32:
+            raise ValueError(f"MXFP4 experts need an intermediate size that is a multiple of 32, "
+                             f"got {self.expert_intermediate_size}")
 
 
 @dataclass(frozen=True)
@@ -216,7 +228,7 @@ class ModelConfig:
             eos_token_ids=tuple(dict.fromkeys(eos)),
             bos_token_id=cfg.get("bos_token_id", gen.get("bos_token_id")),
             torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
-            quantization=_quantization(path / "config.json", cfg.get("quantization_config")),
+            quantization=_quantization(path / "config.json", cfg),
             moe=_moe(cfg),
             hidden_act=act,
             sliding_window=window,
@@ -235,7 +247,7 @@ class ModelConfig:
 # older configs, the family's default pattern); Mistral, Mixtral and Qwen3-MoE apply a
 # window to every layer; Llama has none
 _LAYER_TYPED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-                "Olmo3ForCausalLM", "SmolLM3ForCausalLM")
+                "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GptOssForCausalLM")
 # families whose window counts only with `use_sliding_window`
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                     "SmolLM3ForCausalLM")
@@ -283,7 +295,7 @@ def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...
     `layer_types`, Qwen2/Qwen3 slide in layers >= `max_window_layers`, Qwen2-MoE in the even
     layers below it, Gemma 2 in every other layer (the first included), Gemma 3 in all but
     every `sliding_window_pattern`-th layer, OLMo 3 in all but every fourth, SmolLM3 in its
-    NoPE layers."""
+    NoPE layers, gpt-oss in every other layer (the first included)."""
     window = cfg.get("sliding_window")
     if arch in _WINDOW_SWITCHED and not cfg.get("use_sliding_window", False):
         window = None
@@ -299,7 +311,7 @@ def _sliding(cfg: dict[str, Any], arch: str) -> tuple[int | None, tuple[int, ...
         layers = [i for i in range(n) if (i + 1) % pattern]
     elif arch == "Olmo3ForCausalLM":
         layers = [i for i in range(n) if (i + 1) % 4]
-    elif arch == "Gemma2ForCausalLM":
+    elif arch in ("Gemma2ForCausalLM", "GptOssForCausalLM"):
         layers = [i for i in range(n) if (i + 1) % 2]
     elif arch == "SmolLM3ForCausalLM":
         layers = _nope_layers(cfg, arch)
@@ -365,11 +377,19 @@ def _moe(cfg: dict[str, Any]) -> MoEConfig | None:
     `intermediate_size`, always renormalized, in every layer; or the Qwen MoE families'
     `num_experts` (saved as `num_local_experts` by some transformers versions) of
     `moe_intermediate_size`, in every `decoder_sparse_step`-th layer not in
-    `mlp_only_layers`."""
+    `mlp_only_layers`; or gpt-oss's `num_local_experts` of `intermediate_size`, in every
+    layer, with its clamped SwiGLU (`swiglu_alpha`, 1.702 unless given, and `swiglu_limit`)
+    and its experts in MXFP4 when `quantization_config` says so."""
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     if not experts:
         return None
     layers = cfg["num_hidden_layers"]
+    if _is_gpt_oss(cfg):
+        method = (cfg.get("quantization_config") or {}).get("quant_method")
+        return MoEConfig(num_experts=experts, top_k=cfg["num_experts_per_tok"],
+                         expert_intermediate_size=cfg["intermediate_size"], renormalize=True,
+                         clamped_swiglu=(float(cfg.get("swiglu_alpha", 1.702)), float(cfg.get("swiglu_limit", 7.0))),
+                         expert_format="mxfp4" if method == "mxfp4" else None)
     if "moe_intermediate_size" not in cfg:  # Mixtral
         return MoEConfig(num_experts=experts, top_k=cfg["num_experts_per_tok"],
                          expert_intermediate_size=cfg["intermediate_size"], renormalize=True)
@@ -385,8 +405,21 @@ def _moe(cfg: dict[str, Any]) -> MoEConfig | None:
     )
 
 
-def _quantization(file: Path, quantization_config: dict[str, Any] | None) -> WeightFormat | None:
+def _is_gpt_oss(cfg: dict[str, Any]) -> bool:
+    return (cfg.get("architectures") or [None])[0] == "GptOssForCausalLM"
+
+
+def _quantization(file: Path, cfg: dict[str, Any]) -> WeightFormat | None:
+    """The weight format of the checkpoint's linear layers; gpt-oss's MXFP4 quantizes only
+    its experts (`MoEConfig.expert_format`), which `modules_to_not_convert` must confirm."""
+    quantization_config = cfg.get("quantization_config")
     if not quantization_config:
+        return None
+    if quantization_config.get("quant_method") == "mxfp4":
+        kept = quantization_config.get("modules_to_not_convert")
+        if not _is_gpt_oss(cfg) or (kept is not None and not _only_experts_converted(kept)):
+            raise ValueError(f"{file}: MXFP4 weights are supported for gpt-oss's experts only "
+                             f"(modules_to_not_convert: {kept})")
         return None
     from sprig.runtime.quantization.formats import checkpoint_format
 
@@ -394,6 +427,13 @@ def _quantization(file: Path, quantization_config: dict[str, Any] | None) -> Wei
         return checkpoint_format(quantization_config)
     except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
+
+
+def _only_experts_converted(kept: list[str]) -> bool:
+    """Whether gpt-oss's `modules_to_not_convert` leaves every module but the experts in
+    float: attention, router, embedding and head (with or without `model.`, as globs)."""
+    names = {name.removeprefix("model.") for name in kept}
+    return {"layers.*.self_attn", "layers.*.mlp.router", "embed_tokens", "lm_head"} <= names
 
 
 def _read_json(file: Path, *, required: bool) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Build tiny, real Hugging Face checkpoints offline: a trained byte-level BPE tokenizer
 with a chat template, and a randomly initialised Llama-family model (dense, or mixture-of-experts)
-Gemma 2/3, OLMo 2/3, SmolLM3 or Granite.
+Gemma 2/3, OLMo 2/3, SmolLM3, Granite or gpt-oss.
 
 They load through exactly the code path real checkpoints take, which is what tests and
 the no-hub quick start need. The weights are random: the text they produce is noise.
@@ -25,7 +25,7 @@ CHAT_TEMPLATE = (  # tools and tool calls in the Hermes format (`server.tool_cal
 )
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|end|>"]
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "olmo3", "smollm3", "granite")
-MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")  # 4 experts, 2 per token
+MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")  # 4 experts, 2 per token
 
 _WORDS = ["the", "a", "an", "of", "to", "in", "and", "is", "was", "for", "on", "with", "as", "by", "at", "from", "it", "that", "this", "which", "be", "are", "model", "token", "cache", "prefix", "radix", "tree", "request", "batch", "decode", "prefill", "answer", "question", "what", "how", "why", "when", "where", "who", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "Paris", "France", "capital", "city", "river", "number", "sum", "add", "plus", "minus", "times", "result", "step", "think", "alpha", "beta", "gamma", "delta", "cat", "dog", "bird", "fish", "red", "green", "blue", "quick", "brown", "fox", "jumps", "over", "lazy", "hello", "world", "system", "user", "assistant", "yes", "no", "true", "false", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "-", "=", "?"]
 
@@ -75,6 +75,7 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
     from transformers import (
         Gemma2Config,
         Gemma3TextConfig,
+        GptOssConfig,
         GraniteConfig,
         LlamaConfig,
         MistralConfig,
@@ -107,6 +108,10 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
         common.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
     if arch == "qwen2_moe":
         common.update(shared_expert_intermediate_size=96)
+    if arch == "gpt_oss":  # sliding (a window shorter than most test prompts) and full layers alternate; YaRN x4
+        common.update(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, head_dim=16, sliding_window=8,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                       "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 256})
     if arch in ("gemma2", "gemma3"):  # a window shorter than most test prompts, so that it bites
         common.update(head_dim=16, query_pre_attn_scalar=24, sliding_window=8, tie_word_embeddings=True,
                       architectures=["Gemma2ForCausalLM" if arch == "gemma2" else "Gemma3ForCausalLM"])
@@ -125,7 +130,7 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
     if arch in ("gemma3", "olmo3"):  # sliding and full layers alternate
         kinds = ("sliding_attention", "full_attention")
         common.setdefault("layer_types", [kinds[i % 2] for i in range(common["num_hidden_layers"])])
-    cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "olmo2": Olmo2Config, "olmo3": Olmo3Config, "smollm3": SmolLM3Config, "granite": GraniteConfig,
+    cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "gpt_oss": GptOssConfig, "olmo2": Olmo2Config, "olmo3": Olmo3Config, "smollm3": SmolLM3Config, "granite": GraniteConfig,
            "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
            "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}[arch]
     if arch in ("qwen3", "qwen3_moe"):
@@ -161,10 +166,12 @@ def build_tiny_checkpoint(
     config = _config(arch, len(tok), tok.bos_token_id, tok.eos_token_id, config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    with torch.no_grad():  # norms start at ones; perturb them so a wrong norm shows
+    with torch.no_grad():  # norms start at ones, sinks near 0; perturb them so a wrong norm or sink shows
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("sinks"):
+                p.normal_(0.0, 2.0)
     model.save_pretrained(str(path), safe_serialization=True)
     GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id).save_pretrained(
         str(path)

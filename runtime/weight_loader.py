@@ -357,9 +357,13 @@ def _hf_name(target: Target, names: _Names) -> str:
 
 
 def _destination(model: nn.Module, params: dict[str, nn.Parameter], target: Target) -> torch.Tensor:
+    """The tensor (a view) a target's checkpoint tensor is copied into: a shard's rows, or
+    the whole parameter as its module's `checkpoint_view` (if it has one) shows it."""
     name, shard = target
     param = params[name]
+    owner_name, _, leaf = name.rpartition(".")
+    owner = model.get_submodule(owner_name)
     if shard is None:
-        return param.data
-    owner = model.get_submodule(name.rpartition(".")[0])
+        view = getattr(owner, "checkpoint_view", None)
+        return param.data if view is None else view(leaf, param.data)
     return param.data[owner.shard_rows(shard)]

@@ -20,13 +20,16 @@ from sprig.runtime.layers.rotary import RotaryEmbedding
 class AttentionOptions:
     """How a family's attention differs: biases, and RMSNorm of each q/k head before RoPE
     (Gemma's `unit_offset` norm with `gemma_norm`; with `olmo_norm`, OLMo's: one norm over
-    all of q's heads and one over all of k's, scaled in float32 and rounded once)."""
+    all of q's heads and one over all of k's, scaled in float32 and rounded once); with
+    `sinks`, a learned logit per query head that joins each softmax's denominator
+    (gpt-oss's `sinks` parameter; see `AttentionBackend.forward`)."""
 
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
     gemma_norm: bool = False
     olmo_norm: bool = False
+    sinks: bool = False
 
 
 class SelfAttention(nn.Module):
@@ -69,6 +72,7 @@ class SelfAttention(nn.Module):
             style = {"unit_offset": options.gemma_norm, "round_once": options.olmo_norm}
             self.q_norm = RMSNorm(q_span, norm_eps, **style)
             self.k_norm = RMSNorm(k_span, norm_eps, **style)
+        self.sinks = nn.Parameter(torch.empty(num_heads)) if options.sinks else None  # [Hq]
 
     def forward(
         self,
@@ -93,6 +97,7 @@ class SelfAttention(nn.Module):
             if rotary is not None:
                 qk = rotary(batch.positions, qk)
             q, k = qk[:, :Hq], qk[:, Hq:]  # [T, Hq, D], [T, Hkv, D]
+        sinks = None if self.sinks is None else self.sinks.float()  # [Hq]
         o = backend.forward(q, k, v, self.layer_id, batch, sm_scale=self.sm_scale, window=self.window,
-                            softcap=self.softcap)  # [T, Hq, D]
+                            softcap=self.softcap, sinks=sinks)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, q_size))

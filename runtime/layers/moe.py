@@ -1,13 +1,15 @@
-"""The sparse feed-forward block of mixture-of-experts models (Mixtral, Qwen2-MoE,
-Qwen3-MoE): a router, E SwiGLU experts with stacked weights, and optionally a shared
-expert every token runs through (`sprig.runtime.model_config.MoEConfig`)."""
+"""The sparse feed-forward blocks of mixture-of-experts models: Mixtral's, Qwen2-MoE's and
+Qwen3-MoE's (a router, E SwiGLU experts with stacked weights, and optionally a shared
+expert every token runs through), and gpt-oss's (a biased router, E biased experts with
+a clamped SwiGLU, float or MXFP4); see `sprig.runtime.model_config.MoEConfig`."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from sprig.kernels.moe import fused_experts, route_topk
+from sprig.kernels.moe import ClampedSwiGLU, fused_experts, route_topk
+from sprig.kernels.mxfp4 import Mxfp4Weight
 from sprig.runtime.layers.mlp import GatedMLP
 from sprig.runtime.model_config import MoEConfig
 
@@ -76,3 +78,72 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+class GptOssExperts(nn.Module):
+    """gpt-oss's E experts, in the checkpoint's own tensors: `gate_up_proj [E, H, 2I]` (each
+    expert's gate and up columns interleaved) and `down_proj [E, I, H]`, or in MXFP4 their
+    `*_blocks` and `*_scales` (stored as [E, 2I, H] and [E, H, I], kept packed); and the
+    biases `gate_up_proj_bias [E, 2I]` and `down_proj_bias [E, H]`.
+
+    Float weights are held as `[E, 2I, H]` and `[E, H, I]` (the kernel's layout); a
+    checkpoint's tensor loads into their transposed view (`checkpoint_view`)."""
+
+    MXFP4_GROUP = 32  # inputs per scale
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        assert moe.clamped_swiglu is not None
+        E, H, inter = moe.num_experts, hidden_size, moe.expert_intermediate_size
+        self.activation = ClampedSwiGLU(*moe.clamped_swiglu)
+        self.mxfp4 = moe.expert_format == "mxfp4"
+        if self.mxfp4:
+            g = self.MXFP4_GROUP
+            self.gate_up_proj_blocks = _codes(E, 2 * inter, H // g, g // 2)
+            self.gate_up_proj_scales = _codes(E, 2 * inter, H // g)
+            self.down_proj_blocks = _codes(E, H, inter // g, g // 2)
+            self.down_proj_scales = _codes(E, H, inter // g)
+        else:
+            self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H))
+            self.down_proj = nn.Parameter(torch.empty(E, H, inter))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(E, 2 * inter))
+        self.down_proj_bias = nn.Parameter(torch.empty(E, H))
+
+    def checkpoint_view(self, leaf: str, param: torch.Tensor) -> torch.Tensor:
+        """Where the checkpoint's tensor `leaf` goes in `param`: float projections are
+        stored transposed."""
+        return param.transpose(1, 2) if leaf in ("gate_up_proj", "down_proj") else param
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, H]
+        weights: torch.Tensor,  # [T, K] float32
+        ids: torch.Tensor,  # [T, K]
+    ) -> torch.Tensor:  # [T, H]
+        if self.mxfp4:
+            w13 = Mxfp4Weight(self.gate_up_proj_blocks, self.gate_up_proj_scales)
+            w2 = Mxfp4Weight(self.down_proj_blocks, self.down_proj_scales)
+        else:
+            w13, w2 = self.gate_up_proj, self.down_proj
+        return fused_experts(x, w13, w2, weights, ids, b13=self.gate_up_proj_bias, b2=self.down_proj_bias,
+                             activation=self.activation)
+
+
+def _codes(*shape: int) -> nn.Parameter:
+    """A packed uint8 tensor that loads like a weight and never takes the model's dtype."""
+    return nn.Parameter(torch.empty(*shape, dtype=torch.uint8), requires_grad=False)
+
+
+class GptOssMoE(nn.Module):
+    """gpt-oss's sparse block: the biased `router` picks each token's top-k experts, weighted
+    by the softmax of their logits (`route_topk` renormalized: the same distribution)."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        self.top_k = moe.top_k
+        self.router = nn.Linear(hidden_size, moe.num_experts, bias=True)
+        self.experts = GptOssExperts(hidden_size, moe)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        weights, ids = route_topk(self.router(x), self.top_k, renormalize=True)  # [T, K] each
+        return self.experts(x, weights, ids)

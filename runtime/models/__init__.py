@@ -14,6 +14,7 @@ from sprig.runtime.models.gemma3 import (
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
 )
+from sprig.runtime.models.gpt_oss import GptOssForCausalLM
 from sprig.runtime.models.llama import (
     GraniteForCausalLM,
     LlamaForCausalLM,
@@ -40,6 +41,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 

@@ -13,16 +13,18 @@ from sprig.runtime.forward_batch import ForwardBatch
 from sprig.runtime.layers.attention import AttentionOptions, SelfAttention
 from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
 from sprig.runtime.layers.mlp import GatedMLP
-from sprig.runtime.layers.moe import SparseMoE
+from sprig.runtime.layers.moe import GptOssMoE, SparseMoE
 from sprig.runtime.layers.norm import RMSNorm
 from sprig.runtime.layers.rotary import RotaryEmbedding
 from sprig.runtime.model_config import ModelConfig
 
 
 def feed_forward(config: ModelConfig, layer_id: int) -> nn.Module:
-    """Layer `layer_id`'s feed-forward block: sparse (`SparseMoE`) in a mixture-of-experts
-    model's sparse layers, else the dense SwiGLU MLP."""
+    """Layer `layer_id`'s feed-forward block: sparse (`SparseMoE`, gpt-oss's `GptOssMoE`) in
+    a mixture-of-experts model's sparse layers, else the dense SwiGLU MLP."""
     if config.moe is not None and layer_id not in config.moe.dense_layers:
+        if config.moe.clamped_swiglu is not None:
+            return GptOssMoE(config.hidden_size, config.moe)
         return SparseMoE(config.hidden_size, config.moe)
     return GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
                     gelu=config.hidden_act == "gelu_pytorch_tanh")
@@ -41,14 +43,16 @@ def self_attention(config: ModelConfig, layer_id: int, options: AttentionOptions
 class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream travels beside the hidden states so that each
     norm fuses the previous residual add. Each sub-block's output is scaled by the config's
-    `residual_multiplier` (Granite's) before it joins the stream."""
+    `residual_multiplier` (Granite's) before it joins the stream. With `round_once`, the
+    norms scale in float32 and round once (gpt-oss's)."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, options: AttentionOptions, *,
+                 round_once: bool = False) -> None:
         super().__init__()
         self.residual_multiplier = config.residual_multiplier
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, round_once=round_once)
         self.self_attn = self_attention(config, layer_id, options)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, round_once=round_once)
         self.mlp = feed_forward(config, layer_id)
 
     def forward(
@@ -72,16 +76,16 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
+    def __init__(self, config: ModelConfig, options: AttentionOptions, *, round_once: bool = False) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(
             config.head_dim, config.context_len, base=config.rope_theta, scaling=config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, options) for i in range(config.num_layers)
+            DecoderLayer(config, i, options, round_once=round_once) for i in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, round_once=round_once)
         self.nope = frozenset(config.nope_layers)
         self.embedding_multiplier = config.embedding_multiplier
 

@@ -21,7 +21,8 @@ runner as on CUDA; token trees up to 4 paths, half of the prompt-lookup workload
 `PerturbedTrees`' trees; alone runs never speculate), in shadow mode,
 driven step by step through the scheduler, on one of the given models (dense, or in
 `MOE_SHARE` of workloads a mixture-of-experts one: routing is per token, so a request's
-experts never depend on its batch; in `WINDOW_SHARE` of the others one whose layers attend
+experts never depend on its batch; `SINK_SHARE` of those on gpt-oss, whose attention
+has a sink per head and whose experts are MXFP4; in `WINDOW_SHARE` of the others one whose layers attend
 within sliding windows shorter than most prompts; in `VISION_SHARE` of the rest a
 vision-language model, whose prompts hold images: random pixels, several per prompt, some in
 prefixes prompts share, so their K/V is cached and reused). In `STALE_START_SHARE` of workloads (drawn by a
@@ -103,6 +104,7 @@ PRIORITY_SHARE = 0.25  # of workloads, those scheduled by priority (some request
 LORA_SHARE = 0.15  # of workloads (neither int4 nor tensor-parallel), those serving LoRA adapters
 LORA_NAMES = ("a", "b")  # `fuzz_adapters`' adapters
 MOE_SHARE = 0.2  # of workloads, those on a mixture-of-experts model (where the fuzzer is given one)
+SINK_SHARE = 0.4  # of those, the ones on a model with attention sinks, gpt-oss (where given one)
 WINDOW_SHARE = 0.2  # of the others, those on a model with sliding-window layers (where given one)
 VISION_SHARE = 0.15  # of the rest, those on a vision-language model, with images (where given one)
 IMAGE_SHARE = 0.5  # of a vision workload's prompts and shared prefixes, those holding an image (or two)
@@ -884,7 +886,8 @@ def fuzz(
     stats = Stats()
     start = time.monotonic()
     configs = {name: ModelConfig.from_pretrained(path) for name, path in models.items()}
-    sparse = sorted(name for name, c in configs.items() if c.moe is not None)
+    sinks = sorted(name for name, c in configs.items() if c.moe is not None and c.moe.clamped_swiglu is not None)
+    sparse = sorted(name for name, c in configs.items() if c.moe is not None and name not in sinks)
     vision = sorted(name for name, c in configs.items() if c.image is not None)
     windowed = sorted(name for name, c in configs.items()
                       if c.moe is None and c.sliding_window is not None and c.image is None)
@@ -897,8 +900,9 @@ def fuzz(
         moe = random.Random(f"moe {workload_seed}")  # apart from `rng`: older seeds replay unchanged
         window = random.Random(f"window {workload_seed}")
         sight = random.Random(f"vision {workload_seed}")
-        if sparse and (not names or moe.random() < MOE_SHARE):
-            name = moe.choice(sparse)
+        sink = random.Random(f"sinks {workload_seed}")
+        if (sparse or sinks) and (not names or moe.random() < MOE_SHARE):
+            name = sink.choice(sinks) if sinks and (not sparse or sink.random() < SINK_SHARE) else moe.choice(sparse)
         elif windowed and (not names or window.random() < WINDOW_SHARE):
             name = window.choice(windowed)
         elif vision and (not names or sight.random() < VISION_SHARE):
@@ -906,7 +910,7 @@ def fuzz(
         triton = rng.random() < triton_share and triton_runs
         ref = refs[name]
         workload = make_workload(workload_seed, name, ref.vocab, triton=triton,
-                                 int4_share=0.0 if name in sparse else int4_share, tp_share=tp_share, image=ref.image)
+                                 int4_share=0.0 if name in sparse + sinks else int4_share, tp_share=tp_share, image=ref.image)
         run_one(workload, models[name], ref, stats)
         i += 1
         if progress is not None and (stats.workloads % 10 == 0):

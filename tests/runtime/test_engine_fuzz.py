@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from engine_fuzz import Workload, fuzz, make_workload, reference_key
+from gpt_oss_checkpoints import mxfp4_pair
 from vision_checkpoint import build_vision_checkpoint
 
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
@@ -23,7 +24,9 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     """The tiny llama and qwen3, two with larger weights (sharp attention and logits, so
     that a request reading another's rows shows): MQA llama and GQA mistral, and two
     mixture-of-experts models (`engine_fuzz.MOE_SHARE` of workloads): Qwen2-MoE with its
-    shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts; two
+    shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts, and
+    gpt-oss (`engine_fuzz.SINK_SHARE` of those; MXFP4 experts, attention sinks, windows of 5
+    in two of its three layers); two
     with sliding windows shorter than most prompts (`engine_fuzz.WINDOW_SHARE`): Gemma 3
     (a window of 6 in two of its three layers), Gemma 2 (7 in its first layer; attention
     scores and logits soft-capped), Qwen2 (12, in its second layer) and OLMo 3 (5, in three
@@ -48,6 +51,8 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
                                              layer_types=None, initializer_range=0.1),
         "gemma2-sharp": build_tiny_checkpoint(root / "gemma2", "gemma2", seed=9, sliding_window=7, initializer_range=0.1),
         "gemma3-vision": build_vision_checkpoint(root / "gemma3-vision", sliding_window=5, seed=10),
+        "gpt_oss-mxfp4": mxfp4_pair(build_tiny_checkpoint(root / "gpt_oss-float", "gpt_oss", seed=11, sliding_window=5,
+                                                          num_hidden_layers=3, initializer_range=0.1), root / "gpt_oss")[0],
     }
 
 

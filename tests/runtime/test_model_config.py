@@ -34,6 +34,7 @@ def test_tiny_checkpoints_parse(tiny_checkpoints: dict[str, Path]) -> None:
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
         "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM",
         "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma2ForCausalLM",
+        "GptOssForCausalLM",
     }
     assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "olmo3",
                                             "smollm3", "granite"))
