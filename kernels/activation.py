@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ._dispatch import use_triton
 from ._triton import tl, triton
 
-_SQRT_2_OVER_PI = 0.7978845608028654
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # a global a compiled kernel may read
 
 
 @triton.jit

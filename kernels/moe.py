@@ -184,8 +184,10 @@ def _weight_tile(
         value = tl.where(code >= 8, -quarters, quarters).to(tl.float32) * 0.25
         s = tl.load(s_base + rows[None, :] * stride_sn + ks[:, None] // 32, mask=mask, other=127).to(tl.int32)
         scale = tl.where(s > 0, s << 23, 1 << 22).to(tl.float32, bitcast=True)
-        return (value * scale).to(dtype)
-    return tl.load(w_base + rows[None, :] * stride_wn + ks[:, None], mask=mask, other=0.0)
+        tile = (value * scale).to(dtype)
+    else:  # not a second return: compiled Triton would type both (uint8 bytes, float values)
+        tile = tl.load(w_base + rows[None, :] * stride_wn + ks[:, None], mask=mask, other=0.0)
+    return tile
 
 
 @triton.jit

@@ -891,7 +891,7 @@ def fuzz(
     vision = sorted(name for name, c in configs.items() if c.image is not None)
     windowed = sorted(name for name, c in configs.items()
                       if c.moe is None and c.sliding_window is not None and c.image is None)
-    names = sorted(set(models) - set(sparse) - set(windowed) - set(vision))
+    names = sorted(set(models) - set(sparse) - set(sinks) - set(windowed) - set(vision))
     i = 0
     while stats.workloads < min_workloads or time.monotonic() - start < seconds:
         workload_seed = seed + i
