@@ -27,6 +27,7 @@ MAX_STOP_TOKEN_IDS = 1024
 MAX_STOP_STRINGS = 16
 MAX_EBNF_CHARS = 64 * 1024  # grammars seen in practice (JSON, SQL, C subsets) are a few KB
 MAX_MARKER_CHARS = 64
+MAX_REASONING_EXITS = 8
 _ALIASES = {"sampling_seed": "seed"}
 _BOOL_FIELDS = (
     "ignore_eos",
@@ -92,8 +93,8 @@ class SamplingParams:
     """How one request is decoded.
 
     Invariants after construction: ints are ints, floats are finite floats, `stop`,
-    `stop_regex` (compiling patterns, see `sprig.runtime.stop_regex`) and
-    `stop_token_ids` are de-duplicated tuples, `top_k` is -1 (off) or >= 1 (0 is accepted
+    `stop_regex` (compiling patterns, see `sprig.runtime.stop_regex`), `stop_token_ids`
+    and `reasoning_exits` are de-duplicated tuples, `top_k` is -1 (off) or >= 1 (0 is accepted
     as off and stored as -1, as vLLM and OpenAI-style clients send it), `logit_bias` has
     int keys, `json_schema` is a JSON string. Greedy decoding is `temperature` below
     `GREEDY_TEMPERATURE` or `top_k == 1`. `logit_bias` must be treated as read-only.
@@ -123,6 +124,7 @@ class SamplingParams:
     ebnf: str | None = None
     reasoning_start: str | None = None
     reasoning_end: str | None = None
+    reasoning_exits: tuple[str, ...] = ()
     constraint_trigger: str | None = None
 
     def __post_init__(self) -> None:
@@ -160,6 +162,9 @@ class SamplingParams:
         """`reasoning_end`: a constraint (regex, json_schema, ...) applies only to the text
         after this marker; the output opens inside the reasoning, or, with
         `reasoning_start`, may open it with that marker or answer at once.
+        `reasoning_exits`: the texts of stop tokens that may end the output before
+        `reasoning_end` (harmony's `<|call|>`: a tool call in place of the answer); every
+        other stop token stays forbidden there.
         `constraint_trigger`: the constraint applies only to the text after the first time
         the output (the answer, after any reasoning) writes this text; before it the
         output is free and may end."""
@@ -169,6 +174,9 @@ class SamplingParams:
                 raise _fail(name, f"a non-empty string of at most {MAX_MARKER_CHARS} characters", value)
         if self.reasoning_start is not None and self.reasoning_end is None:
             raise ValueError("reasoning_start needs reasoning_end")
+        self._put("reasoning_exits", self._reasoning_exits(self.reasoning_exits))
+        if self.reasoning_exits and self.reasoning_end is None:
+            raise ValueError("reasoning_exits needs reasoning_end")
         if self.constraint_trigger is not None and not constraints:
             raise ValueError("constraint_trigger needs a constraint: regex, json_schema or ebnf")
 
@@ -184,6 +192,15 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in items):
             raise _fail("stop", rule, stop)
         return tuple(dict.fromkeys(items))
+
+    @staticmethod
+    def _reasoning_exits(exits: object) -> tuple[str, ...]:
+        rule = f"a list of at most {MAX_REASONING_EXITS} non-empty strings of at most {MAX_MARKER_CHARS} characters"
+        if not isinstance(exits, (list, tuple)) or len(exits) > MAX_REASONING_EXITS:
+            raise _fail("reasoning_exits", rule, exits)
+        if not all(isinstance(e, str) and 0 < len(e) <= MAX_MARKER_CHARS for e in exits):
+            raise _fail("reasoning_exits", rule, exits)
+        return tuple(dict.fromkeys(exits))
 
     @staticmethod
     def _stop_token_ids(ids: object) -> tuple[int, ...]:
@@ -275,4 +292,4 @@ _NUMBER_RULES: dict[str, tuple[Callable[..., Any], str, Callable[[Any], bool]]] 
     "n": (_int, f"in [1, {MAX_N}]", lambda v: 1 <= v <= MAX_N),
 }
 
-wire.register(SamplingParams, tuples=frozenset({"stop", "stop_regex", "stop_token_ids"}))
+wire.register(SamplingParams, tuples=frozenset({"stop", "stop_regex", "stop_token_ids", "reasoning_exits"}))

@@ -41,7 +41,7 @@ class Grammars:
         self._backend: RoutedBackend | None = None
         self._compiler: GrammarCompiler | None = None
         self._pending: dict[str, Future] = {}
-        self._markers: dict[tuple[str | None, str], Markers] = {}
+        self._markers: dict[tuple[str | None, str, tuple[str, ...]], Markers] = {}
         self._triggers: dict[str, Trigger] = {}
 
     def submit(self, req: Req) -> None:
@@ -89,9 +89,9 @@ class Grammars:
         start, end = req.params.reasoning_start, req.params.reasoning_end
         if end is None:
             return grammar
-        key = (start, end)
+        key = (start, end, req.params.reasoning_exits)
         if key not in self._markers:
-            self._markers[key] = Markers.build(self.tokenizer, start, end)
+            self._markers[key] = Markers.build(self.tokenizer, *key)
         return ReasoningGate(grammar, self._markers[key], opens_inside=start is None,
                              stop_token_ids=stop_ids, tokenizer=self.tokenizer)
 

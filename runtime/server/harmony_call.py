@@ -9,13 +9,18 @@ markers in its text and defer its constraint, and how its output reads.
   scheduler's reasoning gate (`SamplingParams.reasoning_end`) lets the model write freely
   (analysis, preambles) until `<|channel|>final<|message|>`, then hands the answer to the
   grammar; a prompt that already ends inside the final channel constrains from the start.
+  With `tool_choice` "auto" (the request's functions read as calls) the output may
+  instead end with a call: `<|call|>` is the gate's one exit
+  (`SamplingParams.reasoning_exits`), the only stop token allowed before the final
+  channel, so a client may give tools and `response_format` at once (as the OpenAI
+  Agents SDK does for an agent with tools and a structured output). The call's
+  arguments are not held to its schema there.
 - A forced call (`tool_choice` "required" with one function, or a named one): a grammar
   cannot write special tokens, so the server writes the call's header at the end of the
   prompt, `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`,
   and the grammar holds the arguments; the model skips its analysis for that turn. With
   several functions to choose from the name would sit between special tokens, so that is
-  refused; so is `tool_choice` "auto" beside a constraint, as the gate forbids the
-  `<|call|>` that would end the output before the final channel.
+  refused.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from sprig.runtime.server.config import HARMONY
 from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.harmony import (
+    CALL,
     CHANNEL,
     CONSTRAIN,
     FINAL,
@@ -75,13 +81,10 @@ class HarmonyServing:
         if tools.forced:
             prompt, tools = _forced(prompt, tools)
             reader = dataclasses.replace(reader, opened=opening(prompt))
-        elif constraint is not None:
+        elif constraint is not None and not _in_final(reader.opened):
+            sampling["reasoning_end"] = FINAL
             if self.calls and tools.rendered:
-                raise ApiError(400, 'a harmony (gpt-oss) model cannot take tool_choice "auto" beside '
-                                    f"{constraint.field}: a call would end the output before the final channel "
-                                    'the constraint holds; use tool_choice "none" or "required"', "tool_choice")
-            if not _in_final(reader.opened):
-                sampling["reasoning_end"] = FINAL
+                sampling["reasoning_exits"] = [CALL]
         grammar = {k: v for k, v in tools.grammar_params(context_free).items() if v is not None}
         return HarmonyTurn(prompt, tools, reader, sampling | grammar)
 

@@ -1,6 +1,7 @@
 """One chat request on a harmony (gpt-oss) server: which servers read harmony, the
-sampling parameters that keep its markers and hold a constraint to the final channel, a
-forced call's header written into the prompt, and what cannot be forced."""
+sampling parameters that keep its markers and hold a constraint to the final channel (a
+call, with tool_choice "auto", may end the output before it), a forced call's header
+written into the prompt, and what cannot be forced."""
 
 from __future__ import annotations
 
@@ -65,6 +66,19 @@ def test_a_constraint_holds_the_final_channel() -> None:
     assert "reasoning_end" in turn(constraint=JSON_OBJECT, prompt=PROMPT + "<|channel|>analysis<|message|>").sampling
 
 
+def test_a_call_may_end_the_output_before_the_final_channel_a_constraint_holds() -> None:
+    """tool_choice "auto" beside a constraint: `<|call|>` is the gate's exit; with no
+    calls read, no tools, or a prompt inside the final channel, there is none."""
+    t = turn([WEATHER], "auto", JSON_OBJECT)
+    assert (t.sampling["reasoning_end"], t.sampling["reasoning_exits"]) == (FINAL, ["<|call|>"])
+    assert t.reader.names == {"get_weather"} and not t.tools.forced
+    assert "reasoning_exits" not in turn(constraint=JSON_OBJECT).sampling
+    assert "reasoning_exits" not in turn([WEATHER], "none", JSON_OBJECT).sampling
+    assert "reasoning_exits" not in turn([WEATHER], "auto", JSON_OBJECT, serving=HarmonyServing(True, False)).sampling
+    inside = turn([WEATHER], "auto", JSON_OBJECT, prompt=PROMPT + "<|channel|>final<|message|>").sampling
+    assert "reasoning_end" not in inside and "reasoning_exits" not in inside
+
+
 @pytest.mark.parametrize("choice", [NAMED, "required"])
 def test_a_forced_call_is_written_into_the_prompt(choice) -> None:
     t = turn([WEATHER], choice)
@@ -83,7 +97,6 @@ def test_a_forced_call_on_a_server_that_parses_no_calls_still_reads_it() -> None
 @pytest.mark.parametrize(("tools", "choice", "constraint", "prompt", "says"), [
     ([WEATHER, TIME], "required", None, PROMPT, "one of several functions"),
     ([WEATHER], NAMED, None, PROMPT + "<|channel|>final<|message|>x", "generation prompt"),
-    ([WEATHER], "auto", JSON_OBJECT, PROMPT, 'tool_choice "auto" beside response_format'),
 ])
 def test_what_harmony_cannot_force_is_refused(tools, choice, constraint, prompt: str, says: str) -> None:
     with pytest.raises(ApiError, match=says) as e:

@@ -1,6 +1,7 @@
-"""A constraint deferred past the reasoning (`reasoning_start` / `reasoning_end`): the gate's
-phases, masks and rollback over a real grammar, and the engine on a scripted thinking
-model (tests/runtime/scripted_checkpoint.py), alone and batched."""
+"""A constraint deferred past the reasoning (`reasoning_start` / `reasoning_end`, and the
+stop tokens that may end the reasoning, `reasoning_exits`): the gate's phases, masks and
+rollback over a real grammar, and the engine on a scripted thinking model
+(tests/runtime/scripted_checkpoint.py), alone and batched."""
 
 from __future__ import annotations
 
@@ -49,10 +50,11 @@ def allowed(grammar, tok) -> set[int]:
     return {t for t in range(len(tok)) if int(row[t // 32]) >> (t % 32) & 1}
 
 
-def gate(tok, backend: OutlinesBackend, spec: GrammarSpec, start: str | None, end: str) -> ReasoningGate:
-    stops = {tok.eos_token_id}
+def gate(tok, backend: OutlinesBackend, spec: GrammarSpec, start: str | None, end: str, exits: tuple[str, ...] = (),
+         stops: frozenset[int] | None = None) -> ReasoningGate:
+    stops = frozenset({tok.eos_token_id}) if stops is None else stops
     inner = backend.matcher(backend.compile(spec), stop_token_ids=stops)
-    return ReasoningGate(inner, Markers.build(tok, start, end), opens_inside=start is None, stop_token_ids=stops,
+    return ReasoningGate(inner, Markers.build(tok, start, end, exits), opens_inside=start is None, stop_token_ids=stops,
                          tokenizer=tok)
 
 
@@ -94,6 +96,42 @@ def test_a_text_marker_may_span_tokens_and_leave_text_for_the_grammar(tok, backe
     assert not refused.accept_token(ids(tok, " alpha")[0]) and refused.phase is Phase.THINKING
 
 
+def test_an_exit_ends_the_reasoning_and_no_other_stop_token_does(tok, backend: OutlinesBackend) -> None:
+    """`<s>` stands for harmony's `<|call|>`: a stop token that may end the output while
+    thinking; the EOS stays forbidden there, and after the end marker the grammar holds."""
+    spec = GrammarSpec.json_schema(SCHEMA)
+    call, eos, end = tok.bos_token_id, tok.eos_token_id, tok.convert_tokens_to_ids("</think>")
+    stops = frozenset({eos, call})
+    fresh = backend.matcher(backend.compile(spec), stop_token_ids=stops)
+    g = gate(tok, backend, spec, None, "</think>", ("<s>",), stops)
+    assert g.markers.exit_ids == {call} and g.phase is Phase.THINKING
+    reasoning = ids(tok, " alpha beta")
+    assert g.accept_tokens(reasoning)
+    assert allowed(g, tok) == set(range(len(tok))) - {eos}  # the exit allowed, the other stop token not
+    assert not g.accept_token(eos) and g.phase is Phase.THINKING and not g.is_terminated()
+    assert g.accept_token(call) and g.phase is Phase.EXITED and g.is_terminated() and g.is_finished()
+    assert allowed(g, tok) == set() and not g.accept_token(ids(tok, " gamma")[0]) and g.forced_continuation() is None
+    # rollback across the exit: thinking again, with the same mask
+    assert g.rollback(1) == [call] and g.phase is Phase.THINKING and not g.is_finished()
+    assert allowed(g, tok) == set(range(len(tok))) - {eos}
+    # past the end marker the grammar holds, the exit no more allowed than the grammar allows it
+    assert g.accept_token(end) and g.phase is Phase.ANSWER and allowed(g, tok) == allowed(fresh, tok)
+    assert call not in allowed(g, tok) and not g.accept_token(call) and g.phase is Phase.ANSWER
+    answer = ids(tok, '{"city":"Paris"}')
+    assert g.accept_tokens(answer) and g.is_terminated() and g.accept_token(call) and g.is_finished()
+    assert g.rollback(len(answer) + 2) == [end, *answer, call] and g.phase is Phase.THINKING
+
+
+def test_an_exit_is_a_stop_token_spelled_by_one_token(tok, backend: OutlinesBackend) -> None:
+    spec = GrammarSpec.json_schema(SCHEMA)
+    assert Markers.build(tok, None, "</think>", ("alpha beta", "<s>")).exit_ids == {tok.bos_token_id}
+    ordinary = gate(tok, backend, spec, None, "</think>", ("<s>",))  # <s> is no stop token of this request
+    assert ordinary.accept_token(tok.bos_token_id) and ordinary.phase is Phase.THINKING
+    assert not ordinary.is_terminated()
+    without = gate(tok, backend, spec, None, "</think>", (), frozenset({tok.eos_token_id, tok.bos_token_id}))
+    assert tok.bos_token_id not in allowed(without, tok) and not without.accept_token(tok.bos_token_id)
+
+
 def test_the_engine_constrains_only_the_answer(model: Path, tok) -> None:
     prompt = ids(tok, tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
                                               tokenize=False))
@@ -112,6 +150,14 @@ def test_the_engine_constrains_only_the_answer(model: Path, tok) -> None:
         jsonschema.validate(json.loads(at_once), SCHEMA)
         [inside] = run({**schema, "reasoning_end": "</think>"})  # the output starts inside the reasoning
         assert inside == deferred
+        # </think> a stop token: forbidden while thinking, unless an exit, which ends the output there
+        end = tok.convert_tokens_to_ids("</think>")
+        stopped = {**schema, **THINK, "reasoning_end": " gamma", "stop_token_ids": [end], "no_stop_trim": True}
+        [exited] = engine.generate(input_ids=[prompt], sampling_params=[{**stopped, "reasoning_exits": ["</think>"]}])
+        assert exited["text"] == "<think> alpha beta</think>"
+        assert exited["meta_info"]["finish_reason"] == {"type": "stop", "matched": end}
+        [kept_on] = run(stopped)
+        assert not kept_on.startswith("<think> alpha beta</think>")
         # batched with unconstrained and undeferred requests, each output is what it is alone
         seeded = {**schema, **THINK, "temperature": 1.0, "seed": 7}
         [alone_seeded] = run(seeded)
@@ -119,9 +165,13 @@ def test_the_engine_constrains_only_the_answer(model: Path, tok) -> None:
 
 
 def test_marker_parameters_are_validated() -> None:
-    params = SamplingParams.from_dict({"regex": "a", **THINK})
-    assert decode(encode(params)) == params
+    params = SamplingParams.from_dict({"regex": "a", **THINK, "reasoning_exits": ["<|call|>", "<|call|>"]})
+    assert decode(encode(params)) == params and params.reasoning_exits == ("<|call|>",)
     for bad, needle in [({"reasoning_start": "<think>"}, "needs reasoning_end"), ({"reasoning_end": ""}, "reasoning_end"),
-                        ({"reasoning_end": "x" * 65}, "reasoning_end"), ({"reasoning_end": 3}, "reasoning_end")]:
+                        ({"reasoning_end": "x" * 65}, "reasoning_end"), ({"reasoning_end": 3}, "reasoning_end"),
+                        ({"reasoning_exits": ["<|call|>"]}, "reasoning_exits needs reasoning_end"),
+                        ({**THINK, "reasoning_exits": "<|call|>"}, "reasoning_exits"),
+                        ({**THINK, "reasoning_exits": [""]}, "reasoning_exits"),
+                        ({**THINK, "reasoning_exits": ["x"] * 9}, "reasoning_exits")]:
         with pytest.raises(ValueError, match=needle):
             SamplingParams.from_dict(bad)

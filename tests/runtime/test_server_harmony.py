@@ -3,7 +3,8 @@ with a scripted checkpoint that writes harmony through gpt-oss's own chat templa
 (tests/runtime/harmony_checkpoint.py): the analysis channel arrives as `reasoning_content`,
 the final channel as content, a message to `functions.get_weather` as a tool call (whole
 and streamed), and a call's result rendered back through the template gets the answer.
-Constraints hold the final channel only; a forced call is written in harmony form. No
+Constraints hold the final channel only, and beside tools a call may be the answer; a
+forced call is written in harmony form. No
 marker ever reaches a client of the chat or Responses API, while `/generate` decodes as
 it always did."""
 
@@ -146,9 +147,7 @@ def test_a_forced_call_is_written_in_harmony(client: Any, choice: Any) -> None:
 
 
 def test_what_harmony_cannot_force_is_a_400_naming_the_field(client: Any) -> None:
-    for kw in ({"tools": [WEATHER, TIME], "tool_choice": "required"},
-               {"tools": [WEATHER], "response_format": {"type": "json_object"}},
-               {"reasoning_effort": "extreme"}):
+    for kw in ({"tools": [WEATHER, TIME], "tool_choice": "required"}, {"reasoning_effort": "extreme"}):
         with pytest.raises(openai.BadRequestError) as e:
             chat(client, **kw)
         assert e.value.body["param"] in ("tool_choice", "reasoning_effort")
@@ -162,6 +161,28 @@ def test_response_format_holds_the_final_channel(client: Any) -> None:
     out = chat(client, response_format=fmt).choices[0]
     assert out.message.reasoning_content == REASONING and out.finish_reason == "stop"
     jsonschema.validate(json.loads(out.message.content), SCHEMA)
+
+
+def test_beside_tools_a_call_or_an_answer_held_to_response_format(client: Any) -> None:
+    """tool_choice "auto" with `response_format` (what the OpenAI Agents SDK sends for an
+    agent with tools and a structured output): the model's call ends its output before
+    any final channel, with `<|call|>`; once the tool's result is in, the final channel
+    is held to the schema (the script would answer " gamma" there)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA}}
+    first = chat(client, tools=[WEATHER], response_format=fmt).choices[0]
+    assert first.finish_reason == "tool_calls"
+    [call] = first.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", ARGS)
+    assert (first.message.content, first.message.reasoning_content) == (None, REASONING)
+    streamed = list(chat(client, tools=[WEATHER], response_format=fmt, stream=True))
+    pieces = [t for c in streamed for t in c.choices[0].delta.tool_calls or ()]
+    assert "".join(p.function.arguments or "" for p in pieces) == ARGS
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    history = [*MESSAGES, first.message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": TOOL_RESULT}]
+    answered = chat(client, history, tools=[WEATHER], response_format=fmt).choices[0]
+    assert answered.finish_reason == "stop" and answered.message.tool_calls is None
+    jsonschema.validate(json.loads(answered.message.content), SCHEMA)
 
 
 def test_responses_reasoning_and_function_call_items(client: Any, server: Server) -> None:
