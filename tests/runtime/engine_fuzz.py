@@ -5,7 +5,9 @@ A workload is a set of requests — prompts with and without shared prefixes (so
 identical), random `max_new_tokens`, stops on EOS, stop strings or `stop_token_ids` at
 different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, logprobs
 (with input logprobs from random starts), a regex on the whole output or from a trigger
-text on (`constraint_trigger`), compiled by outlines-core, by llguidance (the engine's
+text on (`constraint_trigger`), in `THINKING_SHARE` of them deferred past a reasoning end
+marker (`reasoning_end`, a reasoning model's gate; with a start marker the output may open,
+and with an exit token that may end the output while thinking), compiled by outlines-core, by llguidance (the engine's
 `grammar_backend`, in `GUIDED_SHARE` of workloads; their alone runs and reference masks use
 it too) or, as a Lark grammar holding it (as the server sends tools' grammars), by
 llguidance whatever the backend, arrivals spread over steps and aborts mid-flight, and
@@ -88,6 +90,7 @@ from sprig.runtime.request_contract import (
     build_requests,
 )
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
+from sprig.runtime.scheduler.reasoning_gate import Markers, ReasoningGate
 from sprig.runtime.scheduler.request import Req
 from sprig.runtime.scheduler.trigger_gate import Trigger, TriggerGate
 from sprig.runtime.speculative.drafter import ContextDrafts
@@ -113,6 +116,13 @@ STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
 SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' names (the EOS's too), whole, as text
 REGEXES = [r"[a-z ]{1,24}", r"( ?[a-z]{1,5}){1,6}\.?", r"[0-9a-f]{2,12}( [0-9a-f]{2,4})*", SPECIAL_NAMES]
 TRIGGERS = ["e", " t", "a"]
+THINKING_SHARE = 0.3  # of constrained requests, those whose constraint waits for a reasoning end marker
+# markers are special tokens of the tiny tokenizers, as reasoning models' are (`</think>`): the
+# gate's mask cannot foresee a token whose text runs on past the marker into text the grammar
+# refuses, so it allows it and refusing it aborts the request
+THINKING_END, THINKING_END_ID, THINKING_BIAS = "<|end|>", 3, 4.0  # biased so that outputs reach it
+THINKING_START = "<s>"  # a start marker the output may open with
+THINKING_EXIT = "</s>"  # their EOS: an exit when it is a stop token of the request
 FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
 # engine options that change the model's numbers: alone runs and transformers take the workload's
 NUMERICS = ("kv_cache_dtype", "quantization", "quantization_group_size")
@@ -255,6 +265,7 @@ class Stats:
     constrained: int = 0  # of the sequences, those under a regex (from the start or a trigger)
     context_free: int = 0  # of those, the ones whose regex went to llguidance as a Lark grammar
     guided: int = 0  # of those, the ones whose regex llguidance compiled itself (`grammar_backend`)
+    thinking: int = 0  # of those, the ones whose constraint waited for a reasoning end marker
     picked: int = 0  # of the sequences, those whose token_ids_logprob entries were compared
     embeddings: int = 0  # embedding requests compared with their alone runs
     embed_diff: dict[str, float] = field(default_factory=dict)  # the largest difference, by KV cache dtype
@@ -278,7 +289,8 @@ class Stats:
         return (
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.constrained} of the "
-            f"requests constrained ({self.context_free} by llguidance as Lark, {self.guided} as regexes); "
+            f"requests constrained ({self.context_free} by llguidance as Lark, {self.guided} as regexes, "
+            f"{self.thinking} after a reasoning marker); "
             f"{self.picked} with token_ids_logprob; {self.embeddings} embeddings (largest difference "
             f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
@@ -301,6 +313,7 @@ def make_workload(
     weights, tensor parallelism, the draft-model drafter (radix instead), embedding
     requests with images."""
     rng, constraints = random.Random(seed), random.Random(f"constraints {seed}")
+    thinking = random.Random(f"thinking {seed}")
     pictures = random.Random(f"images {seed}")
     if image is not None:
         int4_share = tp_share = 0.0
@@ -328,7 +341,7 @@ def make_workload(
     embeds = random.Random(f"embed {seed}")  # likewise
     for i, marked in enumerate(prompts):
         prompt, seeds = _expanded(marked, image)
-        params = _params(rng, constraints, vocab, small)
+        params = _params(rng, constraints, thinking, vocab, small)
         logprob = rng.random() < 0.3
         picked = tuple(picks.sample(range(vocab), picks.randint(1, 4))) if logprob and picks.random() < 0.5 else ()
         requests.append(Request(
@@ -377,7 +390,8 @@ def _expanded(marked: list[int], image: ImageSpec | None) -> tuple[list[int], tu
     return out, tuple(-1 - t for t in marked if t < 0)
 
 
-def _params(rng: random.Random, constraints: random.Random, vocab: int, small: bool) -> SamplingParams:
+def _params(rng: random.Random, constraints: random.Random, thinking: random.Random, vocab: int,
+            small: bool) -> SamplingParams:
     kind = rng.choices(["greedy", "seeded", "unseeded"], [0.5, 0.4, 0.1])[0]
     p: dict[str, Any] = {"max_new_tokens": rng.choice([0, *range(1, 8 if small else 24)])}
     if kind != "greedy":
@@ -413,6 +427,13 @@ def _params(rng: random.Random, constraints: random.Random, vocab: int, small: b
         if constraints.random() < 0.4:  # as the server sends tools' grammars: a Lark grammar, to llguidance
             p["ebnf"] = lark_grammar(p.pop("regex"))
         p.pop("min_new_tokens", None)  # it may forbid the only token a grammar allows
+        if thinking.random() < THINKING_SHARE:  # its own generator: older seeds' draws are unchanged
+            p["reasoning_end"] = THINKING_END
+            p["logit_bias"] = {**p.get("logit_bias", {}), THINKING_END_ID: THINKING_BIAS}
+            if thinking.random() < 0.5:
+                p["reasoning_start"] = THINKING_START
+            if thinking.random() < 0.5:
+                p["reasoning_exits"] = [THINKING_EXIT]
     return SamplingParams.from_dict(p)
 
 
@@ -642,10 +663,14 @@ class Reference:
         backend = self._grammars[regular]
         stops = params.stop_token_set(self.eos_ids)
         grammar = backend.matcher(backend.prepare(backend.compile(spec)), stop_token_ids=stops)
-        if params.constraint_trigger is None:
+        if params.constraint_trigger is not None:
+            trigger = Trigger.build(self.tokenizer, params.constraint_trigger)
+            grammar = TriggerGate(grammar, trigger, stop_token_ids=stops, tokenizer=self.tokenizer)
+        if params.reasoning_end is None:
             return grammar
-        trigger = Trigger.build(self.tokenizer, params.constraint_trigger)
-        return TriggerGate(grammar, trigger, stop_token_ids=stops, tokenizer=self.tokenizer)
+        markers = Markers.build(self.tokenizer, params.reasoning_start, params.reasoning_end, params.reasoning_exits)
+        return ReasoningGate(grammar, markers, opens_inside=params.reasoning_start is None, stop_token_ids=stops,
+                             tokenizer=self.tokenizer)
 
     def masked(self, rows: torch.Tensor, params: SamplingParams, ids: list[int], where: str,
                key: ReferenceKey) -> list[bool]:
@@ -762,6 +787,7 @@ def _check_sequence(
     stats.constrained += spec_from_params(seq_params) is not None
     stats.context_free += seq_params.ebnf is not None
     stats.guided += seq_params.regex is not None and ("grammar_backend", "llguidance") in key
+    stats.thinking += seq_params.reasoning_end is not None
     n = _common_len(got.ids, want.ids)
     if n < len(got.ids) and n < len(want.ids):  # they part at token n
         if not ref.near_tie(rows[n], seq_params, prompt, want.ids[:n], want.ids[n], got.ids[n]):
