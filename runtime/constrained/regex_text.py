@@ -134,9 +134,15 @@ def json_string_pattern(pattern: str) -> str:
 
 def lark_grammar(regex: str) -> str:
     """A Lark grammar (llguidance's dialect) whose sentences are exactly `regex`'s matches:
-    the regex as one terminal, `/.../`, with each unescaped `/` escaped and each newline
-    written `\\n`. So an `ebnf` spec hands a regex to llguidance, whose lazy lexer
-    compiles one of any JSON in milliseconds where a token automaton takes seconds."""
+    the regex as one terminal (`lark_terminal`). So an `ebnf` spec hands a regex to
+    llguidance, whose lazy lexer compiles one of any JSON in milliseconds where a token
+    automaton takes seconds."""
+    return f"start: {lark_terminal(regex)}\n"
+
+
+def lark_terminal(regex: str) -> str:
+    """`regex` as a Lark regex terminal, `/.../`, with each unescaped `/` escaped and each
+    newline written `\\n`."""
     out, i = [], 0
     while i < len(regex):
         ch = regex[i]
@@ -146,4 +152,4 @@ def lark_grammar(regex: str) -> str:
             continue
         out.append("\\n" if ch == "\n" else "\\/" if ch == "/" else ch)
         i += 1
-    return "start: /" + "".join(out) + "/\n"
+    return "/" + "".join(out) + "/"

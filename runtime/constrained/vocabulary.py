@@ -3,8 +3,9 @@ tokenizer (outlines-core's `Vocabulary.from_pretrained` needs a hub).
 
 Byte-level BPE symbols go through the inverse of GPT-2's byte↔unicode table; `<0xNN>`
 byte-fallback pieces become byte NN and SentencePiece's `▁` a space; added non-special
-tokens are their literal text. Special tokens (EOS included) get no bytes: a grammar can
-never produce them, stop tokens are handled by the matcher.
+tokens are their literal text. Special tokens (EOS included; `special_token_ids`) get no
+bytes: a grammar can never produce them (decoding drops them), stop tokens are handled by
+the matcher.
 
 The end mark: every regex is compiled as `marked(regex)` = `(?:regex)END_MARK`, and both
 vocabularies hold one extra token for END_MARK (an id no model produces). "The output
@@ -167,9 +168,17 @@ def token_bytes(tokenizer: Any, *, logits_width: int | None = None) -> tuple[byt
 _TOKEN_BYTES: weakref.WeakKeyDictionary[Any, tuple[bytes | None, ...]] = weakref.WeakKeyDictionary()
 
 
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokens decoding drops (`skip_special_tokens`): those the tokenizer names
+    (`all_special_ids`) and every added token flagged special, which its special tokens
+    map need not list (Llama 3's `<|python_tag|>`, gpt-oss's harmony markers)."""
+    flagged = (i for i, added in tokenizer.added_tokens_decoder.items() if added.special)
+    return frozenset(tokenizer.all_special_ids).union(flagged)
+
+
 def _read_token_bytes(tokenizer: Any) -> tuple[bytes | None, ...]:
     decode = _PIECE_DECODERS[tokenizer_family(tokenizer)]
-    special = set(tokenizer.all_special_ids)
+    special = special_token_ids(tokenizer)
     added = {i: text for text, i in tokenizer.get_added_vocab().items()}
     pieces = tokenizer.get_vocab()
     out: list[bytes | None] = [None] * (max(pieces.values()) + 1)

@@ -17,9 +17,10 @@ from sprig.runtime.constrained import (
     bitmask_width,
     spec_from_params,
 )
+from sprig.runtime.scheduler.marker import Marker
 from sprig.runtime.scheduler.reasoning_gate import Markers, ReasoningGate
 from sprig.runtime.scheduler.request import Req
-from sprig.runtime.scheduler.trigger_gate import Trigger, TriggerGate
+from sprig.runtime.scheduler.trigger_gate import TriggerGate
 
 GRAMMAR_ERROR = "invalid grammar"  # how a grammar that fails to compile is reported
 
@@ -42,7 +43,7 @@ class Grammars:
         self._compiler: GrammarCompiler | None = None
         self._pending: dict[str, Future] = {}
         self._markers: dict[tuple[str | None, str, tuple[str, ...]], Markers] = {}
-        self._triggers: dict[str, Trigger] = {}
+        self._triggers: dict[str, Marker] = {}
 
     def submit(self, req: Req) -> None:
         """Start compiling `req`'s grammar, if it asks for one. Raises `GrammarError`
@@ -84,7 +85,7 @@ class Grammars:
         trigger = req.params.constraint_trigger
         if trigger is not None:
             if trigger not in self._triggers:
-                self._triggers[trigger] = Trigger.build(self.tokenizer, trigger)
+                self._triggers[trigger] = Marker.build(self.tokenizer, trigger)
             grammar = TriggerGate(grammar, self._triggers[trigger], stop_token_ids=stop_ids, tokenizer=self.tokenizer)
         start, end = req.params.reasoning_start, req.params.reasoning_end
         if end is None:

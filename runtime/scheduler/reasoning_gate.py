@@ -17,8 +17,11 @@ Phases of one request's output:
 
 The phase depends only on the request's own tokens, so the output does not depend on
 what else is batched (batch invariance). The end marker is found in the decoded text of
-the last few tokens, so it may span tokens; text after it in the same token is fed to the
-grammar (blanks dropped), and if the grammar refuses it, so is the token.
+the last few tokens (special tokens written as their names), so it may span tokens; text
+after it in the same token is fed to the grammar (leading blanks dropped). A token that
+would complete the marker with text the grammar refuses is masked out while thinking, so
+every token the mask allows is accepted: a plain-text marker (`Answer:` before a number)
+cannot end in a token (`: `... `:"`) that leaves the request nowhere to go.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 
 from sprig.runtime.constrained import Grammar
 from sprig.runtime.scheduler.gate import Gate, set_bits
+from sprig.runtime.scheduler.marker import Marker
 
 
 class Phase(Enum):
@@ -44,24 +48,20 @@ class Phase(Enum):
 @dataclass(frozen=True)
 class Markers:
     """The markers of one request, read against the tokenizer once per set of markers.
-    `start_ids`: tokens whose text is exactly the start marker (empty when none is, or
-    when the output opens inside the reasoning); `exit_ids`: tokens whose text is exactly
-    one of the exit texts (a text no single token spells has none)."""
+    `end`: the end marker, decoded with special tokens as their names; `start_ids`:
+    tokens whose text is exactly the start marker (empty when none is, or when the
+    output opens inside the reasoning); `exit_ids`: tokens whose text is exactly one of
+    the exit texts (a text no single token spells has none)."""
 
-    end: str
+    end: Marker
     start_ids: frozenset[int]
     exit_ids: frozenset[int] = frozenset()
 
     @classmethod
     def build(cls, tokenizer: Any, start: str | None, end: str, exits: Iterable[str] = ()) -> Markers:
-        return cls(end, _tokens_spelling(tokenizer, () if start is None else (start,)),
+        return cls(Marker.build(tokenizer, end, names_written=True),
+                   _tokens_spelling(tokenizer, () if start is None else (start,)),
                    _tokens_spelling(tokenizer, exits))
-
-    @property
-    def window(self) -> int:
-        """Tokens decoded to look for the end marker: every token holds at least one of
-        its characters, plus one for a character split across tokens."""
-        return len(self.end) + 1
 
 
 def _tokens_spelling(tokenizer: Any, texts: Iterable[str]) -> frozenset[int]:
@@ -83,9 +83,11 @@ class ReasoningGate(Gate):
 
     grammar_phase = Phase.ANSWER
 
+    drops_leading_blanks = True
+
     def __init__(self, inner: Grammar, markers: Markers, *, opens_inside: bool,
                  stop_token_ids: Iterable[int], tokenizer: Any) -> None:
-        super().__init__(inner, Phase.THINKING if opens_inside else Phase.START, tokenizer)
+        super().__init__(inner, Phase.THINKING if opens_inside else Phase.START, markers.end, tokenizer)
         self.markers = markers
         stops = frozenset(stop_token_ids)
         self._exits = markers.exit_ids & stops
@@ -98,6 +100,7 @@ class ReasoningGate(Gate):
         if self.phase is Phase.THINKING:
             bitmask_row.fill_(-1)
             set_bits(bitmask_row, self._stops, allowed=False)
+            set_bits(bitmask_row, self.refused_completions(), allowed=False)
             return
         self.inner.fill_bitmask(bitmask_row)
         if self.phase is Phase.START:
@@ -119,28 +122,15 @@ class ReasoningGate(Gate):
         elif token_id in self._stops:
             return False
         else:
-            took = self._think(token_id)
-            if took < 0:
+            took = self._take_free(token_id)
+            if took is None:
+                took = 0
+            elif took < 0:
                 return False
+            else:
+                self.phase = Phase.ANSWER
         self._record(token_id, before, took)
         return True
-
-    def _think(self, token_id: int) -> int:
-        """Take one reasoning token: how many tokens the grammar took from the text after
-        the end marker if this token completes it (0 if it does not, -1 if the grammar
-        refuses that text)."""
-        tail = (*self._tail, token_id)[-self.markers.window :]
-        text = self._tokenizer.decode(list(tail))
-        at = text.find(self.markers.end)
-        if at < 0:
-            self._tail = tail
-            return 0
-        rest = text[at + len(self.markers.end) :].lstrip()
-        ids = self._tokenizer.encode(rest, add_special_tokens=False) if rest else []
-        if ids and not self.inner.accept_tokens(ids):
-            return -1
-        self.phase, self._tail = Phase.ANSWER, ()
-        return len(ids)
 
     def is_terminated(self) -> bool:
         return self.phase is Phase.EXITED or (self.phase is Phase.ANSWER and self.inner.is_terminated())

@@ -15,20 +15,25 @@ markers in its text and defer its constraint, and how its output reads.
   channel, so a client may give tools and `response_format` at once (as the OpenAI
   Agents SDK does for an agent with tools and a structured output). The call's
   arguments are not held to its schema there.
-- A forced call (`tool_choice` "required" with one function, or a named one): a grammar
-  cannot write special tokens, so the server writes the call's header at the end of the
-  prompt, `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`,
-  and the grammar holds the arguments; the model skips its analysis for that turn. With
-  several functions to choose from the name would sit between special tokens, so that is
-  refused.
+- A forced call (`tool_choice` "required", or a named function): where the server compiles
+  Lark grammars in llguidance (`context_free`), which writes special tokens by name, a
+  grammar holds the whole turn (`calls_grammar`): any analysis and preamble messages, then
+  `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>` for one of the
+  allowed functions, then arguments valid against that function's schema. Otherwise the
+  server writes the header of the one allowed function into the prompt and a regex holds
+  the arguments (the model then skips its analysis); with several functions to choose
+  from the name would sit between special tokens, so that is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from sprig.runtime.constrained.regex_text import lark_terminal
+from sprig.runtime.sampling.params import MAX_EBNF_CHARS
 from sprig.runtime.server.config import HARMONY
 from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
@@ -36,9 +41,11 @@ from sprig.runtime.server.harmony import (
     CALL,
     CHANNEL,
     CONSTRAIN,
+    END,
     FINAL,
     FUNCTIONS,
     MESSAGE,
+    START,
     HarmonyReader,
     Message,
     opening,
@@ -78,7 +85,11 @@ class HarmonyServing:
         reader = HarmonyReader(opening(prompt), self.reasoning and separate_reasoning,
                                tools.names if self.calls or tools.forced else frozenset())
         sampling: dict[str, Any] = dict(KEEP_MARKERS)
-        if tools.forced:
+        if tools.forced and context_free:
+            _check_generation_prompt(prompt)
+            sampling["ebnf"] = calls_grammar([t for t in tools.rendered or () if t["function"]["name"] in tools.names])
+            tools = dataclasses.replace(tools, regex=None, trigger=None)
+        elif tools.forced:
             prompt, tools = _forced(prompt, tools)
             reader = dataclasses.replace(reader, opened=opening(prompt))
         elif constraint is not None and not _in_final(reader.opened):
@@ -101,16 +112,46 @@ class HarmonyTurn:
     sampling: dict[str, Any]
 
 
-def _forced(prompt: str, tools: ToolUse) -> tuple[str, ToolUse]:
-    """The prompt with the forced call's header written, and the call's tool use with the
-    regex of its arguments."""
-    if len(tools.names) != 1:
-        raise ApiError(400, 'a harmony (gpt-oss) model cannot be made to call one of several functions: the '
-                            "name sits between special tokens, which a grammar cannot write; name the function "
-                            '({"type": "function", "function": {"name": ...}}) or give one tool', "tool_choice")
+def calls_grammar(tools: list[dict[str, Any]]) -> str:
+    """The Lark grammar (llguidance's, special tokens by name) of an assistant turn that
+    ends in a call of one of `tools`: analysis and preamble messages, any number, then the
+    call's header and its arguments, valid against the function's parameter schema. The
+    stop token (`<|call|>`) is the matcher's, allowed once the arguments are complete.
+    Raises ApiError (400 naming `tools`) for a schema the constrained decoder cannot
+    enforce."""
+    lines = [
+        "start: message* call",
+        f'message: {CHANNEL} ("analysis" | "commentary") {MESSAGE} TEXT {END} {START} "{GENERATION_PROMPT}"',
+        "TEXT: /(?s:.*)/",
+        f"call: {CHANNEL} " + json.dumps(f"commentary to={FUNCTIONS}") + " ("
+        + " | ".join(f"call{i}" for i in range(len(tools))) + ")",
+    ]
+    for i, tool in enumerate(tools):
+        name = json.dumps(tool["function"]["name"] + " ", ensure_ascii=False)
+        lines.append(f'call{i}: {name} {CONSTRAIN} "json" {MESSAGE} ARGS{i}')
+        lines.append(f"ARGS{i}: {lark_terminal(arguments_regex(tool))}")
+    grammar = "\n".join(lines) + "\n"
+    if len(grammar) > MAX_EBNF_CHARS:
+        raise ApiError(400, f"the grammar of a call to these tools is {len(grammar)} characters, more than "
+                            f"{MAX_EBNF_CHARS}: force fewer tools or smaller schemas", "tools")
+    return grammar
+
+
+def _check_generation_prompt(prompt: str) -> None:
     if opening(prompt).strip() != GENERATION_PROMPT:
         raise ApiError(400, "a forced tool call needs the assistant's generation prompt (not "
                             "continue_final_message or add_generation_prompt: false)", "tool_choice")
+
+
+def _forced(prompt: str, tools: ToolUse) -> tuple[str, ToolUse]:
+    """The prompt with the forced call's header written, and the call's tool use with the
+    regex of its arguments (a server that compiles no Lark grammar)."""
+    if len(tools.names) != 1:
+        raise ApiError(400, "a harmony (gpt-oss) model can be made to call one of several functions only where "
+                            "the server compiles Lark grammars (a fast tokenizer with an EOS): the name sits "
+                            "between special tokens; name the function "
+                            '({"type": "function", "function": {"name": ...}}) or give one tool', "tool_choice")
+    _check_generation_prompt(prompt)
     [name] = tools.names
     [tool] = [t for t in tools.rendered or () if t["function"]["name"] == name][:1]
     header = f"{CHANNEL}commentary to={FUNCTIONS}{name} {CONSTRAIN}json{MESSAGE}"

@@ -6,8 +6,8 @@ identical), random `max_new_tokens`, stops on EOS, stop strings or `stop_token_i
 different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, logprobs
 (with input logprobs from random starts), a regex on the whole output or from a trigger
 text on (`constraint_trigger`), in `THINKING_SHARE` of them deferred past a reasoning end
-marker (`reasoning_end`, a reasoning model's gate; with a start marker the output may open,
-and with an exit token that may end the output while thinking), compiled by outlines-core, by llguidance (the engine's
+marker (`reasoning_end`, a reasoning model's gate: a special token or plain text; with a start
+marker the output may open, and with an exit token that may end the output while thinking), compiled by outlines-core, by llguidance (the engine's
 `grammar_backend`, in `GUIDED_SHARE` of workloads; their alone runs and reference masks use
 it too) or, as a Lark grammar holding it (as the server sends tools' grammars), by
 llguidance whatever the backend, arrivals spread over steps and aborts mid-flight, and
@@ -90,9 +90,10 @@ from sprig.runtime.request_contract import (
     build_requests,
 )
 from sprig.runtime.sampling import SamplingBatch, SamplingParams, sample
+from sprig.runtime.scheduler.marker import Marker
 from sprig.runtime.scheduler.reasoning_gate import Markers, ReasoningGate
 from sprig.runtime.scheduler.request import Req
-from sprig.runtime.scheduler.trigger_gate import Trigger, TriggerGate
+from sprig.runtime.scheduler.trigger_gate import TriggerGate
 from sprig.runtime.speculative.drafter import ContextDrafts
 from sprig.runtime.speculative.ngram import NgramDrafter
 
@@ -117,10 +118,11 @@ SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' 
 REGEXES = [r"[a-z ]{1,24}", r"( ?[a-z]{1,5}){1,6}\.?", r"[0-9a-f]{2,12}( [0-9a-f]{2,4})*", SPECIAL_NAMES]
 TRIGGERS = ["e", " t", "a"]
 THINKING_SHARE = 0.3  # of constrained requests, those whose constraint waits for a reasoning end marker
-# markers are special tokens of the tiny tokenizers, as reasoning models' are (`</think>`): the
-# gate's mask cannot foresee a token whose text runs on past the marker into text the grammar
-# refuses, so it allows it and refusing it aborts the request
+# half of the markers are a special token of the tiny tokenizers, as reasoning models' are
+# (`</think>`), half plain text, which a token may complete and run on past (the mask must
+# refuse such a token when the grammar refuses what follows the marker in it)
 THINKING_END, THINKING_END_ID, THINKING_BIAS = "<|end|>", 3, 4.0  # biased so that outputs reach it
+THINKING_TEXT_ENDS = ["e", " t", "an"]
 THINKING_START = "<s>"  # a start marker the output may open with
 THINKING_EXIT = "</s>"  # their EOS: an exit when it is a stop token of the request
 FIRST_ORDINARY_ID = 4  # the tiny tokenizers' special tokens come first
@@ -434,6 +436,8 @@ def _params(rng: random.Random, constraints: random.Random, thinking: random.Ran
                 p["reasoning_start"] = THINKING_START
             if thinking.random() < 0.5:
                 p["reasoning_exits"] = [THINKING_EXIT]
+            if thinking.random() < 0.5:
+                p["reasoning_end"] = thinking.choice(THINKING_TEXT_ENDS)
     return SamplingParams.from_dict(p)
 
 
@@ -664,7 +668,7 @@ class Reference:
         stops = params.stop_token_set(self.eos_ids)
         grammar = backend.matcher(backend.prepare(backend.compile(spec)), stop_token_ids=stops)
         if params.constraint_trigger is not None:
-            trigger = Trigger.build(self.tokenizer, params.constraint_trigger)
+            trigger = Marker.build(self.tokenizer, params.constraint_trigger)
             grammar = TriggerGate(grammar, trigger, stop_token_ids=stops, tokenizer=self.tokenizer)
         if params.reasoning_end is None:
             return grammar

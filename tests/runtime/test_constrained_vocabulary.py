@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from sprig.runtime.constrained.vocabulary import END_MARK, build_vocabulary, tokenizer_family
+from sprig.runtime.constrained.vocabulary import (
+    END_MARK,
+    build_vocabulary,
+    special_token_ids,
+    tokenizer_family,
+)
 from sprig.runtime.tiny_checkpoint import build_tokenizer
 
 TEXTS = [
@@ -39,6 +44,23 @@ def test_special_tokens_and_eos_have_no_bytes(tokenizer):
         assert could_spell_mark or token_id in vocab.outlines.get(data)
     assert vocab.outlines.get(mark) == [vocab.mark_id] and vocab.mark_id >= len(vocab)
     assert vocab.outlines.get_eos_token_id() == tokenizer.eos_token_id
+
+
+def test_added_tokens_flagged_special_have_no_bytes(tmp_path):
+    """Llama 3's `<|python_tag|>` and gpt-oss's harmony markers are added tokens flagged
+    special that the special tokens map does not list: decoding drops them, so a grammar
+    must never produce them as their names' text (nor a constraint trigger read them so)."""
+    build_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    tok.add_tokens([AddedToken("<|python_tag|>", special=True, normalized=False)], special_tokens=True)
+    tok.add_tokens([AddedToken("<tool_call>", normalized=False)])  # an added ordinary token: its text
+    tok.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    tag, call = tok.convert_tokens_to_ids("<|python_tag|>"), tok.convert_tokens_to_ids("<tool_call>")
+    assert tag not in tok.all_special_ids and tok.decode([tag], skip_special_tokens=True) == ""
+    assert tag in special_token_ids(tok) and call not in special_token_ids(tok)
+    vocab = build_vocabulary(tok)
+    assert vocab.token_bytes[tag] is None and vocab.token_bytes[call] == b"<tool_call>"
 
 
 def test_logits_width_drops_ids_past_it(tokenizer):

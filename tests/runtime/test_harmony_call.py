@@ -1,7 +1,7 @@
 """One chat request on a harmony (gpt-oss) server: which servers read harmony, the
 sampling parameters that keep its markers and hold a constraint to the final channel (a
 call, with tool_choice "auto", may end the output before it), a forced call's header
-written into the prompt, and what cannot be forced."""
+written into the prompt or held by a grammar of the whole turn, and what cannot be forced."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sprig.runtime.server.config import ServerConfig
 from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.harmony import FINAL, speaks_harmony
-from sprig.runtime.server.harmony_call import HarmonyServing
+from sprig.runtime.server.harmony_call import HarmonyServing, calls_grammar
 from sprig.runtime.server.tool_calls import plan_tool_use
 from sprig.runtime.tiny_checkpoint import CHAT_TEMPLATE
 
@@ -28,8 +28,9 @@ JSON_OBJECT = Constraint("response_format", "json_schema", '{"type": "object"}')
 SERVING = HarmonyServing(reasoning=True, calls=True)
 
 
-def turn(tools=None, choice=None, constraint=None, prompt: str = PROMPT, serving: HarmonyServing = SERVING):
-    return serving.turn(prompt, plan_tool_use(tools, choice, None, constraint), constraint, True, False)
+def turn(tools=None, choice=None, constraint=None, prompt: str = PROMPT, serving: HarmonyServing = SERVING,
+         context_free: bool = False):
+    return serving.turn(prompt, plan_tool_use(tools, choice, None, constraint), constraint, True, context_free)
 
 
 @pytest.mark.parametrize(("reasoning", "tools", "template", "expected"), [
@@ -80,7 +81,7 @@ def test_a_call_may_end_the_output_before_the_final_channel_a_constraint_holds()
 
 
 @pytest.mark.parametrize("choice", [NAMED, "required"])
-def test_a_forced_call_is_written_into_the_prompt(choice) -> None:
+def test_a_forced_call_is_written_into_the_prompt_where_no_lark_grammar_compiles(choice) -> None:
     t = turn([WEATHER], choice)
     header = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
     assert t.prompt == PROMPT + header and t.reader.opened == "assistant" + header
@@ -94,11 +95,38 @@ def test_a_forced_call_on_a_server_that_parses_no_calls_still_reads_it() -> None
     assert t.reader.names == {"get_weather"} and turn([WEATHER], serving=HarmonyServing(True, False)).reader.names == set()
 
 
-@pytest.mark.parametrize(("tools", "choice", "constraint", "prompt", "says"), [
-    ([WEATHER, TIME], "required", None, PROMPT, "one of several functions"),
-    ([WEATHER], NAMED, None, PROMPT + "<|channel|>final<|message|>x", "generation prompt"),
+@pytest.mark.parametrize(("tools", "choice", "expected"), [
+    ([WEATHER, TIME], "required", ["get_weather", "get_time"]),
+    ([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, ["get_time"]),
+    ([WEATHER], NAMED, ["get_weather"]),
 ])
-def test_what_harmony_cannot_force_is_refused(tools, choice, constraint, prompt: str, says: str) -> None:
+def test_a_forced_call_is_a_grammar_of_the_whole_turn_where_lark_compiles(tools, choice, expected) -> None:
+    """The prompt is left as it is (the model may think first); the grammar names each
+    allowed function with its special tokens and holds its arguments."""
+    t = turn(tools, choice, context_free=True)
+    assert t.prompt == PROMPT and t.reader.opened == "assistant" and t.tools.forced
+    assert "regex" not in t.sampling and "constraint_trigger" not in t.sampling
+    grammar = t.sampling["ebnf"]
+    assert grammar.startswith("start: message* call\n") and "<|channel|> <|message|>" not in grammar
+    assert [n for n in ("get_weather", "get_time") if f'"{n} " <|constrain|> "json" <|message|>' in grammar] == expected
+    assert calls_grammar([WEATHER]).count("<|constrain|>") == 1 and '"Paris"|"Rome"' in calls_grammar([WEATHER])
+
+
+def test_a_forced_call_whose_grammar_is_too_large_is_a_400_naming_tools() -> None:
+    many = [{"type": "function", "function": {"name": f"f{i}", "parameters": WEATHER["function"]["parameters"]}}
+            for i in range(800)]
+    with pytest.raises(ApiError, match="characters") as e:
+        turn(many, "required", context_free=True)
+    assert e.value.status == 400 and e.value.param == "tools"
+
+
+@pytest.mark.parametrize(("tools", "choice", "constraint", "prompt", "context_free", "says"), [
+    ([WEATHER, TIME], "required", None, PROMPT, False, "one of several functions"),
+    ([WEATHER], NAMED, None, PROMPT + "<|channel|>final<|message|>x", False, "generation prompt"),
+    ([WEATHER], NAMED, None, PROMPT + "<|channel|>final<|message|>x", True, "generation prompt"),
+])
+def test_what_harmony_cannot_force_is_refused(tools, choice, constraint, prompt: str, context_free: bool,
+                                              says: str) -> None:
     with pytest.raises(ApiError, match=says) as e:
-        turn(tools, choice, constraint, prompt)
+        turn(tools, choice, constraint, prompt, context_free=context_free)
     assert e.value.status == 400 and e.value.param == "tool_choice"

@@ -6,6 +6,7 @@ rollback over a real grammar, and the engine on a scripted thinking model
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -94,6 +95,59 @@ def test_a_text_marker_may_span_tokens_and_leave_text_for_the_grammar(tok, backe
     assert allowed(regex, tok) and not regex.is_terminated()  # "a" taken: a digit is owed
     refused = gate(tok, backend, GrammarSpec.json_schema(SCHEMA), None, "alph")
     assert not refused.accept_token(ids(tok, " alpha")[0]) and refused.phase is Phase.THINKING
+
+
+def test_a_token_completing_a_text_marker_with_refused_text_is_masked_out(tok, backend: OutlinesBackend) -> None:
+    """Found by the fuzzer: with a plain-text marker a token could complete it and run on
+    into text the grammar refuses; the mask allowed it, so the request aborted ("the
+    grammar refused sampled token")."""
+    digits = gate(tok, backend, GrammarSpec.regex("[0-9]+"), None, "alpha b")
+    assert digits.accept_tokens(ids(tok, "x alpha"))
+    beta = ids(tok, " beta")[0]
+    assert beta not in allowed(digits, tok) and not digits.accept_token(beta) and digits.phase is Phase.THINKING
+    assert ids(tok, " b")[0] in allowed(digits, tok)  # completing it exactly leaves nothing to refuse
+    assert digits.accept_token(ids(tok, " b")[0]) and digits.phase is Phase.ANSWER
+    # leading blanks after the marker are dropped, not refused
+    spaced = gate(tok, backend, GrammarSpec.regex("[0-9]+"), None, "alph")
+    assert spaced.accept_tokens(ids(tok, "x alph"[:-1])) and ids(tok, "a ")[0] in allowed(spaced, tok)
+
+
+@pytest.mark.parametrize("end", ["alpha b", "a b", "</think>", "e", "<|end|> al", "d|> x"])
+def test_the_thinking_mask_allows_exactly_what_is_accepted(tok, backend: OutlinesBackend, end: str) -> None:
+    """Against brute force over the whole vocabulary, after each prefix of a script that
+    holds a special token (written as its name while the marker is looked for)."""
+    g = gate(tok, backend, GrammarSpec.regex("[0-9]+"), None, end)
+    script = [*ids(tok, "x"), tok.convert_tokens_to_ids("<|end|>"), *ids(tok, " alpha")]
+    for n in range(len(script) + 1):
+        g.rollback(len(g._history))
+        if not g.accept_tokens(script[:n]):
+            break
+        mask = allowed(g, tok)
+        for t in range(len(tok)):
+            took = g.accept_token(t)
+            assert took == (t in mask), (end, n, t, tok.decode([t]))
+            if took:
+                g.rollback(1)
+    assert n >= 2
+
+
+def test_the_engine_never_writes_a_token_that_overruns_a_plain_marker(model: Path, tok) -> None:
+    """The script writes " alpha beta": " beta" would complete "alpha b" with "eta", which
+    digits refuse. Greedy output takes the next best token instead (it aborted before the
+    mask refused " beta"); the marker, if written, is followed by digits."""
+    prompt = ids(tok, tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                              tokenize=False))
+    params = {**GREEDY, "max_new_tokens": 12, "regex": "[0-9]+", "reasoning_start": "<think>",
+              "reasoning_end": "alpha b"}
+    with Engine(model, dtype="float32") as engine:
+        outs = engine.generate(input_ids=[prompt] * 2, sampling_params=[params, {**params, "temperature": 1.0,
+                                                                                 "seed": 3}])
+        engine.check_integrity()
+    for out in outs:
+        assert out["meta_info"]["finish_reason"]["type"] in ("length", "stop"), out["meta_info"]["finish_reason"]
+        assert out["text"].startswith("<think> alpha") and "alpha beta" not in out["text"], out["text"]
+        _, marker, answer = out["text"].partition("alpha b")
+        assert not marker or re.fullmatch("[0-9]*", answer), out["text"]
 
 
 def test_an_exit_ends_the_reasoning_and_no_other_stop_token_does(tok, backend: OutlinesBackend) -> None:

@@ -4,7 +4,8 @@ with a scripted checkpoint that writes harmony through gpt-oss's own chat templa
 the final channel as content, a message to `functions.get_weather` as a tool call (whole
 and streamed), and a call's result rendered back through the template gets the answer.
 Constraints hold the final channel only, and beside tools a call may be the answer; a
-forced call is written in harmony form. No
+forced call, of one function or one of several, is written in harmony form after the
+model's analysis. No
 marker ever reaches a client of the chat or Responses API, while `/generate` decodes as
 it always did."""
 
@@ -137,20 +138,36 @@ def test_an_output_cut_short(client: Any, max_tokens: int, reasoning: str, conte
 
 @pytest.mark.parametrize("choice", [NAMED, "required"])
 def test_a_forced_call_is_written_in_harmony(client: Any, choice: Any) -> None:
-    """The server writes the call's header; the grammar holds the arguments to the schema
-    (the model, unconstrained, would start thinking there)."""
+    """A grammar holds the whole turn: the model thinks first (its analysis is the
+    reasoning), then calls, its arguments held to the schema."""
     out = chat(client, tools=[WEATHER], tool_choice=choice).choices[0]
     assert out.finish_reason == "tool_calls" and out.message.content is None
+    assert out.message.reasoning_content == REASONING
     [call] = out.message.tool_calls
-    assert call.function.name == "get_weather"
-    jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == json.loads(ARGS)
+
+
+@pytest.mark.parametrize(("choice", "name"), [("required", "get_weather"),
+                                              ({"type": "function", "function": {"name": "get_time"}}, "get_time")])
+def test_a_call_forced_among_several_functions(client: Any, choice: Any, name: str) -> None:
+    """"required" among several functions: the model's own choice (the script calls
+    get_weather); a named one the model would not call: the grammar writes its name, and
+    its arguments hold to its schema."""
+    out = chat(client, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=60).choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.content is None, out
+    [call] = out.message.tool_calls
+    assert call.function.name == name and no_markers(call.function.arguments)
+    jsonschema.validate(json.loads(call.function.arguments), (WEATHER if name == "get_weather" else TIME)["function"][
+        "parameters"])
 
 
 def test_what_harmony_cannot_force_is_a_400_naming_the_field(client: Any) -> None:
-    for kw in ({"tools": [WEATHER, TIME], "tool_choice": "required"}, {"reasoning_effort": "extreme"}):
-        with pytest.raises(openai.BadRequestError) as e:
-            chat(client, **kw)
-        assert e.value.body["param"] in ("tool_choice", "reasoning_effort")
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, reasoning_effort="extreme")
+    assert e.value.body["param"] == "reasoning_effort"
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, tools=[WEATHER], tool_choice=NAMED, response_format={"type": "json_object"})
+    assert e.value.body["param"] == "tool_choice"
     assert chat(client, reasoning_effort="low").choices[0].message.content == ANSWER
 
 

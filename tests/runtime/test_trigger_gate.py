@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from scripted_checkpoint import build_thinking_checkpoint
+from tokenizers import AddedToken
 from transformers import AutoTokenizer
 
 from sprig.runtime import Engine
 from sprig.runtime.constrained import GrammarSpec, OutlinesBackend, bitmask_width
 from sprig.runtime.sampling import SamplingParams
-from sprig.runtime.scheduler.trigger_gate import Phase, Trigger, TriggerGate
+from sprig.runtime.scheduler.marker import Marker
+from sprig.runtime.scheduler.trigger_gate import Phase, TriggerGate
 from sprig.runtime.wire import decode, encode
 
 GREEDY = {"max_new_tokens": 40, "temperature": 0}
@@ -50,7 +52,7 @@ def allowed(grammar, tok) -> set[int]:
 def gate(tok, backend: OutlinesBackend, regex: str, trigger: str) -> TriggerGate:
     stops = {tok.eos_token_id}
     inner = backend.matcher(backend.compile(GrammarSpec.regex(regex)), stop_token_ids=stops)
-    return TriggerGate(inner, Trigger.build(tok, trigger), stop_token_ids=stops, tokenizer=tok)
+    return TriggerGate(inner, Marker.build(tok, trigger), stop_token_ids=stops, tokenizer=tok)
 
 
 def test_free_until_the_trigger_then_the_grammar(tok, backend: OutlinesBackend) -> None:
@@ -102,6 +104,24 @@ def test_special_tokens_write_no_text(tok, backend: OutlinesBackend) -> None:
     assert g.accept_tokens(ids(tok, " 5")) and g.phase is Phase.FREE
     named = gate(tok, backend, "[0-9]+", "<|end|>")
     assert named.accept_token(end_of_turn) and named.phase is Phase.CONSTRAINED
+
+
+def test_a_trigger_that_is_an_added_special_token(tok, backend: OutlinesBackend, tmp_path: Path) -> None:
+    """Llama 3's `<|python_tag|>` opens its calls: an added token flagged special that the
+    special tokens map does not list. Decoding drops it, so it is the trigger by its name
+    (it was read as text that never appeared: the calls were never constrained)."""
+    tok.save_pretrained(tmp_path)
+    tagged = AutoTokenizer.from_pretrained(tmp_path)
+    tagged.add_tokens([AddedToken("<|python_tag|>", special=True, normalized=False)], special_tokens=True)
+    tag = tagged.convert_tokens_to_ids("<|python_tag|>")
+    assert tag not in tagged.all_special_ids
+    stops = {tagged.eos_token_id}
+    tagged_backend = OutlinesBackend.from_tokenizer(tagged)
+    inner = tagged_backend.matcher(tagged_backend.compile(GrammarSpec.regex("[0-9]+")), stop_token_ids=stops)
+    g = TriggerGate(inner, Marker.build(tagged, "<|python_tag|>"), stop_token_ids=stops, tokenizer=tagged)
+    assert g.accept_tokens(ids(tagged, "some text")) and g.phase is Phase.FREE
+    assert g.accept_token(tag) and g.phase is Phase.CONSTRAINED
+    assert not g.accept_token(ids(tagged, "x")[0]) and g.accept_tokens(ids(tagged, "42"))
 
 
 @pytest.mark.parametrize("trigger", ["alpha b", "a b", "</think>"])
