@@ -61,8 +61,8 @@ HELP = {
     "responses_store_bytes": "memory for stored /v1/responses (previous_response_id, GET /v1/responses/ID), least "
                              "recently used dropped first; 0 stores none",
     "chat_template": "a Jinja chat template file to use instead of the model's",
-    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes, gpt-oss's "
-                        "harmony included; none: never parse). Without a format, tool_choice auto answers plain "
+    "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes, Qwen3-Coder's "
+                        "XML calls and gpt-oss's harmony included; none: never parse). Without a format, tool_choice auto answers plain "
                         "text; required or a named function still work on any model: the call is then a bare "
                         "JSON object constrained to the tool's schema",
     "reasoning_parser": "split a reasoning model's <think>...</think> (qwen3, deepseek-r1) or harmony analysis "

@@ -153,3 +153,25 @@ def lark_terminal(regex: str) -> str:
         out.append("\\n" if ch == "\n" else "\\/" if ch == "/" else ch)
         i += 1
     return "/" + "".join(out) + "/"
+
+
+def text_without(word: str) -> str:
+    """A regex of every text (newlines included) in which `word` does not occur; its
+    first character must not occur again in it (so after a false start the search for
+    `word` begins again at that character only). Each occurrence of the first character
+    is followed by a proper prefix of the rest and then either the text's end, the first
+    character again, or a character that breaks the prefix."""
+    first, rest = word[0], word[1:]
+    if not rest or first in rest:
+        raise ValueError(f"text_without needs a word of two or more characters whose first does not recur: {word!r}")
+    stops = [re.escape(rest[:j]) for j in range(len(rest))]
+    breaks = [re.escape(rest[:j]) + _not_in(rest[j], first) + _not_in(first) + "*" for j in range(len(rest))]
+    return f"{_not_in(first)}*(?:{re.escape(first)}(?:{'|'.join(stops + breaks)}))*"
+
+
+def _not_in(*chars: str) -> str:
+    """A character class of every character but `chars`."""
+    return "[^" + "".join(_CLASS_ESCAPES.get(ch, ch) for ch in dict.fromkeys(chars)) + "]"
+
+
+_CLASS_ESCAPES = {"\\": "\\\\", "]": "\\]", "[": "\\[", "^": "\\^", "-": "\\-", "\n": "\\n", "\t": "\\t", "\r": "\\r"}

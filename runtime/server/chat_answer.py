@@ -21,7 +21,7 @@ from typing import Any
 
 from sprig.runtime.server.harmony import HarmonyReader
 from sprig.runtime.server.reasoning import Phase, ReasoningFormat
-from sprig.runtime.server.tool_calls import ToolCall, ToolFormat, new_call_id
+from sprig.runtime.server.tool_calls import CallFormat, ToolCall, new_call_id
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class AnswerFormat:
 
     reasoning: ReasoningFormat | None
     phase: Phase
-    tools: ToolFormat | None
+    tools: CallFormat | None
     tool_names: frozenset[str] = frozenset()
     forced: bool = False
     one_call: bool = False
@@ -76,7 +76,7 @@ class AnswerFormat:
     def written_calls(self, answer: str) -> tuple[str, list[tuple[str, str, bool]]] | None:
         """(content, calls as written so far: name, arguments' JSON text, whether they are
         complete) of an answer whose calls the grammar makes calls (`forced`, `gated`),
-        once the first call's arguments have begun (`ToolFormat.partial_calls`); None
+        once the first call's arguments have begun (`CallFormat.partial_calls`); None
         otherwise (then `calls` reads the answer)."""
         if self.tools is None or not (self.forced or self.gated):
             return None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral", "gpt-oss")  # server.tool_calls, server.harmony
+TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral", "qwen3_coder", "gpt-oss")  # server.tool_formats, server.harmony
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "gpt-oss")  # server.reasoning, server.harmony
 HARMONY = "gpt-oss"  # OpenAI's harmony format, both reasoning and tool calls
 

@@ -25,7 +25,7 @@ from sprig.runtime.server.harmony_call import HarmonyServing
 from sprig.runtime.server.request_builder import RequestBuilder
 from sprig.runtime.server.request_manager import RequestFailed, RequestManager
 from sprig.runtime.server.responses_store import ResponseStore
-from sprig.runtime.server.tool_calls import ToolFormat
+from sprig.runtime.server.tool_calls import CallFormat
 
 log = logging.getLogger("sprig.server")
 T = TypeVar("T")
@@ -44,7 +44,7 @@ class ServerState:
     model_info: dict[str, Any]  # the scheduler's startup report
     manager: RequestManager
     builder: RequestBuilder
-    tool_format: ToolFormat | None  # how chat answers hold tool calls; None: not parsed
+    tool_format: CallFormat | None  # how chat answers hold tool calls; None: not parsed
     harmony: HarmonyServing | None  # chat answers are harmony messages (gpt-oss); then tool_format is None
     context_free: bool  # the scheduler compiles Lark grammars (llguidance drives the tokenizer)
     started: float  # time.monotonic() at launch

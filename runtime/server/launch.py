@@ -47,7 +47,7 @@ from sprig.runtime.server.request_manager import RequestManager, ServedWeights
 from sprig.runtime.server.responses_store import ResponseStore
 from sprig.runtime.server.scheduler_process import run_scheduler_process
 from sprig.runtime.server.stop_signals import exit_on_stop_signals, ignore_stop_signals
-from sprig.runtime.server.tool_calls import resolve_format
+from sprig.runtime.server.tool_formats import resolve_format
 from sprig.runtime.tokenizer import load_tokenizer
 from sprig.runtime.wire import StartupReport, decode
 

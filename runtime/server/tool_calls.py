@@ -2,7 +2,8 @@
 into OpenAI's `tool_calls`, and the regex that makes a model call a tool when
 `tool_choice` requires one.
 
-Formats (`FORMATS`; `detect_format` picks one from a chat template's text):
+The JSON formats (`FORMATS`; `tool_formats` holds every format and picks one from a chat
+template's text):
 - `hermes` (Qwen2.5, Qwen3, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
   repeated for several calls; text before the first call is the message's content;
 - `llama3` (Llama 3.1+): the whole answer is `{"name": ..., "parameters": {...}}`, several
@@ -33,14 +34,13 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sprig.runtime import json_limits
 from sprig.runtime.constrained.json_schema import admits_free_form, schema_to_regex
 from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.json_limits import MAX_JSON_DEPTH, json_depth
 from sprig.runtime.sampling.params import MAX_EBNF_CHARS
-from sprig.runtime.server.config import HARMONY
 from sprig.runtime.server.constraints import Constraint, response_format_regex
 from sprig.runtime.server.errors import ApiError
 
@@ -64,6 +64,33 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+class CallFormat(Protocol):
+    """What the server asks of a tool-call format (`ToolFormat`, the JSON ones;
+    `xml_tool_calls.XmlToolFormat`): the markers that open calls, reading an answer's
+    calls whole (`split`) and as written (`marked_calls`, `partial_calls`), and the regex
+    of calls of given tools (`forced`, `after_trigger`). `for_tools` is the format as it
+    reads the calls of one request's tools."""
+
+    name: str
+    markers: tuple[str, ...]
+
+    @property
+    def trigger(self) -> str | None: ...
+
+    def for_tools(self, tools: list[dict[str, Any]]) -> CallFormat: ...
+
+    def split(self, text: str, finished: bool,
+              names: frozenset[str] | None = None) -> tuple[str, list[ToolCall]]: ...
+
+    def marked_calls(self, answer: str) -> tuple[int, str] | None: ...
+
+    def partial_calls(self, text: str) -> list[tuple[str, str, bool]]: ...
+
+    def forced(self, tools: list[dict[str, Any]], several: bool = False) -> str: ...
+
+    def after_trigger(self, tools: list[dict[str, Any]], several: bool) -> str: ...
+
+
 @dataclass(frozen=True)
 class ToolFormat:
     """One family's tool-call text. `markers` open the tool-call part of an answer;
@@ -81,6 +108,10 @@ class ToolFormat:
     forced_wrap: tuple[str, str]
     separator: str
     bare_start: str | None = None
+
+    def for_tools(self, tools: list[dict[str, Any]]) -> ToolFormat:
+        """This format (JSON calls read alike whatever the tools)."""
+        return self
 
     def call_start(self, text: str) -> int | None:
         """Where the tool-call part of `text` begins, if it has begun."""
@@ -119,13 +150,7 @@ class ToolFormat:
         function in `names` (None: any) or the answer has none. Content is stripped of
         surrounding blanks; while unfinished it stops where a call begins or might begin,
         so every earlier result is a prefix of the final content."""
-        if finished:
-            parsed = self.parse(text)
-            if parsed is None or (names is not None and any(c.name not in names for c in parsed[1])):
-                return text.strip(), []
-            return parsed
-        start = self.call_start(text)
-        return text[: len(text) - self.held_back(text) if start is None else start].strip(), []
+        return split_answer(self, text, finished, names)
 
     def partial_calls(self, text: str) -> list[tuple[str, str, bool]]:
         """The calls of `text`, an answer of calls as `forced` writes them (`forced_wrap[0]`,
@@ -193,6 +218,17 @@ class ToolFormat:
             "name": {"const": fn["name"]},
             self.args_key: fn.get("parameters") or NO_PARAMETERS,
         }, "required": ["name", self.args_key]}
+
+
+def split_answer(fmt: Any, text: str, finished: bool, names: frozenset[str] | None) -> tuple[str, list[ToolCall]]:
+    """`CallFormat.split` for a format with `parse`, `call_start` and `held_back`."""
+    if finished:
+        parsed = fmt.parse(text)
+        if parsed is None or (names is not None and any(c.name not in names for c in parsed[1])):
+            return text.strip(), []
+        return parsed
+    start = fmt.call_start(text)
+    return text[: len(text) - fmt.held_back(text) if start is None else start].strip(), []
 
 
 Json = tuple[Any, str]  # a JSON value and the text it was read from
@@ -312,29 +348,6 @@ FORMATS = {
 BARE_JSON = ToolFormat("json", (), "arguments", _llama3, ("", ""), "; ", bare_start="{")
 
 
-def detect_format(chat_template: str | None) -> ToolFormat | None:
-    """The format a chat template teaches, from the markers it writes; None if none."""
-    text = chat_template or ""
-    if "<tool_call>" in text:
-        return FORMATS["hermes"]
-    if "[TOOL_CALLS]" in text:
-        return FORMATS["mistral"]
-    if "<|python_tag|>" in text:
-        return FORMATS["llama3"]
-    return None
-
-
-def resolve_format(choice: str, chat_template: str | None) -> ToolFormat | None:
-    """The format for a server's `tool_call_parser` setting ("auto": `detect_format`;
-    None for "none", and for harmony's "gpt-oss", read as whole messages by `server.harmony`
-    and picked from a template by `harmony_call.HarmonyServing.of`)."""
-    if choice in ("none", HARMONY):
-        return None
-    if choice == "auto":
-        return detect_format(chat_template)
-    return FORMATS[choice]
-
-
 @dataclass(frozen=True)
 class ToolUse:
     """What one chat request's `tools` and `tool_choice` mean: the tools the template
@@ -345,7 +358,7 @@ class ToolUse:
     (`SamplingParams.constraint_trigger`)."""
 
     rendered: list[dict[str, Any]] | None
-    parse_format: ToolFormat | None
+    parse_format: CallFormat | None
     regex: str | None
     names: frozenset[str] = frozenset()
     forced: bool = False
@@ -364,7 +377,7 @@ class ToolUse:
 
 
 def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-                  fmt: ToolFormat | None, constraint: Constraint | None, several: bool = True,
+                  fmt: CallFormat | None, constraint: Constraint | None, several: bool = True,
                   context_free: bool = False) -> ToolUse:
     """Check `tools` and `tool_choice` (OpenAI's meanings: "none" renders no tools and
     parses nothing; "auto", the default with tools, parses what the model writes;
@@ -376,7 +389,8 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
     `context_free`; else the format constrains the whole answer). The
     constraint fields of SGLang and vLLM (`regex`, `json_schema`, `guided_*`,
     `structured_outputs`) constrain the whole answer, as there. A forced call refuses any
-    `constraint`. Raises ApiError."""
+    `constraint`. Raises ApiError. The plan's `parse_format` is `fmt` as it reads these
+    tools' calls (`CallFormat.for_tools`)."""
     names = [_tool_name(t, i) for i, t in enumerate(tools or [])]
     choice = tool_choice if tool_choice is not None else ("auto" if names else "none")
     if isinstance(choice, dict):
@@ -397,6 +411,7 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
         raise ApiError(400, "tool_choice needs tools", "tool_choice")
     if choice == "none":
         return ToolUse(None, None, None)
+    fmt = None if fmt is None else fmt.for_tools(allowed)
     if choice == "auto":
         if constraint is None and fmt is not None:
             calls = _gated_calls(fmt, allowed, several, context_free)
@@ -418,7 +433,7 @@ def plan_tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[st
                    frozenset(_tool_name(t, i) for i, t in enumerate(allowed)), forced=True)
 
 
-def _gated_calls(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool, context_free: bool) -> str | None:
+def _gated_calls(fmt: CallFormat, tools: list[dict[str, Any]], several: bool, context_free: bool) -> str | None:
     """The regex of what follows `fmt`'s trigger in an unforced answer of calls, or None
     when `fmt` has no trigger, or a tool's parameters cannot be enforced or admit free-form
     JSON without `context_free` (a regex of any JSON compiles slowly but in llguidance):
@@ -432,7 +447,7 @@ def _gated_calls(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool, co
         return None
 
 
-def _calls_regex(fmt: ToolFormat, tools: list[dict[str, Any]], several: bool) -> str:
+def _calls_regex(fmt: CallFormat, tools: list[dict[str, Any]], several: bool) -> str:
     try:
         return fmt.forced(tools, several)
     except ValueError as e:

@@ -15,7 +15,7 @@ from sprig.runtime.demo.grading import json_reply, same_call, states, tool_calls
 from sprig.runtime.demo.scoring import Measure, execute
 from sprig.runtime.demo.tasks import split_of
 from sprig.runtime.server.chat_render import ChatRenderer
-from sprig.runtime.server.tool_calls import detect_format
+from sprig.runtime.server.tool_formats import detect_format
 
 TASKS = list(mixture.TASKS)
 

@@ -14,15 +14,8 @@ from sprig.runtime.server.config import HARMONY, TOOL_CALL_PARSERS, ServerConfig
 from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.request_builder import _call_for_template
-from sprig.runtime.server.tool_calls import (
-    BARE_JSON,
-    FORMATS,
-    ToolCall,
-    ToolUse,
-    detect_format,
-    plan_tool_use,
-    resolve_format,
-)
+from sprig.runtime.server.tool_calls import BARE_JSON, FORMATS, ToolCall, ToolUse, plan_tool_use
+from sprig.runtime.server.tool_formats import TOOL_FORMATS, detect_format, resolve_format
 from sprig.runtime.tiny_checkpoint import CHAT_TEMPLATE
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -113,6 +106,8 @@ def test_detection_from_the_chat_template() -> None:
     assert detect_format("{{ '[TOOL_CALLS] ' + calls | tojson }}") is FORMATS["mistral"]
     assert detect_format("{{- '<|python_tag|>' + tool_call }}") is FORMATS["llama3"]
     assert detect_format("{{ messages }}") is None and detect_format(None) is None
+    coder = "<tool_call>\n<function={{ name }}>\n<parameter={{ key }}>\n{{ value }}\n</parameter>"
+    assert detect_format(coder) is TOOL_FORMATS["qwen3_coder"] and detect_format("<tool_call>") is FORMATS["hermes"]
     assert resolve_format("none", CHAT_TEMPLATE) is None
     assert resolve_format("llama3", CHAT_TEMPLATE) is FORMATS["llama3"]
     assert resolve_format("auto", CHAT_TEMPLATE) is FORMATS["hermes"]
@@ -266,7 +261,7 @@ def test_bad_tool_requests_are_400(tools, choice, fmt, constraint: Constraint | 
 
 
 def test_the_server_setting_names_every_format() -> None:
-    assert set(TOOL_CALL_PARSERS) == {"auto", "none", *FORMATS, HARMONY}  # harmony's calls: server.harmony
+    assert set(TOOL_CALL_PARSERS) == {"auto", "none", *TOOL_FORMATS, HARMONY}  # harmony's calls: server.harmony
     assert ServerConfig(tool_call_parser="llama3").tool_call_parser == "llama3"
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerConfig(tool_call_parser="xml")
