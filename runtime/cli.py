@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a local Hugging Face checkpoint directory (weights, config, tokenizer); "
                        "default: sprig's embedded demo model")
     serve.add_argument("--api-key", default=None, metavar="KEY",
-                       help="require 'Authorization: Bearer KEY' on every route but /health and /metrics "
+                       help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /health and /metrics "
                        "(visible to other users in `ps`: prefer SPRIG_API_KEY or --api-key-file)")
     serve.add_argument("--api-key-file", default=None, metavar="PATH",
                        help="read the API keys from this file, one per line, instead of --api-key; each key is "

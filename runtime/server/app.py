@@ -1,7 +1,8 @@
-"""The FastAPI application: the API-key / body-size guard, error handlers, the health,
-OpenAPI and metrics routes, and the routers of `routes_native`, `routes_openai`, `routes_responses`,
-`routes_score`, `routes_embeddings`, `routes_weights`, `routes_lora`, `routes_worker` and `routes_info` (which share
-`http_io`)."""
+"""The FastAPI application: the API-key / body-size guard, error handlers (Anthropic's
+error shape on its Messages routes, OpenAI's elsewhere), the health, OpenAPI and metrics
+routes, and the routers of `routes_native`, `routes_openai`, `routes_responses`,
+`routes_messages`, `routes_score`, `routes_embeddings`, `routes_weights`, `routes_lora`,
+`routes_worker` and `routes_info` (which share `http_io`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from sprig.runtime.server import (
     routes_embeddings,
     routes_info,
     routes_lora,
+    routes_messages,
     routes_native,
     routes_openai,
     routes_responses,
@@ -32,37 +34,48 @@ from sprig.runtime.server.errors import ApiError, error_response
 from sprig.runtime.server.http_io import ServerState, json_response
 from sprig.runtime.server.openapi import openapi_document
 from sprig.runtime.server.request_manager import RequestFailed
+from sprig.runtime.server.routes_messages import MESSAGES_PREFIX
 
 log = logging.getLogger("sprig.server")
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
+def anthropic_path(path: str) -> bool:
+    """Whether `path` is one of Anthropic's Messages routes (errors in its shape)."""
+    return path == MESSAGES_PREFIX or path.startswith(MESSAGES_PREFIX + "/")
+
+
 class Guard:
     """Pure ASGI middleware (streams pass untouched): the API key on every path but
-    `OPEN_PATHS`, and a 413 for a declared Content-Length over the limit. A request that
-    passes carries its key's index as `request.state.client` (`client_of`)."""
+    `OPEN_PATHS` (as `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's
+    clients send it), and a 413 for a declared Content-Length over the limit. A request
+    that passes carries its key's index as `request.state.client` (`client_of`)."""
 
     def __init__(self, app: ASGIApp, api_keys: tuple[str, ...], max_bytes: int) -> None:
         self.app = app
-        self.expected = [f"Bearer {key}".encode() for key in api_keys]
+        self.keys = [key.encode() for key in api_keys]
         self.max_bytes = max_bytes
 
-    def _client(self, authorization: bytes) -> int | None:
-        """The index of the key `authorization` carries (every key compared, in constant time)."""
-        matches = [i for i, e in enumerate(self.expected) if hmac.compare_digest(authorization, e)]
+    def _client(self, headers: dict[bytes, bytes]) -> int | None:
+        """The index of the key the headers carry (every key compared, in constant time)."""
+        bearer = headers.get(b"authorization", b"")
+        key = bearer[len(b"Bearer "):] if bearer.startswith(b"Bearer ") else headers.get(b"x-api-key", b"")
+        matches = [i for i, e in enumerate(self.keys) if hmac.compare_digest(key, e)]
         return matches[0] if matches else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
             refusal = None
-            client = self._client(headers.get(b"authorization", b""))
+            client = self._client(headers)
             scope.setdefault("state", {})["client"] = client
-            if self.expected and scope["path"] not in OPEN_PATHS and client is None:
-                refusal = error_response(401, "missing or invalid API key (Authorization: Bearer <key>)")
+            anthropic = anthropic_path(scope["path"])
+            if self.keys and scope["path"] not in OPEN_PATHS and client is None:
+                refusal = error_response(401, "missing or invalid API key (Authorization: Bearer <key>, or "
+                                              "x-api-key: <key>)", anthropic=anthropic)
             length = headers.get(b"content-length", b"0")
             if refusal is None and length.isdigit() and int(length) > self.max_bytes:
-                refusal = error_response(413, f"the request body exceeds {self.max_bytes} bytes")
+                refusal = error_response(413, f"the request body exceeds {self.max_bytes} bytes", anthropic=anthropic)
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
@@ -81,25 +94,28 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.sprig = state
     app.add_middleware(Guard, api_keys=state.config.api_keys, max_bytes=state.config.max_request_bytes)
 
+    def answer(request: Request, status: int, message: str, param: str | None = None) -> Response:
+        return error_response(status, message, param, anthropic=anthropic_path(request.url.path))
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
-        return error_response(exc.status, exc.message, exc.param)
+        return answer(request, exc.status, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameter(request: Request, exc: RequestValidationError) -> Response:  # path and query
         first = exc.errors()[0]
         name = str(first["loc"][-1])
-        return error_response(400, f"{name}: {first['msg']}", name)
+        return answer(request, 400, f"{name}: {first['msg']}", name)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:  # 404, 405 (with Allow)
-        response = error_response(exc.status_code, str(exc.detail))
+        response = answer(request, exc.status_code, str(exc.detail))
         response.headers.update(exc.headers or {})
         return response
 
     @app.exception_handler(RequestFailed)
     async def request_failed(request: Request, exc: RequestFailed) -> Response:
-        response = error_response(exc.status, exc.message)
+        response = answer(request, exc.status, exc.message)
         if exc.status == 429:
             response.headers["Retry-After"] = "1"
         return response
@@ -107,7 +123,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(500, "internal server error (the server log has the details)")
+        return answer(request, 500, "internal server error (the server log has the details)")
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -125,6 +141,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_native.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_responses.router)
+    app.include_router(routes_messages.router)
     app.include_router(routes_score.router)
     app.include_router(routes_embeddings.router)
     app.include_router(routes_weights.router)

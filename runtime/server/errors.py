@@ -1,5 +1,7 @@
-"""Errors answered in OpenAI's format on every route:
-`{"error": {"message": ..., "type": ..., "param": ..., "code": <HTTP status>}}`."""
+"""Errors answered in OpenAI's format on every route,
+`{"error": {"message": ..., "type": ..., "param": ..., "code": <HTTP status>}}`, but
+Anthropic's Messages API routes, which answer in Anthropic's,
+`{"type": "error", "error": {"type": ..., "message": ...}}` (`anthropic_error_body`)."""
 
 from __future__ import annotations
 
@@ -34,8 +36,21 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
 
 
-def error_response(status: int, message: str, param: str | None = None) -> Response:
-    return Response(orjson.dumps(error_body(status, message, param)), status, media_type="application/json")
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object (its message names the field, as ours do)."""
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_response(status: int, message: str, param: str | None = None, *, anthropic: bool = False) -> Response:
+    """The error answer: OpenAI's shape, or Anthropic's (`anthropic`, on its routes)."""
+    body = anthropic_error_body(status, message) if anthropic else error_body(status, message, param)
+    return Response(orjson.dumps(body), status, media_type="application/json")
 
 
 def parse(model: type[BaseModel], obj: Any) -> Any:

@@ -1,7 +1,9 @@
 """The server's OpenAPI document (`/openapi.json`): FastAPI's description of the routes,
 with each JSON body's schema taken from the pydantic model its route validates it
-against (the routes read bodies themselves, to answer errors in OpenAI's format), and
-the API key as a bearer scheme. Clients and fuzzers (schemathesis) read it."""
+against (the routes read bodies themselves, to answer errors in OpenAI's format, or
+Anthropic's on its Messages routes), and the API key as a bearer scheme or an
+`x-api-key` header (what Anthropic's clients send). Clients and fuzzers (schemathesis)
+read it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from sprig.runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from sprig.runtime.server.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -34,6 +37,8 @@ BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's mod
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/responses": ResponsesRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
     "/v1/score": ScoringRequest,
     "/encode": EncodeRequest,
     "/v1/embeddings": EmbeddingRequest,
@@ -69,7 +74,8 @@ def openapi_document(app: FastAPI, version: str, api_key: bool) -> dict[str, Any
                 {code: {"description": text} for code, text in ERRORS.items()}
             )
     if api_key:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        doc["security"] = [{"bearer": []}]
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
+                                                "x_api_key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+        doc["security"] = [{"bearer": []}, {"x_api_key": []}]
     app.openapi_schema = doc
     return doc
