@@ -229,6 +229,35 @@ def test_responses_reasoning_and_function_call_items(client: Any, server: Server
     assert "reasoning.effort" in e.value.body["message"]
 
 
+def test_anthropic_messages_thinking_text_and_tool_use(server: Server) -> None:
+    """Anthropic's Messages API on harmony: the analysis is a thinking block, the final
+    channel a text block, a call a tool_use block (whole and streamed), and a tool_result
+    sent back gets the answer; a forced call goes through the grammar of the whole turn."""
+    anthropic = pytest.importorskip("anthropic")
+    c = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    ask = {"model": "m", "max_tokens": 60, "messages": MESSAGES, "extra_body": {"temperature": 0}}
+    m = c.messages.create(**ask)
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in m.content] == [
+        ("thinking", REASONING), ("text", ANSWER)] and m.stop_reason == "end_turn"
+    tool = {"name": "get_weather", "description": "Get the weather", "input_schema": SCHEMA}
+    called = c.messages.create(**ask, tools=[tool])
+    assert [b.type for b in called.content] == ["thinking", "tool_use"] and called.stop_reason == "tool_use"
+    use = called.content[1]
+    assert (use.name, use.input) == ("get_weather", json.loads(ARGS)) and use.id.startswith("toolu_")
+    with c.messages.stream(**ask, tools=[tool]) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, getattr(b, "input", None)) for b in streamed.content] == [("thinking", None),
+                                                                             ("tool_use", json.loads(ARGS))]
+    back = [*MESSAGES, {"role": "assistant", "content": [{"type": "thinking", "thinking": REASONING, "signature": ""},
+                                                         {"type": "tool_use", "id": use.id, "name": use.name,
+                                                          "input": use.input}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": TOOL_RESULT}]}]
+    answered = c.messages.create(**{**ask, "messages": back}, tools=[tool])
+    assert answered.content[-1].type == "text" and answered.content[-1].text == ANSWER
+    forced = c.messages.create(**ask, tools=[tool], tool_choice={"type": "any"})
+    assert [b.type for b in forced.content] == ["thinking", "tool_use"] and forced.content[1].input == json.loads(ARGS)
+
+
 def test_generate_and_completions_decode_as_asked(server: Server) -> None:
     """Only the chat routes keep the markers; the native route drops special tokens by
     default and keeps them when asked, as before."""
