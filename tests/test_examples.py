@@ -24,7 +24,7 @@ from sprig.runtime.demo import ensure_demo_model
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RUN_TIMEOUT_S = 90
-NEEDS = {"agent.py": "openai", "openai_tools.py": "openai"}  # optional client packages
+NEEDS = {"agent.py": "openai", "openai_tools.py": "openai", "anthropic_tools.py": "anthropic"}  # optional clients
 
 # what each example must print: its answer (and the steps that lead there), one regex each
 SERVED = {
@@ -37,6 +37,11 @@ SERVED = {
         r'^finish_reason: tool_calls\ntool call: send_email\({"to": "Ben", "subject": "the party"}\) -> sent\n'
         r"final answer: I sent the email to Ben\.$",
         r'^finish_reason: tool_calls\ntool call: add\({"a": 14, "b": 9}\) -> 23\nfinal answer: Answer: 23$',
+    ],
+    "anthropic_tools.py": [
+        r"^stop_reason: tool_use\ntool use: send_email\(\{'to': 'Ben', 'subject': 'the party'\}\) -> sent\n"
+        r"final answer: I sent the email to Ben\.$",
+        r"^stop_reason: tool_use\ntool use: add\(\{'a': 14, 'b': 9\}\) -> 23\nfinal answer: Answer: 23$",
     ],
     "json_extraction.py": [
         r"-> Person\(name='Tara Costa', age=29, city='Oslo'\)$",
