@@ -3,7 +3,7 @@
 The frontend language follows SGLang's, so an SGLang program runs with
 `import sprig as sgl`: `@function` programs append text, `gen`, `select`, `image` and
 role expressions to a state `s`, fork it, and run on a backend (`RuntimeEndpoint`,
-`Runtime`, `OpenAI`). `sprig.Engine` is the offline engine (`sprig.runtime.Engine`, as
+`Runtime`, `OpenAI`, `Anthropic`). `sprig.Engine` is the offline engine (`sprig.runtime.Engine`, as
 `sglang.Engine`), imported on first use: importing `sprig` does not import `sprig.runtime`.
 """
 
@@ -28,7 +28,7 @@ from sprig.api import (
     user_begin,
     user_end,
 )
-from sprig.backend import Backend, OpenAI, Runtime, RuntimeEndpoint, set_default_backend
+from sprig.backend import Anthropic, Backend, OpenAI, Runtime, RuntimeEndpoint, set_default_backend
 from sprig.chat_template import ChatTemplate, get_chat_template, register_chat_template
 from sprig.choices import (
     greedy_token_selection,
@@ -62,6 +62,7 @@ __all__ = [
     "REGEX_FLOAT",
     "REGEX_INT",
     "REGEX_STR",
+    "Anthropic",
     "Backend",
     "ChatTemplate",
     "Cost",

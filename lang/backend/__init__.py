@@ -2,9 +2,11 @@
 
 `Backend` is the interface (`sprig.backend.base`); `RuntimeEndpoint` speaks SGLang's
 native API to a sprig or SGLang server, `Runtime` launches a sprig server and wraps a
-`RuntimeEndpoint` to it, and `OpenAI` speaks to any OpenAI-compatible server.
+`RuntimeEndpoint` to it, `OpenAI` speaks to any OpenAI-compatible server and `Anthropic`
+to Anthropic's Messages API (Anthropic's service, or a sprig server's `/v1/messages`).
 """
 
+from sprig.backend.anthropic import Anthropic
 from sprig.backend.base import (
     Backend,
     ChoiceLogprobs,
@@ -21,6 +23,7 @@ from sprig.backend.runtime import Runtime
 from sprig.backend.runtime_endpoint import RuntimeEndpoint
 
 __all__ = [
+    "Anthropic",
     "Backend",
     "ChoiceLogprobs",
     "Generation",

@@ -43,8 +43,10 @@ class HttpClient:
         timeout: float | None = 600.0,
         transport: httpx.BaseTransport | None = None,
         verify: bool | str = True,
+        headers: dict[str, str] | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        """`api_key` goes as `Authorization: Bearer`; `headers` are sent with every request."""
+        headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
         self.base_url = base_url.rstrip("/")
         self._client = httpx.Client(
             base_url=self.base_url,
