@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -66,18 +67,26 @@ class _Envelope:
 
 def _card(st: ServerState, adapter: str | None = None) -> dict[str, Any]:
     """The served model's card, or a loaded LoRA adapter's (vLLM's: its path as `root`,
-    the served model as `parent`)."""
-    card = {"id": st.model_name, "object": "model", "created": now_s(), "owned_by": "sprig",
-            "root": st.model_name, "parent": None, "max_model_len": st.model_info["context_len"]}
+    the served model as `parent`), with the fields of Anthropic's model object too
+    (`type`, `display_name`, `created_at`), so either API's client reads it."""
+    created = now_s()
+    card = {"id": st.model_name, "object": "model", "created": created, "owned_by": "sprig",
+            "root": st.model_name, "parent": None, "max_model_len": st.model_info["context_len"],
+            "type": "model", "display_name": st.model_name,
+            "created_at": datetime.fromtimestamp(created, UTC).isoformat().replace("+00:00", "Z")}
     if adapter is not None:
-        card |= {"id": adapter, "root": st.manager.weights.adapters[adapter], "parent": st.model_name}
+        card |= {"id": adapter, "display_name": adapter, "root": st.manager.weights.adapters[adapter],
+                 "parent": st.model_name}
     return card
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
+    """OpenAI's list, with the paging fields of Anthropic's (everything on one page)."""
     st = state_of(request)
-    return json_response({"object": "list", "data": [_card(st), *(_card(st, a) for a in st.manager.weights.adapters)]})
+    cards = [_card(st), *(_card(st, a) for a in st.manager.weights.adapters)]
+    return json_response({"object": "list", "data": cards, "has_more": False, "first_id": cards[0]["id"],
+                          "last_id": cards[-1]["id"]})
 
 
 @router.get("/v1/models/{model_id:path}")

@@ -412,6 +412,16 @@ def test_api_keys(thinking: Server, thinking_name: str) -> None:
         assert blocks(create(bearer, thinking_name))[-1] == ("text", ANSWER)
 
 
+def test_the_model_list_reads_in_either_client(client: Any, thinking: Server, thinking_name: str) -> None:
+    """`GET /v1/models` carries Anthropic's model fields and paging beside OpenAI's."""
+    page = client.models.list()
+    assert [(m.id, m.type, m.display_name) for m in page.data] == [(thinking_name, "model", thinking_name)]
+    assert page.data[0].created_at.year >= 2024 and page.has_more is False
+    listed = httpx.get(thinking.url + "/v1/models", headers={"x-api-key": KEY}, timeout=TIMEOUT).json()
+    assert listed["object"] == "list" and listed["data"][0]["object"] == "model"  # OpenAI's shape still
+    assert (listed["first_id"], listed["last_id"]) == (thinking_name, thinking_name)
+
+
 # ---------------------------------------------------------------- tools (the coder model)
 
 
