@@ -245,6 +245,28 @@ def test_responses_behind_the_gateway_are_not_stored_so_never_continued_by_chanc
 
 
 @needs_gateway
+def test_anthropic_messages_go_through_the_gateway(dp_server: DataParallelServer) -> None:
+    """smg routes Anthropic's `/v1/messages` (whole and streamed) and its count_tokens to
+    the workers, whose answer is the worker's own. smg 1.13 takes the key only as
+    `Authorization: Bearer` (the anthropic client's `auth_token`), not as `x-api-key`."""
+    model = httpx.get(dp_server.url + "/v1/models", headers=AUTH, timeout=TIMEOUT).json()["data"][0]["id"]
+    body = {"model": model, "max_tokens": 6, "messages": [{"role": "user", "content": "a b c"}], "temperature": 0}
+    refused = httpx.post(dp_server.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=TIMEOUT)
+    assert refused.status_code == 401 and "Bearer" in refused.text, refused.text
+    via = httpx.post(dp_server.url + "/v1/messages", json=body, headers=AUTH, timeout=TIMEOUT)
+    direct = httpx.post(dp_server.workers[0] + "/v1/messages", json=body, headers=AUTH, timeout=TIMEOUT)
+    assert via.status_code == 200 and via.json()["type"] == "message", via.text
+    assert via.json()["content"] == direct.json()["content"] and via.json()["stop_reason"] == "max_tokens"
+    with httpx.stream("POST", dp_server.url + "/v1/messages", json={**body, "stream": True}, headers=AUTH,
+                      timeout=TIMEOUT) as r:
+        kinds = [line.removeprefix("event: ") for line in r.iter_lines() if line.startswith("event: ")]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"], kinds
+    counted = httpx.post(dp_server.url + "/v1/messages/count_tokens", json=body, headers=AUTH, timeout=TIMEOUT)
+    usage = via.json()["usage"]
+    assert counted.json() == {"input_tokens": usage["input_tokens"] + usage["cache_read_input_tokens"]}
+
+
+@needs_gateway
 def test_scoring_goes_to_a_worker_since_the_gateway_does_not_route_it(dp_server: DataParallelServer) -> None:
     """smg 1.13 has no `/v1/score` route (README, Data parallelism); a worker answers it.
     `/v1/embeddings` it routes."""
