@@ -4,8 +4,11 @@ every layer, each decoding `--new-tokens` tokens for `--batch` prompts of `--pro
 tokens (longer than the window). Prefill and decode are timed apart (a first run of one new
 token is the prefill; the decode time is the rest). The two engines alternate, `--repeats`
 timed runs each, radix cache flushed before each; medians are reported with the windowed
-run's ratio to the baseline's. The checkpoints are links to one set of weights with edited
-config.json files, in a temporary directory.
+run's ratio to the baseline's. On the CPU a third engine runs the windowed checkpoint on the
+plain `reference` attention backend (one masked call per request, where the CPU backend
+takes a long windowed prompt's queries in blocks, each over the slots its window reaches).
+The checkpoints are links to one set of weights with edited config.json files, in a
+temporary directory.
 
     python benchmarks/bench_sliding_window.py                      # the demo model, on the CPU
     python benchmarks/bench_sliding_window.py --window 64 --prompt-tokens 960
@@ -71,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     options = dict(device=args.device, dtype=args.dtype, context_length=args.prompt_tokens + args.new_tokens + 1,
                    max_running_requests=args.batch)
     with tempfile.TemporaryDirectory() as tmp:
+        windowed = str(as_mistral(base, Path(tmp) / "window", args.window))
         engines = {"full attention (baseline)": Engine(str(as_mistral(base, Path(tmp) / "full", None)), **options),
-                   f"window {args.window}": Engine(str(as_mistral(base, Path(tmp) / "window", args.window)), **options)}
+                   f"window {args.window}": Engine(windowed, **options)}
+        if args.device == "cpu":
+            engines[f"window {args.window}, reference"] = Engine(windowed, attention_backend="reference", **options)
         prefill: dict[str, list[float]] = {name: [] for name in engines}
         decode: dict[str, list[float]] = {name: [] for name in engines}
         try:
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         base_median = statistics.median(times[baseline])
         for name, values in times.items():
             median = statistics.median(values)
-            print(f"  {phase:7s} {name:26s} {median:7.3f} s   {median / base_median:5.2f}x")
+            print(f"  {phase:7s} {name:30s} {median:7.3f} s   {median / base_median:5.2f}x")
     return 0
 
 

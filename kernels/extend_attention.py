@@ -20,7 +20,13 @@ import torch
 from ._dispatch import dot_in_f32, next_pow2, use_triton
 from ._triton import tl, triton
 from .kv_quant import dequantize_tile, kernel_scales
-from .paged import check_attend_until, check_sinks, check_window, request_attention_ref
+from .paged import (
+    banded_attention_ref,
+    check_attend_until,
+    check_sinks,
+    check_window,
+    request_attention_ref,
+)
 from .softcap import check_softcap, tanh_tile
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
@@ -302,10 +308,14 @@ def extend_attention_ref(
     softcap: float | None = None,
     attend_until: torch.Tensor | None = None,  # [T] int64
     sinks: torch.Tensor | None = None,  # [Hq] float32
+    banded: bool = False,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Torch reference (the CPU path): per request, gather the K/V its new tokens see and
     one masked SDPA, or written-out scores with a `softcap` or `sinks`
-    (`request_attention_ref`, given the request's slice of `attend_until`)."""
+    (`request_attention_ref`, given the request's slice of `attend_until`). `banded`
+    (the CPU backend's): a request whose context a `window` cuts, without `attend_until`,
+    takes its queries in blocks, each over the slots its window reaches
+    (`banded_attention_ref`); the reference backend takes one call."""
     check_attend_until(attend_until, q)
     check_sinks(sinks, q)
     out = torch.empty_like(q)
@@ -318,10 +328,13 @@ def extend_attention_ref(
         if k1 - k0 < q1 - q0:
             raise ValueError(f"request {b}: kv_len {k1 - k0} < q_len {q1 - q0}")
         slots = kv_indices[k0:k1].to(torch.int64)  # [L]
+        options = {"sm_scale": sm_scale, "k_scale": k_scale, "v_scale": v_scale, "softcap": softcap, "sinks": sinks}
+        if banded and window is not None and attend_until is None and k1 - k0 > window:
+            out[q0:q1] = banded_attention_ref(q[q0:q1], k_buffer, v_buffer, slots, window=window, **options)
+            continue
         out[q0:q1] = request_attention_ref(
-            q[q0:q1], k_buffer, v_buffer, slots,
-            sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
-            attend_until=None if attend_until is None else attend_until[q0:q1], sinks=sinks,
+            q[q0:q1], k_buffer, v_buffer, slots, window=window,
+            attend_until=None if attend_until is None else attend_until[q0:q1], **options,
         )
     return out
 

@@ -3,6 +3,8 @@ its newest tokens over it: the building blocks of the torch references."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -69,6 +71,39 @@ def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
             f"attention sinks are one float32 entry per query head ({q.shape[1]}), contiguous, on {q.device}; "
             f"got {sinks.dtype} of shape {tuple(sinks.shape)} on {sinks.device}"
         )
+
+
+MIN_BAND_BLOCK = 16  # queries per block of `banded_attention_ref`, at least (so that short test prompts take blocks too)
+
+
+def banded_attention_ref(
+    q: torch.Tensor,  # [Lq, Hq, D]: the last Lq tokens of the context
+    k_buffer: torch.Tensor,  # [S, Hkv, D]
+    v_buffer: torch.Tensor,  # [S, Hkv, D]
+    slots: torch.Tensor,  # [L] int64, L >= Lq: the context's slots in position order
+    *,
+    window: int,
+    **options: Any,
+) -> torch.Tensor:  # [Lq, Hq, D] in q.dtype
+    """`request_attention_ref` with a sliding `window` W, its queries taken in blocks of
+    max(W, `MIN_BAND_BLOCK`): each block attends over only the slots its window reaches
+    (at most block + W - 1), so a long prompt costs O(Lq * W), not O(Lq * L) with most
+    of a dense mask false. Equal to one call up to float rounding (each row's softmax is
+    over the same scores; the kernels sum them in another order). `options` are
+    `request_attention_ref`'s, but `attend_until` (an image block may reach past a
+    block's last position): give none."""
+    if options.get("attend_until") is not None:
+        raise ValueError("banded_attention_ref takes no attend_until: a query may see past its block")
+    q_len, kv_len = q.shape[0], slots.numel()
+    block = max(window, MIN_BAND_BLOCK)
+    if q_len <= block:
+        return request_attention_ref(q, k_buffer, v_buffer, slots, window=window, **options)
+    out = torch.empty_like(q)
+    for start in range(0, q_len, block):
+        end = min(q_len, start + block)
+        out[start:end] = request_attention_ref(q[start:end], k_buffer, v_buffer, slots[: kv_len - q_len + end],
+                                               window=window, **options)
+    return out
 
 
 def request_attention_ref(

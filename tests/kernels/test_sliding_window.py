@@ -15,6 +15,7 @@ from sprig.kernels import (
     extend_attention_ref,
 )
 from sprig.kernels.kv_quant import quantize_kv_ref
+from sprig.kernels.paged import banded_attention_ref
 
 # decode contexts: 1 and 0 slots, 8 and 37 (some windows equal them), 130 (two KV blocks)
 DECODE_LENS = [1, 37, 0, 130, 8]
@@ -163,6 +164,35 @@ def test_references_read_only_what_the_window_shows(storage: torch.dtype | None)
     assert poison_unseen(args, scales, 4) > 0
     got = decode_attention_ref(*decode_args(args), sm_scale=0.3, window=4, **scales)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+# long extends the banded path cuts into blocks: a 300-token prefill, 150 new after a prefix, one token
+BANDED_Q, BANDED_PREFIX = [300, 150, 1], [0, 90, 400]
+
+
+@pytest.mark.parametrize("window", [1, 5, 64, 100, 299])
+@pytest.mark.parametrize("storage", [None, torch.int8])
+def test_the_banded_reference_matches_the_definition(window: int, storage: torch.dtype | None) -> None:
+    """The CPU backend's windowed extend, in blocks of queries each over what its window
+    reaches: the definition (with a softcap and sinks too), never reading an unseen slot."""
+    kv_lens = [a + b for a, b in zip(BANDED_Q, BANDED_PREFIX, strict=True)]
+    args, scales = make_case(BANDED_Q, kv_lens, 8, 2, 16, torch.float32, storage, seed=3)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(4)) * 2
+    for options in ({}, {"softcap": 5.0}, {"sinks": sinks}):
+        want = dense_attention(*args, sm_scale=0.3, window=window, **scales, **options)
+        plain = extend_attention_ref(*args, sm_scale=0.3, window=window, **scales, **options)
+        poisoned = (tuple(a.clone() for a in args), {n: t.clone() for n, t in scales.items()})
+        assert poison_unseen(*poisoned, window) > 0
+        got = extend_attention_ref(*poisoned[0], sm_scale=0.3, window=window, **poisoned[1], **options, banded=True)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got, plain, atol=1e-6, rtol=1e-6)
+
+
+def test_the_banded_reference_takes_no_attend_until() -> None:
+    args, _ = make_case([80], [80], 4, 2, 16, torch.float32)
+    q, k, v, _, _, slots = args
+    with pytest.raises(ValueError, match="attend_until"):
+        banded_attention_ref(q, k, v, slots.long(), window=4, sm_scale=0.3, attend_until=torch.arange(1, 81))
 
 
 @pytest.mark.parametrize("window", [0, -3])

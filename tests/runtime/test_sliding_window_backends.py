@@ -32,11 +32,13 @@ LAYER_WINDOWS = (None, 8, 50, 60, 1)
 def _steps(decode_steps: int) -> list[tuple[ForwardMode, list[int], list[list[int]]]]:
     """(mode, new tokens per request, contexts) of each step: an extend step, then decode
     steps. Three requests share a 40-slot cached prefix (one of them with 4 more of its
-    own cached), one has nothing cached; the second leaves after the fourth decode step."""
+    own cached), one has nothing cached, and one is a 150-token prefill (the torch
+    backend takes its windowed queries in blocks); the second leaves after the fourth
+    decode step."""
     c = [1]
     system = fresh(40, c)
-    contexts = [system + fresh(6, c), system + fresh(3, c), system + fresh(14, c), fresh(30, c)]
-    steps = [(ForwardMode.EXTEND, [6, 3, 10, 30], [list(ctx) for ctx in contexts])]
+    contexts = [system + fresh(6, c), system + fresh(3, c), system + fresh(14, c), fresh(30, c), fresh(150, c)]
+    steps = [(ForwardMode.EXTEND, [6, 3, 10, 30, 150], [list(ctx) for ctx in contexts])]
     for step in range(decode_steps):
         if step == 4:
             del contexts[1]

@@ -54,7 +54,8 @@ class TorchAttentionBackend:
     shares a prefix only with cuts that start at the same slot; its kept K/V are keyed
     with the window, and a cut that slid by a slot fails the check and is gathered
     again, so buckets with a context as long as the window are not kept at all); an
-    extend that the window cuts runs the per-request reference with it. An extend's
+    extend that the window cuts runs the per-request reference with it, its queries in
+    blocks each over the slots its window reaches (`banded_attention_ref`). An extend's
     request with image blocks (`batch.attend_until` lets a token see past itself) runs the
     per-request reference with its attend_until, in no group (`SharingPlan.alone`); the
     other requests of the step keep the plan's paths. A soft-capped
@@ -117,7 +118,7 @@ class TorchAttentionBackend:
             return extend_attention_ref(
                 q, kv.k, kv.v, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
                 sm_scale=sm_scale, k_scale=kv.k_scale, v_scale=kv.v_scale, window=window, softcap=softcap,
-                attend_until=batch.attend_until, sinks=sinks,
+                attend_until=batch.attend_until, sinks=sinks, banded=True,
             )
         return cascade.extend_attention(
             q, kv, batch.qo_indptr, plan, sm_scale=sm_scale, softcap=softcap, attend_until=batch.attend_until,
