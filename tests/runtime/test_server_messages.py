@@ -519,3 +519,21 @@ def test_a_call_and_its_result_go_back(tools_client: Any, coder_name: str) -> No
     assert sizes[0] == sizes[1] == sizes[2] > prompt_tokens(first.usage)  # a string or a text block: the same prompt
     longer = count(tools_client, coder_name, turn("sunny, and warm all week in Paris and Rome"), tools=[WEATHER])
     assert longer > sizes[0]  # the result's text reaches the prompt
+
+
+def test_a_client_gone_mid_stream_frees_its_slots(server: Server) -> None:
+    """A Messages stream closed after its first events aborts its request: the session
+    server (tiny llama) is idle long before 900 tokens, its KV intact."""
+    server.wait_idle()
+    server.post("/flush_cache")
+    idle = server.wait_idle()
+    body = {"model": model_name(server), "max_tokens": 900, "stream": True,
+            "messages": [{"role": "user", "content": "tell me a long story"}]}
+    with httpx.stream("POST", server.url + "/v1/messages", json=body, timeout=TIMEOUT) as r:
+        events = (line for line in r.iter_lines() if line.startswith("event: "))
+        assert next(events) == "event: message_start"
+        next(events)
+    after = server.wait_idle()
+    assert after["kv_available"] + after["kv_evictable"] == idle["kv_size"]
+    assert after["kv_evictable"] < 900  # the request did not run to the end
+    server.post("/flush_cache")
