@@ -83,15 +83,20 @@ async def count_tokens(request: Request) -> Response:
 
 async def _events(req: MessagesRequest, chat: ChatCall, model: str, updates: AsyncIterator[Update],
                   responses: Callable[[], list[dict[str, Any]]]) -> AsyncIterator[bytes]:
-    """`message_start`, each content block's events as the answer is written
-    (`BlockStream`), then `message_delta` (the stop reason, the output's tokens) and
-    `message_stop`; on an error, an `error` event."""
+    """`message_start` once the prompt is prefilled (its usage then splits the prompt's
+    tokens into computed and cached), each content block's events as the answer is
+    written (`BlockStream`), then `message_delta` (the stop reason and the whole usage)
+    and `message_stop`; on an error, an `error` event."""
     mid, blocks, state = new_id("msg"), BlockStream(), DeltaState()
-    prompt = {"prompt_tokens": len(chat.requests[0].prompt_ids), "completion_tokens": 0}
-    yield event("message_start", {"message": message_object(mid, model, [], None, None, usage(prompt))})
-    finish, called = None, False
+    finish, called, started = None, False, False
     try:
         async for update in updates:
+            if not started:
+                first = update.outputs[0]
+                prompt = {"prompt_tokens": first.prompt_tokens, "cached_tokens": first.cached_tokens,
+                          "completion_tokens": 0}
+                yield event("message_start", {"message": message_object(mid, model, [], None, None, usage(prompt))})
+                started = True
             piece = Piece.of_outputs(update.outputs)
             body, called = state.delta(chat.fmt, piece.text, piece.finish is not None)
             for chunk in blocks.feed(body):

@@ -291,6 +291,9 @@ def test_a_streamed_answer(client: Any, thinking_name: str) -> None:
     assert (final.stop_reason, final.stop_sequence, final.usage.output_tokens) == (
         "end_turn", None, whole.usage.output_tokens)
     assert prompt_tokens(final.usage) == prompt_tokens(whole.usage)
+    # message_start goes out once the prompt is prefilled: the cache's share is known then
+    assert start.usage.cache_read_input_tokens == final.usage.cache_read_input_tokens > 0
+    assert start.usage.input_tokens == final.usage.input_tokens
 
 
 def test_the_stream_on_the_wire(thinking: Server, thinking_name: str) -> None:
