@@ -59,7 +59,7 @@ _ANNOTATIONS = {"description", "title", "default", "examples"}  # keys that do n
 
 @dataclass(frozen=True)
 class XmlToolFormat:
-    """The `qwen3_coder` format, with the interface of `tool_calls.ToolFormat`.
+    """The `qwen3_coder` format, a `tool_calls.CallFormat`.
     `parameters`: each function's parameter schemas (`for_tools`), by which values are
     read; a function or parameter it lacks reads values as JSON where they parse."""
 
