@@ -16,7 +16,14 @@ from starlette.responses import Response
 from sprig.runtime.server.chat_answer import DeltaState
 from sprig.runtime.server.chat_call import ChatCall, chat_call, collect, named
 from sprig.runtime.server.errors import ApiError, anthropic_error_body, parse
-from sprig.runtime.server.http_io import SSEResponse, client_of, json_response, prepare, state_of
+from sprig.runtime.server.http_io import (
+    ServerState,
+    SSEResponse,
+    client_of,
+    json_response,
+    prepare,
+    state_of,
+)
 from sprig.runtime.server.messages_output import (
     BlockStream,
     content_blocks,
@@ -39,7 +46,7 @@ router = APIRouter()
 MESSAGES_PREFIX = "/v1/messages"  # the paths whose errors are Anthropic's shape
 
 
-def _chat(st: Any, req: MessagesRequest) -> ChatCall:
+def _chat(st: ServerState, req: MessagesRequest) -> ChatCall:
     try:
         return chat_call(st, to_chat(req))
     except ApiError as e:
