@@ -39,7 +39,9 @@ from sprig.runtime.scheduler.config import (
 )
 from sprig.runtime.server.config import (
     LOG_LEVELS,
+    REASONING_PARSER_ALIASES,
     REASONING_PARSERS,
+    TOOL_CALL_PARSER_ALIASES,
     TOOL_CALL_PARSERS,
     ServerConfig,
 )
@@ -64,10 +66,12 @@ HELP = {
     "tool_call_parser": "tool-call format of chat answers (auto: the one the chat template writes, Qwen3-Coder's "
                         "XML calls and gpt-oss's harmony included; none: never parse). Without a format, tool_choice auto answers plain "
                         "text; required or a named function still work on any model: the call is then a bare "
-                        "JSON object constrained to the tool's schema",
+                        "JSON object constrained to the tool's schema. SGLang's and vLLM's names work too (qwen25 "
+                        "and qwen are hermes, llama3_json is llama3, qwen3_xml is qwen3_coder, openai is gpt-oss)",
     "reasoning_parser": "split a reasoning model's <think>...</think> (qwen3, deepseek-r1) or harmony analysis "
                         "channel (gpt-oss: its final channel is the answer, its calls are read too) into "
-                        "reasoning_content; response_format and forced tool calls then constrain only the answer",
+                        "reasoning_content; response_format and forced tool calls then constrain only the answer "
+                        "(vLLM's names work too: deepseek_r1, openai_gptoss)",
     "read_timeout": "seconds a client has to send a request's headers, and again its body (408 / closed after)",
     "watchdog_timeout": "seconds a child process may show no sign of life (a step longer than this counts as stuck) before the server exits non-zero",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",
@@ -171,8 +175,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "speculative_algorithm": SPECULATIVE_ALGORITHMS,
     "eviction_policy": EVICTION_POLICIES,
     "log_level": LOG_LEVELS,
-    "tool_call_parser": TOOL_CALL_PARSERS,
-    "reasoning_parser": REASONING_PARSERS,
+    "tool_call_parser": (*TOOL_CALL_PARSERS, *TOOL_CALL_PARSER_ALIASES),
+    "reasoning_parser": (*REASONING_PARSERS, *REASONING_PARSER_ALIASES),
     "router_policy": ROUTER_POLICIES,
 }
 

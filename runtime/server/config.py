@@ -9,6 +9,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral", "qwen3_coder", "gpt-oss")  # server.tool_formats, server.harmony
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "gpt-oss")  # server.reasoning, server.harmony
 HARMONY = "gpt-oss"  # OpenAI's harmony format, both reasoning and tool calls
+# SGLang's and vLLM's names for the same formats, so their launch flags work unchanged
+TOOL_CALL_PARSER_ALIASES = {"qwen25": "hermes", "qwen": "hermes", "llama3_json": "llama3", "qwen3_xml": "qwen3_coder",
+                            "openai": HARMONY}
+REASONING_PARSER_ALIASES = {"deepseek_r1": "deepseek-r1", "openai_gptoss": HARMONY, "gpt_oss": HARMONY}
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class ServerConfig:
     - `chat_template`: a Jinja file rendering chat messages, instead of the tokenizer's
       template (clients can pass variables to the template, never a template).
     - `tool_call_parser`: how chat answers are searched for tool calls: a format of
-      `sprig.runtime.server.tool_calls`, "gpt-oss" (harmony, `server.harmony`), "auto"
+      `sprig.runtime.server.tool_formats`, "gpt-oss" (harmony, `server.harmony`), "auto"
       (the one the chat template writes, if any, harmony included) or "none" (answers
       are always plain content). A forced call (`tool_choice` "required" or named) needs
       no format: without one it is a bare JSON object `{"name": ..., "arguments": {...}}`,
@@ -37,6 +41,9 @@ class ServerConfig:
       reasoning and whose final channel is the answer; it reads tool calls too, so it goes
       with `tool_call_parser` "auto", "none" or "gpt-oss" (and "gpt-oss" there with no
       other reasoning parser). "auto" picks harmony from a chat template that writes it.
+      Both take SGLang's and vLLM's names of the same formats (`TOOL_CALL_PARSER_ALIASES`,
+      `REASONING_PARSER_ALIASES`: "qwen25" is "hermes", "openai" is "gpt-oss", ...), and
+      hold the name they stand for.
     - `responses_store_bytes`: how much JSON of stored responses (`/v1/responses` with
       `store`, the default) the server keeps in memory for `previous_response_id` and
       `GET /v1/responses/{id}`, the least recently used dropped first; 0 keeps none.
@@ -71,6 +78,11 @@ class ServerConfig:
     disable_media_urls: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tool_call_parser",
+                           TOOL_CALL_PARSER_ALIASES.get(self.tool_call_parser, self.tool_call_parser))
+        if self.reasoning_parser is not None:
+            object.__setattr__(self, "reasoning_parser",
+                               REASONING_PARSER_ALIASES.get(self.reasoning_parser, self.reasoning_parser))
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if not all(self.api_keys) or len(set(self.api_keys)) < len(self.api_keys):

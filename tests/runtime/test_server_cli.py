@@ -77,6 +77,17 @@ def test_drafters_take_sglangs_names_too(name: str, drafter: str) -> None:
     assert engine.scheduler.speculative_algorithm == drafter
 
 
+@pytest.mark.parametrize(("flags", "tools", "reasoning"), [
+    (["--tool-call-parser", "qwen25"], "hermes", None), (["--tool-call-parser", "qwen"], "hermes", None),
+    (["--tool-call-parser", "llama3_json"], "llama3", None), (["--tool-call-parser", "qwen3_xml"], "qwen3_coder", None),
+    (["--tool-call-parser", "openai", "--reasoning-parser", "openai_gptoss"], "gpt-oss", "gpt-oss"),
+    (["--reasoning-parser", "deepseek_r1"], "auto", "deepseek-r1"), (["--reasoning-parser", "gpt_oss"], "auto", "gpt-oss"),
+])
+def test_parsers_take_sglangs_and_vllms_names_too(flags: list[str], tools: str, reasoning: str | None) -> None:
+    server, _ = parse(*flags)
+    assert (server.tool_call_parser, server.reasoning_parser) == (tools, reasoning)
+
+
 def test_a_drafter_sglang_has_and_sprig_has_not_is_named_in_the_configs_error() -> None:
     with pytest.raises(ValueError, match="STANDALONE is draft"):
         SchedulerConfig(speculative_algorithm="EAGLE")

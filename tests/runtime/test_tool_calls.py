@@ -10,7 +10,12 @@ import re
 import jsonschema
 import pytest
 
-from sprig.runtime.server.config import HARMONY, TOOL_CALL_PARSERS, ServerConfig
+from sprig.runtime.server.config import (
+    HARMONY,
+    TOOL_CALL_PARSER_ALIASES,
+    TOOL_CALL_PARSERS,
+    ServerConfig,
+)
 from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
 from sprig.runtime.server.request_builder import _call_for_template
@@ -263,6 +268,7 @@ def test_bad_tool_requests_are_400(tools, choice, fmt, constraint: Constraint | 
 def test_the_server_setting_names_every_format() -> None:
     assert set(TOOL_CALL_PARSERS) == {"auto", "none", *TOOL_FORMATS, HARMONY}  # harmony's calls: server.harmony
     assert ServerConfig(tool_call_parser="llama3").tool_call_parser == "llama3"
+    assert set(TOOL_CALL_PARSER_ALIASES.values()) <= set(TOOL_CALL_PARSERS)  # each alias names a format
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerConfig(tool_call_parser="xml")
 
