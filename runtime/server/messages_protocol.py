@@ -17,8 +17,8 @@ template with `enable_thinking: false` (Qwen3's switch), `enabled` with it true 
 `budget_tokens` is not enforced: `max_tokens` bounds the whole output), `adaptive` and
 `between_tools` leave the template's default. A conversation that ends in an assistant
 turn is continued from it (prefill). Anthropic's server tools (`bash_...`,
-`web_search_...`, `text_editor_...`), `document` blocks and MCP servers are refused:
-nothing runs here but the model; `cache_control` marks are accepted and change nothing
+`web_search_...`, `text_editor_...`), `document` blocks, MCP servers and a code-execution
+`container` are refused: nothing runs here but the model; `cache_control` marks are accepted and change nothing
 (every prefix is cached). Errors name the Messages field (`messages[1].content[0].type`,
 `max_tokens`).
 """
@@ -81,6 +81,8 @@ class MessagesRequest(_Body):
     output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+    mcp_servers: list[Any] | None = None  # refused when given: nothing here connects to them
+    container: Any = None  # refused when given: no code-execution container runs here
 
 
 class CountTokensRequest(MessagesRequest):
@@ -91,6 +93,11 @@ class CountTokensRequest(MessagesRequest):
 
 def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
     """The chat request `req` means. Raises ApiError naming the Messages field."""
+    if req.mcp_servers:
+        raise ApiError(400, "mcp_servers: MCP connectors do not run here; give their tools as client tools",
+                       "mcp_servers")
+    if req.container is not None:
+        raise ApiError(400, "container: no code-execution container runs here", "container")
     messages = [{"role": "system", "content": _text(req.system, "system", "system")}] if req.system else []
     for i, message in enumerate(req.messages):
         messages += _turn(message, f"messages[{i}]")

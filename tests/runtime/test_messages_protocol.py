@@ -88,6 +88,9 @@ def test_images_thinking_output_config_and_prefill() -> None:
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}, "tools", "input_schema"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER], "tool_choice": {"type": "tool"}},
      "tool_choice", "tool_choice.name"),
+    ({"messages": [{"role": "user", "content": "x"}], "mcp_servers": [{"type": "url", "url": "https://mcp.test",
+                                                                       "name": "m"}]}, "mcp_servers", "MCP"),
+    ({"messages": [{"role": "user", "content": "x"}], "container": "container_1"}, "container", "container"),
 ])
 def test_what_cannot_be_read_is_a_400_naming_the_field(body, field: str, says: str) -> None:
     with pytest.raises(ApiError, match=says.replace("[", r"\[").replace("]", r"\]")) as e:
