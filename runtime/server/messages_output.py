@@ -10,8 +10,6 @@ from typing import Any
 
 import orjson
 
-STOP_REASONS = ("end_turn", "max_tokens", "stop_sequence", "tool_use")
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
@@ -62,14 +60,12 @@ def stop_reason(finish: dict[str, Any] | None, called: bool, stops: list[str] | 
     return "end_turn", None
 
 
-def usage(meta: dict[str, Any] | None, output_tokens: int | None = None) -> dict[str, int]:
-    """Anthropic's usage of a request: `input_tokens` the prompt tokens computed,
-    `cache_read_input_tokens` those served from the prefix cache (their sum is the prompt)."""
-    if meta is None:
-        return {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+def usage(meta: dict[str, Any]) -> dict[str, int]:
+    """Anthropic's usage of a request from its meta_info: `input_tokens` the prompt tokens
+    computed, `cache_read_input_tokens` those served from the prefix cache (their sum is
+    the prompt)."""
     cached = meta.get("cached_tokens", 0)
-    return {"input_tokens": meta["prompt_tokens"] - cached,
-            "output_tokens": meta["completion_tokens"] if output_tokens is None else output_tokens,
+    return {"input_tokens": meta["prompt_tokens"] - cached, "output_tokens": meta["completion_tokens"],
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
