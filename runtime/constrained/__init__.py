@@ -18,6 +18,7 @@ from sprig.runtime.constrained.base import (
     spec_from_params,
 )
 from sprig.runtime.constrained.compiler import CompilerConfig, GrammarCompiler
+from sprig.runtime.constrained.free import FreeGrammar
 from sprig.runtime.constrained.guidance_backend import GuidanceBackend
 from sprig.runtime.constrained.outlines_backend import OutlinesBackend
 from sprig.runtime.constrained.routing import REGULAR_BACKENDS, RoutedBackend
@@ -28,6 +29,7 @@ __all__ = [
     "REGULAR_BACKENDS",
     "CompiledGrammar",
     "CompilerConfig",
+    "FreeGrammar",
     "Grammar",
     "GrammarBackend",
     "GrammarCompiler",

@@ -125,6 +125,7 @@ class SamplingParams:
     reasoning_start: str | None = None
     reasoning_end: str | None = None
     reasoning_exits: tuple[str, ...] = ()
+    thinking_budget: int | None = None
     constraint_trigger: str | None = None
 
     def __post_init__(self) -> None:
@@ -165,6 +166,9 @@ class SamplingParams:
         `reasoning_exits`: the texts of stop tokens that may end the output before
         `reasoning_end` (harmony's `<|call|>`: a tool call in place of the answer); every
         other stop token stays forbidden there.
+        `thinking_budget`: the most tokens the reasoning (before `reasoning_end`) may take;
+        then the output writes `reasoning_end` and goes on with the answer. Needs
+        `reasoning_end`; with no constraint it is the only thing gated.
         `constraint_trigger`: the constraint applies only to the text after the first time
         the output (the answer, after any reasoning) writes this text; before it the
         output is free and may end."""
@@ -177,6 +181,11 @@ class SamplingParams:
         self._put("reasoning_exits", self._reasoning_exits(self.reasoning_exits))
         if self.reasoning_exits and self.reasoning_end is None:
             raise ValueError("reasoning_exits needs reasoning_end")
+        if self.thinking_budget is not None:
+            self._put("thinking_budget", _int("thinking_budget", self.thinking_budget, ">= 0", lambda v: v >= 0))
+            if self.reasoning_end is None:
+                raise ValueError("thinking_budget needs reasoning_end, the marker that ends the reasoning "
+                                 "(a server started with --reasoning-parser sets it)")
         if self.constraint_trigger is not None and not constraints:
             raise ValueError("constraint_trigger needs a constraint: regex, json_schema or ebnf")
 

@@ -33,8 +33,10 @@ class Gate(Grammar):
     the grammar (leading blanks dropped where `drops_leading_blanks`); a free token whose
     text the grammar would refuse so is one the mask must refuse (`refused_completions`),
     so that every token the mask allows is accepted. Invariant: each accepted token has a
-    history entry (its id, the phase and tail before it, how many tokens the wrapped
-    grammar took for it), so `rollback(k)` restores any earlier state exactly."""
+    history entry (its id, the gate's state before it, how many tokens the wrapped
+    grammar took for it), so `rollback(k)` restores any earlier state exactly. A
+    subclass with more state than the phase and the tail extends `_state` and
+    `_restore`."""
 
     grammar_phase: Enum
     drops_leading_blanks = False
@@ -46,7 +48,7 @@ class Gate(Grammar):
         self.marker = marker
         self._tokenizer = tokenizer
         self._tail: tuple[int, ...] = ()  # the last free tokens, for the marker search
-        self._history: deque[tuple[int, Enum, tuple[int, ...], int]] = deque(maxlen=inner.max_rollback)
+        self._history: deque[tuple[int, tuple[Any, ...], int]] = deque(maxlen=inner.max_rollback)
         self._grammar_takes: dict[str, bool] = {}  # text after the marker -> the fresh grammar takes it
 
     def _take_free(self, token_id: int) -> int | None:
@@ -105,8 +107,15 @@ class Gate(Grammar):
             self._grammar_takes[rest] = ok
         return self._grammar_takes[rest]
 
-    def _record(self, token_id: int, before: tuple[Enum, tuple[int, ...]], took: int) -> None:
-        self._history.append((token_id, *before, took))
+    def _state(self) -> tuple[Any, ...]:
+        """What `rollback` restores: the phase and the tail."""
+        return self.phase, self._tail
+
+    def _restore(self, state: tuple[Any, ...]) -> None:
+        self.phase, self._tail = state
+
+    def _record(self, token_id: int, before: tuple[Any, ...], took: int) -> None:
+        self._history.append((token_id, before, took))
 
     def accept_tokens(self, token_ids: Iterable[int]) -> bool:
         if self.phase is not self.grammar_phase:
@@ -114,7 +123,8 @@ class Gate(Grammar):
         ids = list(token_ids)
         if not self.inner.accept_tokens(ids):
             return False
-        self._history.extend((t, self.grammar_phase, (), 1) for t in ids)
+        state = self._state()
+        self._history.extend((t, state, 1) for t in ids)
         return True
 
     def rollback(self, k: int) -> list[int]:
@@ -124,5 +134,5 @@ class Gate(Grammar):
             return []
         removed = [self._history.pop() for _ in range(k)][::-1]
         self.inner.rollback(sum(took for *_, took in removed))
-        _, self.phase, self._tail, _ = removed[0]
+        self._restore(removed[0][1])
         return [token_id for token_id, *_ in removed]

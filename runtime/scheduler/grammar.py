@@ -10,6 +10,7 @@ import torch
 from sprig.kernels.logit_mask import apply_token_bitmask
 from sprig.runtime.constrained import (
     CompilerConfig,
+    FreeGrammar,
     Grammar,
     GrammarCompiler,
     GrammarTimeoutError,
@@ -46,13 +47,19 @@ class Grammars:
         self._triggers: dict[str, Marker] = {}
 
     def submit(self, req: Req) -> None:
-        """Start compiling `req`'s grammar, if it asks for one. Raises `GrammarError`
-        for a spec that is malformed on its face."""
+        """Start compiling `req`'s grammar, if it asks for one; a request with a thinking
+        budget and no constraint gets its gate over a `FreeGrammar` at once (no stop token
+        is held back while it thinks: nothing is owed after it). Raises `GrammarError` for
+        a spec that is malformed on its face."""
         try:
             spec = spec_from_params(req.params)
         except ValueError as e:
             raise GrammarError(str(e)) from None
         if spec is None:
+            if req.params.thinking_budget is not None:
+                if self.tokenizer is None:
+                    raise GrammarError("a thinking budget needs the scheduler to have a tokenizer")
+                req.grammar = self._gated(FreeGrammar(), req, frozenset())
             return
         if self._compiler is None:
             if self.tokenizer is None:
@@ -94,7 +101,7 @@ class Grammars:
         if key not in self._markers:
             self._markers[key] = Markers.build(self.tokenizer, *key)
         return ReasoningGate(grammar, self._markers[key], opens_inside=start is None,
-                             stop_token_ids=stop_ids, tokenizer=self.tokenizer)
+                             stop_token_ids=stop_ids, tokenizer=self.tokenizer, budget=req.params.thinking_budget)
 
     @property
     def has_pending(self) -> bool:

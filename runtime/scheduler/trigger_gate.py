@@ -63,7 +63,7 @@ class TriggerGate(Gate):
             return self.accept_tokens((token_id,))
         if self.phase is Phase.STOPPED:
             return False
-        before = (self.phase, self._tail)
+        before = self._state()
         took = 0
         if token_id in self._stops:
             self.phase = Phase.STOPPED

@@ -15,6 +15,7 @@ from fastapi import Request
 from sprig.runtime.multimodal.inputs import ImageInput
 from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
 from sprig.runtime.scheduler.grammar import GRAMMAR_ERROR
+from sprig.runtime.server import thinking_budget
 from sprig.runtime.server.chat_answer import AnswerFormat
 from sprig.runtime.server.constraints import Constraint, request_constraint
 from sprig.runtime.server.errors import ApiError
@@ -43,6 +44,9 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     Raises ApiError (a 4xx naming the field)."""
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    budget, budget_field = thinking_budget.requested(req)
+    if budget is not None:
+        thinking_budget.reasoning_format(st, budget_field)
     constraint = request_constraint(req)
     tools = plan_tool_use(req.tools, req.tool_choice, st.tool_format, constraint,
                           several=req.parallel_tool_calls is not False, context_free=st.context_free)
@@ -69,6 +73,8 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
                            forced=tools.forced, one_call=one_call,
                            gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning))
         extra = tools.grammar_params(st.context_free) | (reasoning.sampling(phase) if reasoning is not None else {})
+        if budget is not None:
+            extra |= thinking_budget.budget_params(reasoning, phase, budget)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     own = constraint if tools.regex is None else None  # else the tools' grammar holds it
     sampling = [sampling_for(st, req, own, len(ids), max_tokens, **extra)]

@@ -13,8 +13,9 @@ its `thinking` blocks its `reasoning_content` (a template decides what to keep),
 sampling fields older clients send (`temperature`, `top_p`, `top_k`) keep their meaning;
 `output_config.format` (a `json_schema`) is `response_format`, `output_config.effort`
 `reasoning_effort` (`xhigh` and `max` read as `high`); `thinking` `disabled` renders the
-template with `enable_thinking: false` (Qwen3's switch), `enabled` with it true (its
-`budget_tokens` is not enforced: `max_tokens` bounds the whole output), `adaptive` and
+template with `enable_thinking: false` (Qwen3's switch), `enabled` with it true, its
+`budget_tokens` a thinking budget (`server.thinking_budget`) on a server with a
+`--reasoning-parser` of think markers (elsewhere only `max_tokens` bounds it), `adaptive` and
 `between_tools` leave the template's default. A conversation that ends in an assistant
 turn is continued from it (prefill). Anthropic's server tools (`bash_...`,
 `web_search_...`, `text_editor_...`), `document` blocks, MCP servers and a code-execution
@@ -35,7 +36,7 @@ from sprig.runtime.server.protocol import ChatCompletionRequest, _Body
 
 ROLES = ("user", "assistant")
 _FIELDS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "response_format": "output_config",
-           "reasoning_effort": "output_config"}
+           "reasoning_effort": "output_config", "thinking_budget": "thinking.budget_tokens"}
 
 
 EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
@@ -91,8 +92,9 @@ class CountTokensRequest(MessagesRequest):
     max_tokens: int = Field(0, ge=0)
 
 
-def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
-    """The chat request `req` means. Raises ApiError naming the Messages field."""
+def to_chat(req: MessagesRequest, *, budgets: bool) -> ChatCompletionRequest:
+    """The chat request `req` means; `budgets`: whether the server enforces thinking
+    budgets. Raises ApiError naming the Messages field."""
     if req.mcp_servers:
         raise ApiError(400, "mcp_servers: MCP connectors do not run here; give their tools as client tools",
                        "mcp_servers")
@@ -117,6 +119,8 @@ def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
     }
     if req.thinking is not None and req.thinking.type in ("enabled", "disabled"):
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type == "enabled"}
+        if req.thinking.type == "enabled" and budgets:
+            body["thinking_budget"] = req.thinking.budget_tokens
     config = req.output_config
     if config is not None and config.format is not None:
         body["response_format"] = {"type": "json_schema",

@@ -115,6 +115,8 @@ class _OpenAISampling(_Body):
     structured_outputs: StructuredOutputs | None = None
     priority: int | None = None  # SGLang's and vLLM's, under --enable-priority-scheduling
     lora_path: str | None = None  # SGLang's: a loaded LoRA adapter's name (or `model` "BASE:ADAPTER")
+    thinking_budget: int | None = Field(None, ge=0)  # SGLang's name; vLLM's is thinking_token_budget
+    thinking_token_budget: int | None = Field(None, ge=0)  # (server.thinking_budget)
 
 
 class CompletionRequest(_OpenAISampling):

@@ -82,6 +82,8 @@ class ResponsesRequest(_Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stop: str | list[str] | None = None
+    thinking_budget: int | None = Field(None, ge=0)  # as on /v1/chat/completions (server.thinking_budget)
+    thinking_token_budget: int | None = Field(None, ge=0)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -109,7 +111,8 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatComplet
         "response_format": _response_format(req.text),
         "reasoning_effort": req.reasoning.effort if req.reasoning is not None else None,
         **{k: getattr(req, k) for k in ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty",
-                                        "presence_penalty", "frequency_penalty", "stop", "user")},
+                                        "presence_penalty", "frequency_penalty", "stop", "user",
+                                        "thinking_budget", "thinking_token_budget")},
     }
     return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None})
 

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from sprig.runtime.server import thinking_budget
 from sprig.runtime.server.chat_answer import DeltaState
 from sprig.runtime.server.chat_call import ChatCall, chat_call, collect, named
 from sprig.runtime.server.errors import ApiError, anthropic_error_body, parse
@@ -48,7 +49,7 @@ MESSAGES_PREFIX = "/v1/messages"  # the paths whose errors are Anthropic's shape
 
 def _chat(st: ServerState, req: MessagesRequest) -> ChatCall:
     try:
-        return chat_call(st, to_chat(req))
+        return chat_call(st, to_chat(req, budgets=thinking_budget.enforced(st)))
     except ApiError as e:
         raise renamed(e) from None
 

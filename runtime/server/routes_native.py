@@ -16,6 +16,7 @@ from starlette.responses import Response
 from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
 from sprig.runtime.response import STREAMED_LOGPROB_KEYS
 from sprig.runtime.sampling import SamplingParams
+from sprig.runtime.server import thinking_budget
 from sprig.runtime.server.errors import ApiError, error_response, parse
 from sprig.runtime.server.http_io import (
     SSE_DONE,
@@ -46,7 +47,11 @@ async def generate(request: Request) -> Response:
         logprobs = st.builder.logprob_options(len(prompts), req.return_logprob, req.logprob_start_len,
                                               req.top_logprobs_num, req.return_text_in_logprobs,
                                               req.token_ids_logprob)
-        return req, batch, st.builder.requests(prompts, req.sampling_params, req.rid, logprobs, stream=req.stream,
+        texts = req.text if isinstance(req.text, list) else [req.text]
+        sampling = thinking_budget.with_markers(
+            st, req.sampling_params, prompts,
+            lambda i: texts[i] if req.text is not None else st.builder.tokenizer.decode(prompts[i]))
+        return req, batch, st.builder.requests(prompts, sampling, req.rid, logprobs, stream=req.stream,
                                               prompt_field="text" if req.text is not None else "input_ids",
                                               priority=req.priority, lora_path=req.lora_path, images=images)
 

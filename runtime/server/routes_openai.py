@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
+from sprig.runtime.server import thinking_budget
 from sprig.runtime.server.chat_answer import DeltaState
 from sprig.runtime.server.chat_call import (
     ChatCall,
@@ -110,14 +111,18 @@ async def completions(request: Request) -> Response:
             raise ApiError(400, "suffix is not supported", "suffix")
         p = req.prompt
         is_ids = isinstance(p, list) and bool(p) and not isinstance(p[0], str)
+        budget, budget_field = thinking_budget.requested(req)
+        fmt = None if budget is None else thinking_budget.reasoning_format(st, budget_field)
         _, prompts = st.builder.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
         constraint = request_constraint(req)
-        sampling = [sampling_for(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
+        texts = [st.builder.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
+        sampling = [sampling_for(st, req, constraint, len(ids), req.max_tokens,
+                                 **({} if fmt is None else thinking_budget.budget_params(fmt, fmt.phase(text), budget)))
+                    for ids, text in zip(prompts, texts, strict=True)]
         want = req.logprobs is not None
         logprobs = LogprobOptions(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
         reqs = contract_requests(st, prompts, sampling, logprobs, req.stream, constraint, req.priority,
                                  adapter_of(st, req.model, req.lora_path))
-        texts = [st.builder.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
         return req, texts, reqs, constraint
 
     req, texts, reqs, constraint = await prepare(request, build)

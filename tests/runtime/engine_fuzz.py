@@ -7,7 +7,9 @@ different steps, `n > 1`, greedy and seeded sampling, penalties and logit bias, 
 (with input logprobs from random starts), a regex on the whole output or from a trigger
 text on (`constraint_trigger`), in `THINKING_SHARE` of them deferred past a reasoning end
 marker (`reasoning_end`, a reasoning model's gate: a special token or plain text; with a start
-marker the output may open, and with an exit token that may end the output while thinking), compiled by outlines-core, by llguidance (the engine's
+marker the output may open, and with an exit token that may end the output while thinking;
+half of those, and `BUDGET_SHARE` of the unconstrained requests, with a `thinking_budget`
+that closes the reasoning: their own generator), compiled by outlines-core, by llguidance (the engine's
 `grammar_backend`, in `GUIDED_SHARE` of workloads; their alone runs and reference masks use
 it too) or, as a Lark grammar holding it (as the server sends tools' grammars), by
 llguidance whatever the backend, arrivals spread over steps and aborts mid-flight, and
@@ -79,7 +81,13 @@ from weight_checkpoints import perturbed_copy
 
 from sprig.kernels.logit_mask import unpack_bitmask
 from sprig.runtime import Engine
-from sprig.runtime.constrained import Grammar, RoutedBackend, bitmask_width, spec_from_params
+from sprig.runtime.constrained import (
+    FreeGrammar,
+    Grammar,
+    RoutedBackend,
+    bitmask_width,
+    spec_from_params,
+)
 from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.model_config import ImageSpec, ModelConfig
 from sprig.runtime.multimodal.prompts import image_runs
@@ -118,6 +126,7 @@ SPECIAL_NAMES = r"([a-z]{1,3}<s>|[0-9]{1,3}</s>)[a-z ]{0,6}"  # special tokens' 
 REGEXES = [r"[a-z ]{1,24}", r"( ?[a-z]{1,5}){1,6}\.?", r"[0-9a-f]{2,12}( [0-9a-f]{2,4})*", SPECIAL_NAMES]
 TRIGGERS = ["e", " t", "a"]
 THINKING_SHARE = 0.3  # of constrained requests, those whose constraint waits for a reasoning end marker
+BUDGET_SHARE = 0.15  # of unconstrained requests, those whose reasoning a thinking budget closes
 # half of the markers are a special token of the tiny tokenizers, as reasoning models' are
 # (`</think>`), half plain text, which a token may complete and run on past (the mask must
 # refuse such a token when the grammar refuses what follows the marker in it)
@@ -268,6 +277,7 @@ class Stats:
     context_free: int = 0  # of those, the ones whose regex went to llguidance as a Lark grammar
     guided: int = 0  # of those, the ones whose regex llguidance compiled itself (`grammar_backend`)
     thinking: int = 0  # of those, the ones whose constraint waited for a reasoning end marker
+    budgeted: int = 0  # of the sequences, those whose reasoning a thinking budget held (constrained or not)
     picked: int = 0  # of the sequences, those whose token_ids_logprob entries were compared
     embeddings: int = 0  # embedding requests compared with their alone runs
     embed_diff: dict[str, float] = field(default_factory=dict)  # the largest difference, by KV cache dtype
@@ -292,7 +302,7 @@ class Stats:
             f"{self.workloads} workloads ({backends}), {self.requests} requests, {self.tokens} tokens "
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.constrained} of the "
             f"requests constrained ({self.context_free} by llguidance as Lark, {self.guided} as regexes, "
-            f"{self.thinking} after a reasoning marker); "
+            f"{self.thinking} after a reasoning marker); {self.budgeted} with a thinking budget; "
             f"{self.picked} with token_ids_logprob; {self.embeddings} embeddings (largest difference "
             f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
@@ -316,6 +326,7 @@ def make_workload(
     requests with images."""
     rng, constraints = random.Random(seed), random.Random(f"constraints {seed}")
     thinking = random.Random(f"thinking {seed}")
+    budgets = random.Random(f"thinking budget {seed}")
     pictures = random.Random(f"images {seed}")
     if image is not None:
         int4_share = tp_share = 0.0
@@ -343,7 +354,7 @@ def make_workload(
     embeds = random.Random(f"embed {seed}")  # likewise
     for i, marked in enumerate(prompts):
         prompt, seeds = _expanded(marked, image)
-        params = _params(rng, constraints, thinking, vocab, small)
+        params = _params(rng, constraints, thinking, budgets, vocab, small)
         logprob = rng.random() < 0.3
         picked = tuple(picks.sample(range(vocab), picks.randint(1, 4))) if logprob and picks.random() < 0.5 else ()
         requests.append(Request(
@@ -392,8 +403,8 @@ def _expanded(marked: list[int], image: ImageSpec | None) -> tuple[list[int], tu
     return out, tuple(-1 - t for t in marked if t < 0)
 
 
-def _params(rng: random.Random, constraints: random.Random, thinking: random.Random, vocab: int,
-            small: bool) -> SamplingParams:
+def _params(rng: random.Random, constraints: random.Random, thinking: random.Random, budgets: random.Random,
+            vocab: int, small: bool) -> SamplingParams:
     kind = rng.choices(["greedy", "seeded", "unseeded"], [0.5, 0.4, 0.1])[0]
     p: dict[str, Any] = {"max_new_tokens": rng.choice([0, *range(1, 8 if small else 24)])}
     if kind != "greedy":
@@ -438,6 +449,14 @@ def _params(rng: random.Random, constraints: random.Random, thinking: random.Ran
                 p["reasoning_exits"] = [THINKING_EXIT]
             if thinking.random() < 0.5:
                 p["reasoning_end"] = thinking.choice(THINKING_TEXT_ENDS)
+            if budgets.random() < 0.5:
+                p["thinking_budget"] = budgets.randint(0, 6)
+    elif budgets.random() < BUDGET_SHARE:  # no bias towards the end marker: the budget closes most of them
+        p["reasoning_end"] = budgets.choice([THINKING_END, *THINKING_TEXT_ENDS])
+        if budgets.random() < 0.5:
+            p["reasoning_start"] = THINKING_START
+        p["thinking_budget"] = budgets.randint(0, p["max_new_tokens"])
+        p.pop("min_new_tokens", None)  # it may forbid the marker's token, if a stop token is one of them
     return SamplingParams.from_dict(p)
 
 
@@ -658,6 +677,10 @@ class Reference:
         """A fresh matcher of the request's constraint, as the scheduler of an engine with
         options `key` makes one."""
         spec = spec_from_params(params)
+        if spec is None and params.thinking_budget is not None:  # the budget alone: a gate over no constraint
+            markers = Markers.build(self.tokenizer, params.reasoning_start, params.reasoning_end)
+            return ReasoningGate(FreeGrammar(), markers, opens_inside=params.reasoning_start is None,
+                                 stop_token_ids=(), tokenizer=self.tokenizer, budget=params.thinking_budget)
         if spec is None:
             return None
         regular = dict(key).get("grammar_backend", "outlines")
@@ -674,7 +697,7 @@ class Reference:
             return grammar
         markers = Markers.build(self.tokenizer, params.reasoning_start, params.reasoning_end, params.reasoning_exits)
         return ReasoningGate(grammar, markers, opens_inside=params.reasoning_start is None, stop_token_ids=stops,
-                             tokenizer=self.tokenizer)
+                             tokenizer=self.tokenizer, budget=params.thinking_budget)
 
     def masked(self, rows: torch.Tensor, params: SamplingParams, ids: list[int], where: str,
                key: ReferenceKey) -> list[bool]:
@@ -791,7 +814,8 @@ def _check_sequence(
     stats.constrained += spec_from_params(seq_params) is not None
     stats.context_free += seq_params.ebnf is not None
     stats.guided += seq_params.regex is not None and ("grammar_backend", "llguidance") in key
-    stats.thinking += seq_params.reasoning_end is not None
+    stats.thinking += seq_params.reasoning_end is not None and spec_from_params(seq_params) is not None
+    stats.budgeted += seq_params.thinking_budget is not None
     n = _common_len(got.ids, want.ids)
     if n < len(got.ids) and n < len(want.ids):  # they part at token n
         if not ref.near_tie(rows[n], seq_params, prompt, want.ids[:n], want.ids[n], got.ids[n]):

@@ -18,8 +18,8 @@ WEATHER = {"name": "get_weather", "description": "Weather", "input_schema": {
 PNG = "iVBORw0KGgo="
 
 
-def chat(**body):
-    return to_chat(parse(MessagesRequest, {"model": "m", "max_tokens": 16, **body}))
+def chat(budgets: bool = True, **body):
+    return to_chat(parse(MessagesRequest, {"model": "m", "max_tokens": 16, **body}), budgets=budgets)
 
 
 def test_a_conversation_with_tool_use_and_results_becomes_chat_messages() -> None:
@@ -73,6 +73,13 @@ def test_images_thinking_output_config_and_prefill() -> None:
     assert req.response_format.model_dump(by_alias=True, exclude_none=True)["json_schema"]["schema"] == {"type": "object"}
     assert req.continue_final_message and not req.add_generation_prompt  # prefill
     assert chat(messages=[{"role": "user", "content": "x"}], thinking={"type": "adaptive"}).chat_template_kwargs is None
+
+
+def test_budget_tokens_is_a_thinking_budget_where_the_server_enforces_one() -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    assert chat(**body).thinking_budget == 1024
+    assert chat(budgets=False, **body).thinking_budget is None
+    assert chat(messages=body["messages"], thinking={"type": "disabled", "budget_tokens": 9}).thinking_budget is None
 
 
 @pytest.mark.parametrize(("body", "field", "says"), [

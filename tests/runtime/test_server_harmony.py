@@ -278,3 +278,17 @@ def test_the_script_is_what_transformers_generates(model: Path) -> None:
     ids = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = hf.generate(**ids, max_new_tokens=40, do_sample=False)
     assert tok.decode(out[0, ids["input_ids"].shape[1]:]) == PLAIN
+
+
+def test_a_thinking_budget_is_refused_and_anthropic_budget_tokens_accepted(server: Server) -> None:
+    """A budget's closing marker could cut a tool call the analysis holds: a 400 naming the
+    field (use reasoning_effort). Anthropic's `budget_tokens`, which its clients must send
+    with thinking on, is accepted and not enforced, as on any server without think markers."""
+    messages = [{"role": "user", "content": "hi"}]
+    for field in ("thinking_budget", "thinking_token_budget"):
+        r = server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 8, field: 4})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert "reasoning_effort" in r.json()["error"]["message"]
+    r = server.post("/v1/messages", {"model": "m", "max_tokens": 8, "messages": messages,
+                                     "thinking": {"type": "enabled", "budget_tokens": 4}})
+    assert r.status_code == 200, r.text

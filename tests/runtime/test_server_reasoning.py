@@ -149,3 +149,93 @@ def test_usage_counts_the_reasoning_tokens(request: pytest.FixtureRequest, which
     assert llm.invoke(MESSAGES[0]["content"]).usage_metadata["output_token_details"]["reasoning"] == want
     assert "completion_tokens_details" not in server.post("/v1/chat/completions", body).json()["usage"]
     thinking.wait_idle()
+
+
+# ---------------------------------------------------------------- thinking budgets
+# The script thinks " alpha beta"; a budget of one token closes the reasoning after " alpha".
+
+
+@pytest.mark.parametrize("which", ["qwen3", "r1"])
+@pytest.mark.parametrize("field", ["thinking_budget", "thinking_token_budget"])
+def test_a_thinking_budget_closes_the_reasoning(request: pytest.FixtureRequest, which: str, field: str,
+                                               model: Path) -> None:
+    server = request.getfixturevalue(which)
+    choice = chat(server, **{field: 1})
+    assert choice["message"] == {"role": "assistant", "content": ANSWER, "reasoning_content": "alpha"}
+    assert choice["finish_reason"] == "stop"
+    closed = chat(server, **{field: 0})["message"]
+    assert not closed["reasoning_content"] and closed["content"] == ANSWER  # `<think></think> gamma`
+    assert chat(server, **{field: 2})["message"]["reasoning_content"] == REASONING  # the script ends within it
+    stream = deltas(server, **{field: 1})
+    assert "".join(d["delta"].get("reasoning_content") or "" for d in stream) == "alpha"
+    assert "".join(d["delta"].get("content") or "" for d in stream) == ANSWER
+    usage = server.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 200, "temperature": 0,
+                                                 field: 1}).json()["usage"]
+    alpha = AutoTokenizer.from_pretrained(model).encode("alpha", add_special_tokens=False)  # as reasoning_content
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": len(alpha)}
+    server.wait_idle()
+
+
+def test_a_budget_holds_the_reasoning_and_the_schema_the_answer(qwen3: Server) -> None:
+    message = chat(qwen3, thinking_budget=1, response_format={
+        "type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}})["message"]
+    assert message["reasoning_content"] == "alpha"
+    jsonschema.validate(json.loads(message["content"]), SCHEMA)
+    qwen3.wait_idle()
+
+
+def test_a_budget_changes_nothing_where_the_prompt_closed_the_reasoning(qwen3: Server) -> None:
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert chat(qwen3, thinking_budget=0, **off)["message"] == chat(qwen3, **off)["message"]
+    qwen3.wait_idle()
+
+
+def test_completions_generate_responses_and_messages_take_the_budget(qwen3: Server, model: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(model)
+    prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    greedy = {"max_tokens": 200, "temperature": 0}
+    text = qwen3.post("/v1/completions", {"prompt": prompt, "thinking_token_budget": 1, **greedy}).json()
+    assert text["choices"][0]["text"] == f"<think> alpha</think> {ANSWER}"
+    ids = tok.encode(prompt, add_special_tokens=False)
+    out = qwen3.generate({"input_ids": [ids, ids], "sampling_params": [
+        {"max_new_tokens": 200, "temperature": 0, "thinking_budget": 1},
+        {"max_new_tokens": 200, "temperature": 0}]})
+    assert [o["text"] for o in out] == [f"<think> alpha</think> {ANSWER}", f"<think> {REASONING}</think> {ANSWER}"]
+    [one] = [qwen3.generate({"text": prompt, "sampling_params": {"max_new_tokens": 200, "temperature": 0,
+                                                                   "thinking_budget": 0}})]
+    assert one["text"] == f"<think></think> {ANSWER}"
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url=qwen3.url + "/v1", api_key="unused", max_retries=0) as client:
+        response = client.responses.create(model="m", input=MESSAGES[0]["content"], max_output_tokens=200,
+                                           temperature=0, extra_body={"thinking_budget": 1})
+    reasoning = [item for item in response.output if item.type == "reasoning"]
+    assert [c.text for c in reasoning[0].content] == ["alpha"] and response.output_text == ANSWER
+    anthropic = pytest.importorskip("anthropic")
+    with anthropic.Anthropic(base_url=qwen3.url, api_key="unused", max_retries=0, timeout=60) as client:
+        message = client.messages.create(model="m", max_tokens=200, messages=MESSAGES,
+                                         thinking={"type": "enabled", "budget_tokens": 1})
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content] == [
+        ("thinking", "alpha"), ("text", ANSWER)]
+    qwen3.wait_idle()
+
+
+def test_a_budget_is_refused_where_it_cannot_be_held(qwen3: Server, server: Server) -> None:
+    """A server without a reasoning parser has no end marker to write; a budget there is
+    a 400 naming the field, as are a negative budget and two different ones."""
+    body = {"messages": MESSAGES, "max_tokens": 8}
+    for field in ("thinking_budget", "thinking_token_budget"):
+        r = server.post("/v1/chat/completions", body | {field: 4})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert "--reasoning-parser" in r.json()["error"]["message"]
+    r = server.post("/v1/completions", {"prompt": "hi", "thinking_budget": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_budget", r.text
+    r = server.post("/generate", {"text": "hi", "sampling_params": {"thinking_budget": 4}})
+    assert r.status_code == 400 and "thinking_budget" in r.json()["error"]["message"], r.text
+    r = server.post("/generate", {"text": "hi", "sampling_params": {"thinking_budget": 4, "reasoning_end": "."}})
+    assert r.status_code == 200, r.text  # markers of the client's own are enforced anywhere
+    r = qwen3.post("/v1/chat/completions", body | {"thinking_budget": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_budget", r.text
+    r = qwen3.post("/v1/chat/completions", body | {"thinking_budget": 3, "thinking_token_budget": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget", r.text
+    server.wait_idle()
+    qwen3.wait_idle()
