@@ -182,7 +182,7 @@ def build_requests(prompts: list[list[int]], sampling: SamplingArg, limits: Mode
     if len(per_prompt) != len(prompts):
         raise InvalidRequest(f"images for {len(per_prompt)} prompts, not {len(prompts)}", "image_data")
     for row, imgs in zip(prompts, per_prompt, strict=True):
-        _check_prompt(row, limits, prompt_field)
+        check_prompt(row, limits, prompt_field)
         _check_images(row, imgs, limits, prompt_field)
     params = _params_per_prompt(sampling, len(prompts), limits)
     for row, p in zip(prompts, params, strict=True):
@@ -235,7 +235,7 @@ def build_embedding_requests(prompts: list[list[int]], limits: ModelLimits, *, r
     """One `embed` request per prompt, in order (`rid` and `lora_path` as in
     `build_requests`). Raises `InvalidRequest` naming the field at fault."""
     for row in prompts:
-        _check_prompt(row, limits, prompt_field)
+        check_prompt(row, limits, prompt_field)
         _check_images(row, (), limits, prompt_field)
     rids = _rids_per_prompt(rid, len(prompts), new_rid)
     if len(set(rids)) < len(rids):
@@ -245,7 +245,9 @@ def build_embedding_requests(prompts: list[list[int]], limits: ModelLimits, *, r
             for r, ids, adapter in zip(rids, prompts, adapters, strict=True)]
 
 
-def _check_prompt(row: list[int], limits: ModelLimits, field: str) -> None:
+def check_prompt(row: list[int], limits: ModelLimits, field: str) -> None:
+    """A prompt's ids: not empty, shorter than the context, each in the vocabulary;
+    `InvalidRequest` naming `field` otherwise."""
     if not row:
         raise InvalidRequest(f"{field} must not contain an empty prompt", field)
     if len(row) >= limits.context_len:

@@ -4,10 +4,12 @@ watch (a thinking budget) but no constraint."""
 from __future__ import annotations
 
 from collections import deque
-
-import torch
+from typing import TYPE_CHECKING
 
 from sprig.runtime.constrained.base import Grammar
+
+if TYPE_CHECKING:
+    import torch
 
 
 class FreeGrammar(Grammar):

@@ -24,6 +24,7 @@ from sprig.runtime.request_contract import (
     SamplingArg,
     TokenizedRequest,
     build_requests,
+    check_prompt,
     prompt_rows,
 )
 from sprig.runtime.server.chat_render import ChatRenderer
@@ -84,6 +85,15 @@ class RequestBuilder:
             return prompt_rows(text, input_ids, lambda t: self.encode(t, param=param), text_field=param)
         except InvalidRequest as e:
             raise ApiError(400, str(e), e.field) from None
+
+    def prompt_text(self, ids: list[int], param: str) -> str:
+        """The text of the prompt `ids`, checked first as `requests` checks it (a 400 naming
+        `param` for ids outside the vocabulary), so nothing undecodable is decoded."""
+        try:
+            check_prompt(ids, self.limits, param)
+        except InvalidRequest as e:
+            raise ApiError(400, str(e), e.field) from None
+        return self.tokenizer.decode(ids)
 
     def image_prompts(self, text: Any, input_ids: Any, image_data: Any,
                       param: str = "text") -> tuple[bool, list[list[int]], list[tuple[ImageInput, ...]] | None]:

@@ -50,7 +50,7 @@ async def generate(request: Request) -> Response:
         texts = req.text if isinstance(req.text, list) else [req.text]
         sampling = thinking_budget.with_markers(
             st, req.sampling_params, prompts,
-            lambda i: texts[i] if req.text is not None else st.builder.tokenizer.decode(prompts[i]))
+            lambda i: texts[i] if req.text is not None else st.builder.prompt_text(prompts[i], "input_ids"))
         return req, batch, st.builder.requests(prompts, sampling, req.rid, logprobs, stream=req.stream,
                                               prompt_field="text" if req.text is not None else "input_ids",
                                               priority=req.priority, lora_path=req.lora_path, images=images)

@@ -115,14 +115,17 @@ async def completions(request: Request) -> Response:
         fmt = None if budget is None else thinking_budget.reasoning_format(st, budget_field)
         _, prompts = st.builder.prompts(None if is_ids else p, p if is_ids else None, param="prompt")
         constraint = request_constraint(req)
-        texts = [st.builder.tokenizer.decode(ids) for ids in prompts] if is_ids else ([p] if isinstance(p, str) else p)
-        sampling = [sampling_for(st, req, constraint, len(ids), req.max_tokens,
-                                 **({} if fmt is None else thinking_budget.budget_params(fmt, fmt.phase(text), budget)))
-                    for ids, text in zip(prompts, texts, strict=True)]
+        texts = None if is_ids else ([p] if isinstance(p, str) else p)
+        sampling = [sampling_for(st, req, constraint, len(ids), req.max_tokens) for ids in prompts]
+        if fmt is not None:
+            for i, ids in enumerate(prompts):
+                text = st.builder.prompt_text(ids, "prompt") if texts is None else texts[i]
+                sampling[i] |= thinking_budget.budget_params(fmt, fmt.phase(text), budget)
         want = req.logprobs is not None
         logprobs = LogprobOptions(want, 0 if want and req.echo else -1, req.logprobs or 0, True)
         reqs = contract_requests(st, prompts, sampling, logprobs, req.stream, constraint, req.priority,
                                  adapter_of(st, req.model, req.lora_path))
+        texts = texts or [st.builder.tokenizer.decode(ids) for ids in prompts]
         return req, texts, reqs, constraint
 
     req, texts, reqs, constraint = await prepare(request, build)

@@ -237,5 +237,10 @@ def test_a_budget_is_refused_where_it_cannot_be_held(qwen3: Server, server: Serv
     assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_budget", r.text
     r = qwen3.post("/v1/chat/completions", body | {"thinking_budget": 3, "thinking_token_budget": 4})
     assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget", r.text
+    # a prompt of ids outside the vocabulary is refused before it is decoded to find where it starts
+    r = qwen3.post("/v1/completions", {"prompt": [5, -3, 10**9], "thinking_budget": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    r = qwen3.post("/generate", {"input_ids": [5, -3], "sampling_params": {"thinking_budget": 2}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids", r.text
     server.wait_idle()
     qwen3.wait_idle()
