@@ -8,7 +8,12 @@ that many sequences in flight (`max_running_requests`):
 - tree search: batch / 8 problems (at least one), a beam search over solution lines
   (`TREE_ROUNDS` rounds; each path of the beam, `TREE_BEAM` of them, expanded with
   `TREE_EXPAND` seeded samples of its next line at T = 0.8, scored by the demo task's
-  step verifier `demo.verify.step_value`; paths ending in an `Answer:` line stop).
+  step verifier `demo.verify.step_value`; paths ending in an `Answer:` line stop);
+- json extraction: `max(batch, GREEDY_MIN)` held-out extraction dialogues of the demo
+  mixture (a text and a schema; the answer copies values from the text), each greedy under
+  its schema (`json_schema`): constrained requests, whose drafts are cut to their grammar;
+- json self-consistency: batch / 8 of those dialogues (at least one), 8 seeded samples
+  each at T = 0.6 under the schema (at batch 1 one after another).
 Every side runs on its own engine per batch size, warmed up
 first; timed runs alternate sides
 (off, ngram, radix, draft, then ngram, radix, draft, off, ...: each repeat starts one side
@@ -29,6 +34,7 @@ draft side's draft model is the one shipped for the demo model (runtime/demo/dra
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -37,12 +43,14 @@ import torch
 
 from sprig.runtime import Engine
 from sprig.runtime.demo import DEMO_MODEL_PATH
+from sprig.runtime.demo.dialogue import stream
 from sprig.runtime.demo.evaluate import prompts
+from sprig.runtime.demo.extraction import make_extraction_dialogue
 from sprig.runtime.demo.tasks import Problem, take
 from sprig.runtime.demo.verify import is_answer, step_value
 
 SIDES = (None, "ngram", "radix", "draft", "radix-path")  # radix-path: the radix drafter without token trees
-TASKS = ("greedy", "self-consistency", "tree search")
+TASKS = ("greedy", "self-consistency", "tree search", "json extraction", "json self-consistency")
 TREE_ROUNDS, TREE_BEAM, TREE_EXPAND = 6, 2, 4
 GREEDY_MIN = 8  # greedy problems at the smaller batch sizes: one problem is too short a run to time
 DRAFT_MODEL_PATH = DEMO_MODEL_PATH.parent / "draft"
@@ -87,11 +95,36 @@ def tree_search(engine: Engine, texts: list[str], questions: list[str], max_new:
     return every
 
 
-def workload(task: str, batch: int, texts: list[str], problems: list[Problem], max_new: int):
+def json_extraction(engine: Engine, extractions: list[tuple[str, dict]], max_new: int,
+                    samples: dict | None = None) -> list[list[int]]:
+    """Each extraction under its schema: greedy, or with `samples` (n, temperature, seed)."""
+    params = [{"max_new_tokens": max_new, "temperature": 0, "json_schema": schema, **(samples or {})}
+              for _, schema in extractions]
+    return [o["output_ids"] for o in engine.generate([text for text, _ in extractions], params)]
+
+
+def extraction_prompts(tokenizer, count: int) -> list[tuple[str, dict]]:
+    """Held-out extraction dialogues: each prompt (chat-formatted up to the answer, without
+    the leading `<s>`) and its schema."""
+    bos = tokenizer.bos_token or ""
+    out = []
+    for d in itertools.islice(stream(make_extraction_dialogue, "heldout", 0, "json"), count):
+        text = tokenizer.apply_chat_template(list(d.messages[:-1]), add_generation_prompt=True, tokenize=False)
+        out.append((text[len(bos):] if bos and text.startswith(bos) else text, d.schema))
+    return out
+
+
+def workload(task: str, batch: int, texts: list[str], problems: list[Problem], extractions: list[tuple[str, dict]],
+             max_new: int):
     """The task at `batch` as a function of the engine, returning every output's ids."""
     if task == "greedy":
         return lambda engine: greedy(engine, texts[: max(batch, GREEDY_MIN)], max_new)
+    if task == "json extraction":
+        return lambda engine: json_extraction(engine, extractions[: max(batch, GREEDY_MIN)], max_new)
     count = max(1, batch // 8)
+    if task == "json self-consistency":
+        samples = {"n": 8, "temperature": 0.6, "top_p": 0.9, "sampling_seed": 1}
+        return lambda engine: json_extraction(engine, extractions[:count], max_new, samples)
     if task == "self-consistency":
         return lambda engine: self_consistency(engine, texts[:count], max_new)
     return lambda engine: tree_search(engine, texts[:count], [p.question for p in problems[:count]], max_new // 2)
@@ -140,16 +173,17 @@ def main() -> None:
     tokenizer = engines[None, args.batches[0]].tokenizer
     problems = take("heldout", max(*args.batches, GREEDY_MIN), seed=0)
     texts = prompts(tokenizer, problems)
+    extractions = extraction_prompts(tokenizer, max(*args.batches, GREEDY_MIN))
     for engine in engines.values():  # warm-up
         engine.generate(texts[:2], {"max_new_tokens": 8, "temperature": 0})
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
     print(f"demo model, {args.dtype}, {args.device} ({where}), {args.repeats} interleaved repeats, medians; "
           f"--num-draft-tokens {args.num_draft_tokens}")
-    print(f"{'task':<18}{'batch':>6} {'side':<11}{'wall s':>9}{'passes':>8}{'tok/pass':>9}{'alt':>6}{'passes x':>9}"
+    print(f"{'task':<22}{'batch':>6} {'side':<11}{'wall s':>9}{'passes':>8}{'tok/pass':>9}{'alt':>6}{'passes x':>9}"
           f"{'wall x':>8}")
     for task in args.tasks:
         for batch in args.batches:
-            run = workload(task, batch, texts, problems, args.max_new_tokens)
+            run = workload(task, batch, texts, problems, extractions, args.max_new_tokens)
             runs: dict[str | None, list[Run]] = {side: [] for side in sides}
             for repeat in range(args.repeats):  # each repeat in another order: none always runs after the same side
                 for side in sides[repeat % len(sides):] + sides[: repeat % len(sides)]:
@@ -165,7 +199,7 @@ def main() -> None:
                 p = statistics.median(r.passes for r in runs[side])
                 a = statistics.median(r.accept_length for r in runs[side])
                 alt = statistics.median(r.alternatives for r in runs[side])
-                print(f"{task:<18}{batch:>6} {side or 'off':<11}{s:>9.2f}{p:>8.0f}{a:>9.2f}{alt:>6.0f}{off_p / p:>9.2f}"
+                print(f"{task:<22}{batch:>6} {side or 'off':<11}{s:>9.2f}{p:>8.0f}{a:>9.2f}{alt:>6.0f}{off_p / p:>9.2f}"
                       f"{off_s / s:>8.2f}", flush=True)
     for engine in engines.values():
         engine.shutdown()

@@ -33,9 +33,11 @@ def draw_tokens(
     eos_ids: tuple[int, ...],
     grammars: Grammars,
     generator: torch.Generator | None,
+    bitmasks: list[torch.Tensor | None] | None = None,
 ) -> Drawn:
     """Row b of `logits` sampled for `reqs[b]` as if it had generated `outputs[b]` so far
-    (penalties and the min-new-tokens ban see those outputs; a seeded draw its position)."""
+    (penalties and the min-new-tokens ban see those outputs; a seeded draw its position;
+    a constrained row the grammar mask `bitmasks[b]`, where given, else its grammar's)."""
     batch = SamplingBatch.build(
         [r.params for r in reqs],
         output_ids=outputs,
@@ -45,7 +47,7 @@ def draw_tokens(
         device=logits.device,
     )
     top_n = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
-    logits = grammars.mask(reqs, logits)
+    logits = grammars.mask(reqs, logits, bitmasks)
     wanted = any(r.return_logprob for r in reqs)
     out = sample(logits, batch, top_logprobs_num=top_n, logprobs=wanted, generator=generator)
     logprobs = out.logprobs.tolist() if out.logprobs is not None else []

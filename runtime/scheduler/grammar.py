@@ -117,15 +117,21 @@ class Grammars:
         if self._pending:
             wait(list(self._pending.values()), timeout=timeout, return_when="FIRST_COMPLETED")
 
-    def mask(self, reqs: list[Req], logits: torch.Tensor) -> torch.Tensor:
+    def mask(self, reqs: list[Req], logits: torch.Tensor,
+             given: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         """`logits` with every constrained row limited to its grammar's allowed tokens
-        (a copy when any row is constrained)."""
+        (a copy when any row is constrained): row i's bitmask is `given[i]` where that is
+        set (a speculative verification's row past the request's grammar state), else the
+        grammar's own."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return logits
         bitmask = torch.zeros(len(rows), bitmask_width(logits.shape[-1]), dtype=torch.int32)
         for j, i in enumerate(rows):
-            reqs[i].grammar.fill_bitmask(bitmask[j])
+            if given is not None and given[i] is not None:
+                bitmask[j] = given[i]
+            else:
+                reqs[i].grammar.fill_bitmask(bitmask[j])
         masked = logits.clone()
         apply_token_bitmask(masked, bitmask.to(logits.device), rows=torch.tensor(rows, device=logits.device))
         return masked

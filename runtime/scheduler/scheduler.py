@@ -426,10 +426,12 @@ class Scheduler:
         for b, req in enumerate(reqs):
             self.emit(req, drawn, b)
 
-    def draw(self, reqs: list[Req], logits: torch.Tensor, outputs: list[list[int]]) -> Drawn:
+    def draw(self, reqs: list[Req], logits: torch.Tensor, outputs: list[list[int]],
+             bitmasks: list[torch.Tensor | None] | None = None) -> Drawn:
         """Sample row b of `logits` for `reqs[b]` as if it had generated `outputs[b]` so far
-        (a request may fill several rows: speculative verification)."""
-        return draw_tokens(reqs, logits, outputs, self.eos_ids, self.grammars, self.runner.generator)
+        (a request may fill several rows: speculative verification, which gives the
+        grammar masks of a constrained request's rows, `bitmasks`)."""
+        return draw_tokens(reqs, logits, outputs, self.eos_ids, self.grammars, self.runner.generator, bitmasks)
 
     def emit(self, req: Req, drawn: Drawn, b: int) -> None:
         """Append row b's token to `req` (with its logprobs) and check whether it stops."""

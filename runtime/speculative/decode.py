@@ -14,8 +14,9 @@ Invariants:
   KV of its own at the target's slots (the draft model) sees every extend the scheduler
   runs and every decode step in which nothing was drafted (`mirror`) and, before any
   verified token is emitted, which tokens each verification pass keeps (`verified`).
-- Constrained requests (a grammar) are not drafted for: they verify no drafts, which is
-  the plain decode step.
+- A constrained request's draft is cut to what its grammar takes (`grammar_drafts`), and
+  each of its rows is masked by the grammar as it would be after the drafts before it;
+  it verifies no alternative paths.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sprig.runtime.constrained import bitmask_width
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.speculative.accept import tree_walk
@@ -36,6 +38,7 @@ from sprig.runtime.speculative.cost import PassCosts, Scales, branch_gain, draft
 from sprig.runtime.speculative.draft_length import START_RATE, AcceptanceRate, DraftLength
 from sprig.runtime.speculative.draft_model import DraftModel
 from sprig.runtime.speculative.drafter import DRAFTERS
+from sprig.runtime.speculative.grammar_drafts import grammar_rows
 from sprig.runtime.speculative.tree import Branch, shared_prefix
 
 log = logging.getLogger("sprig.scheduler")
@@ -110,6 +113,7 @@ class SpeculativeDecoder:
         drafts, limits = self._drafts(sched, batch)
         if not any(drafts):
             return self._plain(sched, batch)
+        bitmasks = self._fit(sched, batch, drafts)
         branches = self._branches(sched, batch, drafts, limits)
         drafted = time.perf_counter()
         step = self._step(sched, batch, drafts, branches)
@@ -120,7 +124,8 @@ class SpeculativeDecoder:
             req = batch[b.owner]
             rows += [req] * (len(b.tokens) - b.depth)
             outputs += [req.output_ids + b.tokens[:j] for j in range(b.depth + 1, len(b.tokens) + 1)]
-        drawn = sched.draw(rows, logits, outputs)
+        drawn = sched.draw(rows, logits, outputs,
+                           None if bitmasks is None else bitmasks + [None] * (len(rows) - len(bitmasks)))
         if self.measured:
             self._time(step, drafts, drafted - start, time.perf_counter() - drafted)
         paths: list[list[list[int]]] = [[d] for d in drafts]
@@ -142,6 +147,26 @@ class SpeculativeDecoder:
             self._accept(sched, req, path, [rows0[k] + j for k, j in walk], drawn, tree)
         self.stats.verify_steps += 1
         return batch
+
+    @staticmethod
+    def _fit(sched: Scheduler, batch: list[Req], drafts: list[list[int]]) -> list[torch.Tensor | None] | None:
+        """Cut each constrained request's draft (in place) to what its grammar takes
+        (`grammar_rows`; jump-forward runs for it as `Scheduler._check_stop` runs it), and
+        return the grammar bitmask of each row of the requests' drafts (None for an
+        unconstrained request's rows), or None when no request is constrained. The
+        slots of a cut draft's tokens are freed with the rejected ones (`RequestKV.shrink`)."""
+        if all(r.grammar is None for r in batch):
+            return None
+        width = bitmask_width(sched.grammars.logits_width)
+        jumps = sched.config.enable_jump_forward
+        bitmasks: list[torch.Tensor | None] = []
+        for i, req in enumerate(batch):
+            if req.grammar is None:
+                bitmasks += [None] * (len(drafts[i]) + 1)
+                continue
+            drafts[i], rows = grammar_rows(req.grammar, drafts[i], width, jumps and not req.return_logprob)
+            bitmasks += rows
+        return bitmasks
 
     def _plain(self, sched: Scheduler, batch: list[Req]) -> list[Req]:
         """A step in which no request drafts: the scheduler's plain decode step (the same
@@ -274,7 +299,7 @@ class SpeculativeDecoder:
         candidates = []
         for i, (r, d, paths) in enumerate(zip(batch, drafts, proposed, strict=True)):
             rate = self.lengths[r.rid].acceptance.rate
-            for path in paths:
+            for path in paths if r.grammar is None else ():
                 depth = shared_prefix(path, d)
                 if depth < len(path):
                     candidates.append((i, path, depth, branch_gain(rate, depth, len(path), len(d))))
@@ -296,8 +321,8 @@ class SpeculativeDecoder:
 
     def _length(self, req: Req) -> int:
         """How many drafts `req` may verify now, as long as its adaptive length allows:
-        none for a constrained request or one with several tokens pending."""
-        if req.grammar is not None or req.seq_len - req.kv_len != 1:
+        none for a request with several tokens pending."""
+        if req.seq_len - req.kv_len != 1:
             return 0
         room = req.params.max_new_tokens - len(req.output_ids) - 1
         return max(0, min(self.lengths[req.rid].next(), room))

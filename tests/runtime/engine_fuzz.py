@@ -21,8 +21,9 @@ retract, radix on or off, few or many running requests, each schedule policy, ei
 attention backend, a float or an int8 KV cache, float or int4 weights, speculative
 decoding off or with any drafter (the draft model: the target's first layer,
 `draft_checkpoints.truncated_draft`, its rounds in the CPU's draft decoder or through its
-runner as on CUDA; token trees up to 4 paths, half of the prompt-lookup workloads with
-`PerturbedTrees`' trees; alone runs never speculate), in shadow mode,
+runner as on CUDA; token trees up to 4 paths; half of the prompt-lookup workloads draft
+from `PerturbedTrees`, which knows the outputs, so constrained requests' drafts are kept
+too; alone runs never speculate), in shadow mode,
 driven step by step through the scheduler, on one of the given models (dense, or in
 `MOE_SHARE` of workloads a mixture-of-experts one: routing is per token, so a request's
 experts never depend on its batch; `SINK_SHARE` of those on gpt-oss, whose attention
@@ -248,6 +249,7 @@ class Outcome:
     picked: list[list[tuple[float, int]]]  # token_ids_logprob's, per output position
     input_picked: list[list[tuple[float, int]] | None]
     embedding: list[float] | None
+    drafts_kept: int  # speculative drafts its tokens took
 
     @staticmethod
     def of(req: Req) -> Outcome:
@@ -256,7 +258,7 @@ class Outcome:
             [lp for lp, _ in req.output_logprobs], [list(row) for row in req.output_top_logprobs],
             list(req.input_logprobs), list(req.input_top_logprobs),
             [list(row) for row in req.output_token_ids_logprobs], list(req.input_token_ids_logprobs),
-            req.embedding,
+            req.embedding, sum(k * n for k, n in enumerate(req.spec_accept_histogram)),
         )
 
     @property
@@ -278,6 +280,7 @@ class Stats:
     guided: int = 0  # of those, the ones whose regex llguidance compiled itself (`grammar_backend`)
     thinking: int = 0  # of those, the ones whose constraint waited for a reasoning end marker
     budgeted: int = 0  # of the sequences, those whose reasoning a thinking budget held (constrained or not)
+    gated_drafts: int = 0  # speculative drafts kept by sequences under a grammar (a constraint or a budget)
     picked: int = 0  # of the sequences, those whose token_ids_logprob entries were compared
     embeddings: int = 0  # embedding requests compared with their alone runs
     embed_diff: dict[str, float] = field(default_factory=dict)  # the largest difference, by KV cache dtype
@@ -303,6 +306,7 @@ class Stats:
             f"compared with their alone runs, {self.hf_tokens} with transformers; {self.constrained} of the "
             f"requests constrained ({self.context_free} by llguidance as Lark, {self.guided} as regexes, "
             f"{self.thinking} after a reasoning marker); {self.budgeted} with a thinking budget; "
+            f"{self.gated_drafts} drafts kept by constrained or budgeted requests; "
             f"{self.picked} with token_ids_logprob; {self.embeddings} embeddings (largest difference "
             f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
@@ -388,7 +392,10 @@ def make_workload(
         options.pop("disable_draft_decoder", None)
         options["speculative_alternatives"] = 0
     trees = options.get("speculative_algorithm") == "ngram" and options["speculative_alternatives"] > 0
-    return Workload(seed, model, tuple(requests), options, perturbed_trees=trees and rng.random() < 0.5,
+    perturbed = trees and rng.random() < 0.5
+    if options.get("speculative_algorithm") == "ngram" and not trees:  # known drafts, no trees: their own generator
+        perturbed = random.Random(f"known drafts {seed}").random() < 0.5
+    return Workload(seed, model, tuple(requests), options, perturbed_trees=perturbed,
                     stale_start=random.Random(f"weights {seed}").random() < STALE_START_SHARE)
 
 
@@ -816,6 +823,8 @@ def _check_sequence(
     stats.guided += seq_params.regex is not None and ("grammar_backend", "llguidance") in key
     stats.thinking += seq_params.reasoning_end is not None and spec_from_params(seq_params) is not None
     stats.budgeted += seq_params.thinking_budget is not None
+    if spec_from_params(seq_params) is not None or seq_params.thinking_budget is not None:
+        stats.gated_drafts += got.drafts_kept
     n = _common_len(got.ids, want.ids)
     if n < len(got.ids) and n < len(want.ids):  # they part at token n
         if not ref.near_tie(rows[n], seq_params, prompt, want.ids[:n], want.ids[n], got.ids[n]):

@@ -232,17 +232,34 @@ def test_radix_token_trees_keep_seeded_outputs(options, tiny_checkpoints) -> Non
         assert [lp for lp, _, _ in got_lp] == pytest.approx([lp for lp, _, _ in want_lp], abs=1e-5)
 
 
-def test_constrained_requests_keep_their_grammar(tiny_checkpoints) -> None:
+CONSTRAINED = [  # greedy and seeded; a regex the tiny model loops in, a schema, and one behind a reasoning gate
+    {"max_new_tokens": 20, "temperature": 0, "regex": "(ab|cd)+x"},
+    {"max_new_tokens": 20, "temperature": 0.9, "seed": 7, "regex": "(ab|cd)+x"},
+    {"max_new_tokens": 20, "temperature": 0, "json_schema": {
+        "type": "object", "properties": {"word": {"enum": ["the cat", "the dog"]}}, "required": ["word"]}},
+    {"max_new_tokens": 20, "temperature": 0, "regex": "(ab)+", "reasoning_end": "e", "thinking_budget": 6},
+    {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True, "reasoning_end": "e", "thinking_budget": 3},
+]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_constrained_requests_are_drafted_for_and_keep_their_grammar(algorithm, jump_forward,
+                                                                     tiny_checkpoints) -> None:
+    """Drafts of constrained requests are cut to their grammars and verified row by row
+    under the grammar's mask after the drafts before it: the outputs are plain decoding's,
+    with jump-forward on or off, and drafts are kept."""
     path = tiny_checkpoints["llama"]
-    sp = {"max_new_tokens": 16, "temperature": 0, "regex": "(ab|cd)+x"}
-    free = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
-    with Engine(path, dtype="float32") as plain:
-        want = plain.generate(PROMPTS[:2], sp) + plain.generate(PROMPTS[:2], free)
-    with _spec_engine(path, "ngram") as engine:
-        got = engine.generate(PROMPTS[:2], sp) + engine.generate(PROMPTS[:2], free)
+    prompts = PROMPTS[:2] * len(CONSTRAINED)
+    params = [p for p in CONSTRAINED for _ in range(2)]
+    with Engine(path, dtype="float32", enable_jump_forward=jump_forward) as plain:
+        want = plain.generate(prompts, params)
+    with _spec_engine(path, algorithm, enable_jump_forward=jump_forward) as engine:
+        got = engine.generate(prompts, params)
         assert_idle_and_intact(engine)
     assert ids(got) == ids(want)
-    for o in got[:2]:
+    assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in got) > 0
+    for o in got[:4]:
         text, stopped = o["text"], o["meta_info"]["finish_reason"]["type"] == "stop"
         assert re.fullmatch("(ab|cd)+x" if stopped else "(ab|cd)*(a|c)?", text), text
 
