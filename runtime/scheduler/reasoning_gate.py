@@ -22,9 +22,10 @@ Phases of one request's output:
 
 The phase depends only on the request's own tokens, so the output does not depend on
 what else is batched (batch invariance). Until its budget is spent a request's tokens are
-those it writes without one: the budget changes no mask before it closes the reasoning. The end marker is found in the decoded text of
-the last few tokens (special tokens written as their names), so it may span tokens; text
-after it in the same token is fed to the grammar (leading blanks dropped). A token that
+those it writes without one: the budget changes no mask before it closes the reasoning.
+The end marker is found in the decoded text of the last few tokens (special tokens
+written as their names), so it may span tokens; text after it in the same token is fed
+to the grammar (leading blanks dropped). A token that
 would complete the marker with text the grammar refuses is masked out while thinking, so
 every token the mask allows is accepted: a plain-text marker (`Answer:` before a number)
 cannot end in a token (`: `... `:"`) that leaves the request nowhere to go.

@@ -102,6 +102,8 @@ class SpeculativeDecoder:
         self.backoff = 0  # the quiet steps the gate's next decline in a row sets: 0, 1, 3, 7, ... `MAX_QUIET`
         self.quiet = 0  # steps left in which the drafter is not asked (after declines, while no request joins `quiet_batch`)
         self.quiet_batch: frozenset[str] = frozenset()
+        self.probed = False  # the last drafts were a probe's
+        self.refused: set[str] = set()  # requests whose grammar refused a token of this step's drafts
         self.stats = SpeculativeStats()
 
     def decode(self, sched: Scheduler) -> list[Req]:
@@ -113,6 +115,7 @@ class SpeculativeDecoder:
         drafts, limits = self._drafts(sched, batch)
         if not any(drafts):
             return self._plain(sched, batch)
+        self.refused = set()
         bitmasks = self._fit(sched, batch, drafts)
         branches = self._branches(sched, batch, drafts, limits)
         drafted = time.perf_counter()
@@ -148,24 +151,40 @@ class SpeculativeDecoder:
         self.stats.verify_steps += 1
         return batch
 
-    @staticmethod
-    def _fit(sched: Scheduler, batch: list[Req], drafts: list[list[int]]) -> list[torch.Tensor | None] | None:
+    def _fit(self, sched: Scheduler, batch: list[Req], drafts: list[list[int]]) -> list[torch.Tensor | None] | None:
         """Cut each constrained request's draft (in place) to what its grammar takes
         (`grammar_rows`; jump-forward runs for it as `Scheduler._check_stop` runs it), and
         return the grammar bitmask of each row of the requests' drafts (None for an
-        unconstrained request's rows), or None when no request is constrained. The
-        slots of a cut draft's tokens are freed with the rejected ones (`RequestKV.shrink`)."""
+        unconstrained request's rows), or None when no request is constrained. A draft
+        token the grammar refuses counts as rejected for the request's draft length
+        (`refused`: it adapts as if the target had refused it). The cap
+        was chosen for the drafts before the cut: where one was cut, `draft_cap` chooses
+        again for what is left (the drafting is done, so its cost is not counted; a
+        probe's drafts are kept), and may cap every draft lower, or drop them all. The
+        slots of the tokens cut are freed with the rejected ones (`RequestKV.shrink`)."""
         if all(r.grammar is None for r in batch):
             return None
         width = bitmask_width(sched.grammars.logits_width)
         jumps = sched.config.enable_jump_forward
-        bitmasks: list[torch.Tensor | None] = []
+        masks: list[list[torch.Tensor] | None] = []
+        cut = False
         for i, req in enumerate(batch):
             if req.grammar is None:
-                bitmasks += [None] * (len(drafts[i]) + 1)
+                masks.append(None)
                 continue
-            drafts[i], rows = grammar_rows(req.grammar, drafts[i], width, jumps and not req.return_logprob)
-            bitmasks += rows
+            kept, rows, refused = grammar_rows(req.grammar, drafts[i], width, jumps and not req.return_logprob)
+            if refused:
+                self.refused.add(req.rid)
+            cut |= len(kept) < len(drafts[i])
+            drafts[i] = kept
+            masks.append(rows)
+        if cut and not self.probed:
+            cap = draft_cap(self.costs.scaled(self.scales), [len(d) for d in drafts],
+                            [self.lengths[r.rid].expected for r in batch], model_steps=False)
+            drafts[:] = [d[:cap] for d in drafts]
+        bitmasks: list[torch.Tensor | None] = []
+        for d, rows in zip(drafts, masks, strict=True):
+            bitmasks += [None] * (len(d) + 1) if rows is None else rows[: len(d) + 1]
         return bitmasks
 
     def _plain(self, sched: Scheduler, batch: list[Req]) -> list[Req]:
@@ -274,6 +293,7 @@ class SpeculativeDecoder:
             return chosen[0]
 
         drafts = self.drafter.draft(sched.kv, batch, lengths, cap)
+        self.probed = probed[0]
         self.undrafted = 0 if any(drafts) or probed[0] else self.undrafted + 1  # a probe that found nothing counts
         if chosen[0] and not probed[0]:
             self.backoff = self.quiet = 0
@@ -344,8 +364,9 @@ class SpeculativeDecoder:
         self.stats.emitted += emitted
         self.stats.drafted += tree
         self.stats.accepted += kept
-        if path:
-            self.lengths[req.rid].update(len(path), accepted)
-            self.prior.update(len(path), accepted)
+        drafted = len(path) + (req.rid in self.refused)  # a refused draft token was checked and rejected
+        if drafted:
+            self.lengths[req.rid].update(drafted, accepted)
+            self.prior.update(drafted, accepted)
         if not req.finished:
             sched.kv.shrink(req)

@@ -18,10 +18,13 @@ import torch
 from sprig.runtime.constrained import Grammar
 
 
-def grammar_rows(grammar: Grammar, draft: list[int], width: int, jumps: bool) -> tuple[list[int], list[torch.Tensor]]:
+def grammar_rows(grammar: Grammar, draft: list[int], width: int,
+                 jumps: bool) -> tuple[list[int], list[torch.Tensor], bool]:
     """(the part of `draft` kept, the bitmask of each of its `len(kept) + 1` rows: row j
-    the grammar's after the first j kept tokens). `width`: a bitmask row's int32 words;
-    `jumps`: whether jump-forward runs for the request. The grammar is unchanged after."""
+    the grammar's after the first j kept tokens, and whether the grammar refused the next
+    draft: a rejection, which the target could never have kept). `width`: a bitmask
+    row's int32 words; `jumps`: whether jump-forward runs for the request. The grammar is
+    unchanged after."""
     rows: list[torch.Tensor] = []
     kept: list[int] = []
     taken = 0
@@ -29,13 +32,13 @@ def grammar_rows(grammar: Grammar, draft: list[int], width: int, jumps: bool) ->
         for token in draft[: max(0, grammar.max_rollback - 1)]:
             rows.append(_row(grammar, width))
             if not _allows(rows[-1], token) or not grammar.accept_token(token):
-                return kept, rows
+                return kept, rows, True
             taken += 1
             if grammar.is_finished() or (jumps and grammar.forced_continuation()):
-                return kept, rows
+                return kept, rows, False
             kept.append(token)
         rows.append(_row(grammar, width))
-        return kept, rows
+        return kept, rows, False
     finally:
         grammar.rollback(taken)
 
