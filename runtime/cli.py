@@ -72,6 +72,9 @@ HELP = {
                         "channel (gpt-oss: its final channel is the answer, its calls are read too) into "
                         "reasoning_content; response_format and forced tool calls then constrain only the answer "
                         "(vLLM's names work too: deepseek_r1, openai_gptoss)",
+    "thinking_budget": "the most tokens a reasoning model may think in chat, Responses and Messages requests that "
+                       "give no budget of their own; then the server writes </think> and the answer follows "
+                       "(needs --reasoning-parser qwen3 or deepseek-r1)",
     "read_timeout": "seconds a client has to send a request's headers, and again its body (408 / closed after)",
     "watchdog_timeout": "seconds a child process may show no sign of life (a step longer than this counts as stuck) before the server exits non-zero",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",

@@ -44,7 +44,7 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     Raises ApiError (a 4xx naming the field)."""
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    budget, budget_field = thinking_budget.requested(req)
+    budget, budget_field = thinking_budget.requested(req, st.config.thinking_budget)
     if budget is not None:
         thinking_budget.reasoning_format(st, budget_field)
     constraint = request_constraint(req)

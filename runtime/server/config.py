@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sprig.runtime.server.reasoning import REASONING_FORMATS
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral", "qwen3_coder", "gpt-oss")  # server.tool_formats, server.harmony
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "gpt-oss")  # server.reasoning, server.harmony
@@ -44,6 +46,10 @@ class ServerConfig:
       Both take SGLang's and vLLM's names of the same formats (`TOOL_CALL_PARSER_ALIASES`,
       `REASONING_PARSER_ALIASES`: "qwen25" is "hermes", "openai" is "gpt-oss", ...), and
       hold the name they stand for.
+    - `thinking_budget`: the thinking budget (`server.thinking_budget`) of chat, Responses
+      and Messages requests that give none; needs a `reasoning_parser` of think markers
+      (qwen3, deepseek-r1). `/v1/completions` and `/generate` send raw prompts and take a
+      budget only when they give one.
     - `responses_store_bytes`: how much JSON of stored responses (`/v1/responses` with
       `store`, the default) the server keeps in memory for `previous_response_id` and
       `GET /v1/responses/{id}`, the least recently used dropped first; 0 keeps none.
@@ -66,6 +72,7 @@ class ServerConfig:
     chat_template: str | None = None
     tool_call_parser: str = "auto"
     reasoning_parser: str | None = None
+    thinking_budget: int | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     responses_store_bytes: int = 64 * 1024 * 1024
     read_timeout: float = 30.0
@@ -108,6 +115,11 @@ class ServerConfig:
                 self.tool_call_parser == HARMONY and self.reasoning_parser not in (None, HARMONY)):
             raise ValueError(f"the {HARMONY} format holds both reasoning and tool calls: reasoning_parser "
                              f"{self.reasoning_parser!r} cannot go with tool_call_parser {self.tool_call_parser!r}")
+        if self.thinking_budget is not None and (self.thinking_budget < 0
+                                                 or self.reasoning_parser not in REASONING_FORMATS):
+            raise ValueError(f"thinking_budget must be >= 0 and needs a reasoning_parser of think markers "
+                             f"({', '.join(REASONING_FORMATS)}); got {self.thinking_budget} with reasoning_parser "
+                             f"{self.reasoning_parser!r}")
         if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
             raise ValueError(f"allowed_local_media_path {self.allowed_local_media_path!r} is not a directory")
         if self.log_level not in LOG_LEVELS:

@@ -4,7 +4,8 @@ reasoning markers of the server's `--reasoning-parser`).
 
 Where it is read: `thinking_budget` (SGLang's name) or `thinking_token_budget` (vLLM's) on
 `/v1/chat/completions`, `/v1/completions` and `/v1/responses`; `sampling_params.thinking_budget`
-on `/generate`; `thinking.budget_tokens` on `/v1/messages`. Once the reasoning has taken
+on `/generate`; `thinking.budget_tokens` on `/v1/messages`. A server started with
+`--thinking-budget` gives chat, Responses and Messages requests that name none its own. Once the reasoning has taken
 that many tokens, the output writes the end marker (`</think>`) and goes on with the
 answer, so a reasoning model cannot spend all of `max_tokens` thinking.
 
@@ -27,13 +28,15 @@ from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase, ReasoningFo
 NAMES = ("thinking_budget", "thinking_token_budget")
 
 
-def requested(req: Any) -> tuple[int | None, str]:
-    """The budget an OpenAI request gives and the field it came in (`NAMES`); both
-    fields with different values are a 400."""
+def requested(req: Any, default: int | None = None) -> tuple[int | None, str]:
+    """The budget an OpenAI request gives (else `default`, the server's) and the field it
+    came in (`NAMES`); both fields with different values are a 400."""
     ours, theirs = req.thinking_budget, req.thinking_token_budget
     if ours is not None and theirs is not None and ours != theirs:
         raise ApiError(400, f"thinking_budget ({ours}) and thinking_token_budget ({theirs}) differ; give one",
                        "thinking_token_budget")
+    if ours is None and theirs is None:
+        return default, NAMES[0]
     return (ours, NAMES[0]) if ours is not None else (theirs, NAMES[1])
 
 

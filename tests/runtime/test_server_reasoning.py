@@ -42,6 +42,12 @@ def r1(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
         yield s
 
 
+@pytest.fixture(scope="module")
+def budgeted(model: Path) -> Iterator[Server]:
+    with running_server(model, "--reasoning-parser", "qwen3", "--thinking-budget", "1") as s:
+        yield s
+
+
 def chat(server: Server, **body) -> dict:
     r = server.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 200, "temperature": 0, **body})
     assert r.status_code == 200, r.text
@@ -244,3 +250,20 @@ def test_a_budget_is_refused_where_it_cannot_be_held(qwen3: Server, server: Serv
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids", r.text
     server.wait_idle()
     qwen3.wait_idle()
+
+
+def test_the_servers_budget_holds_requests_that_give_none(budgeted: Server, model: Path) -> None:
+    """`--thinking-budget`: chat, Responses and Messages requests without a budget of their
+    own get the server's; a request's own wins; raw prompts (`/v1/completions`) are not
+    held."""
+    assert chat(budgeted)["message"]["reasoning_content"] == "alpha"
+    assert chat(budgeted, thinking_token_budget=5)["message"]["reasoning_content"] == REASONING
+    anthropic = pytest.importorskip("anthropic")
+    with anthropic.Anthropic(base_url=budgeted.url, api_key="unused", max_retries=0, timeout=60) as client:
+        message = client.messages.create(model="m", max_tokens=200, messages=MESSAGES)
+    assert [getattr(b, "thinking", None) for b in message.content if b.type == "thinking"] == ["alpha"]
+    prompt = AutoTokenizer.from_pretrained(model).apply_chat_template(MESSAGES, add_generation_prompt=True,
+                                                                       tokenize=False)
+    raw = budgeted.post("/v1/completions", {"prompt": prompt, "max_tokens": 200, "temperature": 0}).json()
+    assert raw["choices"][0]["text"] == f"<think> {REASONING}</think> {ANSWER}"
+    budgeted.wait_idle()
