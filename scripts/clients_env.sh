@@ -15,7 +15,9 @@ ENV_DIR=${CLIENTS_ENV:-.venv-clients}
 CLIENTS=(instructor==1.17.0 litellm==1.110.2 openai-agents==0.24.0)
 
 python3 -m venv "$ENV_DIR"
-"$ENV_DIR/bin/pip" install --quiet "${CLIENTS[@]}"
+# A download that arrives damaged (pip: "do not match the hashes") is fetched again.
+install() { for attempt in 1 2 3; do "$ENV_DIR/bin/pip" install --quiet "$@" && return 0; echo "pip failed (attempt $attempt)"; sleep 5; done; return 1; }
+install "${CLIENTS[@]}"
 LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c "import agents, instructor, litellm, openai
 from importlib.metadata import version
 print(*(f'{p} {version(p)}' for p in ('instructor', 'litellm', 'openai-agents', 'openai')), 'ready')"

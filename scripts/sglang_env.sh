@@ -18,8 +18,10 @@ FRONTEND_DEPS=(numpy orjson psutil pybase64 requests triton packaging pillow sta
 
 python3 -m venv "$ENV_DIR"
 pip="$ENV_DIR/bin/pip"
+# A download that arrives damaged (pip: "do not match the hashes") is fetched again.
+install() { for attempt in 1 2 3; do "$pip" install --quiet "$@" && return 0; echo "pip failed (attempt $attempt)"; sleep 5; done; return 1; }
 # The CPU build of torch first (as .ci/run does), so that nothing pulls the CUDA wheels.
-"$pip" install --quiet torch==2.13.0
-"$pip" install --quiet --no-deps "sglang==$SGLANG_VERSION"
-"$pip" install --quiet "${FRONTEND_DEPS[@]}"
+install torch==2.13.0
+install --no-deps "sglang==$SGLANG_VERSION"
+install "${FRONTEND_DEPS[@]}"
 "$ENV_DIR/bin/python" -c "import sglang, sglang.test.test_programs; print('sglang', sglang.__version__, 'frontend ready')"
