@@ -34,6 +34,7 @@ from sprig.kernels.rotary import apply_rotary_ref, rotary_rows
 from sprig.kernels.store_kv import store_kv_ref
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.models.llama import DecoderModel
+from sprig.runtime.speculative.grammar_drafts import GrammarWalk
 from sprig.runtime.speculative.runner_rounds import round_step
 
 # |lean - general| allowed in shadow mode, times (1 + the largest |logit|), by model dtype
@@ -89,9 +90,10 @@ class DraftDecoder:
 
     @torch.inference_mode()
     def run(self, slots: list[torch.Tensor], starts: list[int], tokens: list[list[int]],
-            drafts: list[int]) -> list[list[int]]:
+            drafts: list[int], walk: GrammarWalk | None = None) -> list[list[int]]:
         """Greedy decode steps for B requests at once; returns each request's `drafts[b]`
-        proposals.
+        proposals (each the argmax among what request b's grammar allows, where `walk`
+        walks one).
 
         Request b: its context's first `starts[b]` positions hold the draft's K/V in the
         pool at `slots[b][:starts[b]]`; it is fed `tokens[b]` (at least one) one step at a
@@ -115,6 +117,8 @@ class DraftDecoder:
             logits = self._step(fed, start + j, ks, vs, rows, live, loc, upto=max(starts) + j + 1)  # [B, V]
             if expected is not None:
                 _check(logits[live], expected, self.dtype, j)
+            if walk is not None:
+                walk.mask(logits, [(b, b) for b in live if j + 1 >= len(tokens[b])])
             fed = logits.argmax(dim=-1)
             proposed = fed.tolist()
             for b in live:
@@ -122,6 +126,8 @@ class DraftDecoder:
                     fed[b] = tokens[b][j + 1]
                 else:
                     out[b].append(proposed[b])
+                    if walk is not None:
+                        walk.take(b, proposed[b])
         return out
 
     def _gather(self, slots: list[torch.Tensor], starts: list[int], width: int,

@@ -35,7 +35,9 @@ K/V kept between decode steps (`kept_kv`), cleared by every extend, never holds 
 decoder has since overwritten. Elsewhere (CUDA: graph-replayed steps) they run through
 the runner's general decode path (`runner_rounds.RunnerRounds`).
 
-The proposals are the draft's argmax tokens: a deterministic drafter, accepted by the
+The proposals are the draft's argmax tokens, among those the request's grammar allows
+after the proposals before them for a constrained request (`grammar_drafts.GrammarWalk`;
+the grammar is rolled back after): a deterministic drafter, accepted by the
 coupling `accept.tree_walk` at every temperature, so greedy outputs equal plain decoding's
 and a seeded request's tokens do not depend on whether speculation is on.
 """
@@ -60,6 +62,7 @@ from sprig.runtime.models import supported_architectures
 from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.speculative.draft_decoder import DraftDecoder
 from sprig.runtime.speculative.draft_decoder import supports as supports_contiguous
+from sprig.runtime.speculative.grammar_drafts import GrammarWalk
 from sprig.runtime.speculative.runner_rounds import RunnerRounds
 from sprig.runtime.speculative.timing import timed_ms
 from sprig.runtime.tokenizer import load_tokenizer
@@ -140,7 +143,8 @@ class DraftModel:
     def draft(self, kv: RequestKV, batch: list[Req], lengths: list[int],
               cap: Callable[[list[int]], int]) -> list[list[int]]:
         """`min(lengths[i], cap(lengths))` argmax drafts for `batch[i]` (each with one
-        pending token where `lengths[i] > 0`); a request whose draft slots the free list
+        pending token where `lengths[i] > 0`), under its grammar if it has one (the grammar
+        is left where it was); a request whose draft slots the free list
         cannot supply drafts nothing. Requests with more than `FEED_STEPS` tokens to feed
         (a prompt), or whose tokens to feed lie in slots another request also feeds, catch
         up on the runner (`_feed_pass`: an extend, which also proposes their first draft)
@@ -158,6 +162,17 @@ class DraftModel:
         if not live:
             return drafts
         reqs = [batch[i] for i in live]
+        walk = GrammarWalk([r.grammar for r in reqs]) if any(r.grammar is not None for r in reqs) else None
+        try:
+            return self._propose(kv, reqs, [ks[i] for i in live], walk, drafts, live)
+        finally:
+            if walk is not None:
+                walk.close()
+
+    def _propose(self, kv: RequestKV, reqs: list[Req], ks: list[int], walk: GrammarWalk | None,
+                 drafts: list[list[int]], live: list[int]) -> list[list[int]]:
+        """`draft`'s proposals: `ks[j]` for `reqs[j]` (its slots reserved), each put in
+        `drafts[live[j]]`."""
         caught: dict[int, int] = {}  # position in `reqs` -> its first draft
         while True:
             todo = [j for j in range(len(reqs)) if j not in caught]
@@ -172,28 +187,30 @@ class DraftModel:
                 taken |= slots
             if not behind:
                 break
-            caught.update((behind[b], token) for b, token in self._feed_pass(kv, [reqs[j] for j in behind]))
+            fed = self._feed_pass(kv, [reqs[j] for j in behind], None if walk is None else walk.over(behind))
+            caught.update((behind[b], token) for b, token in fed)
         start_of = dict(zip(todo, firsts, strict=True))
         for j, token in caught.items():
             drafts[live[j]].append(token)
-        rows = todo + [j for j in caught if ks[live[j]] > 1]
+        rows = todo + [j for j in caught if ks[j] > 1]
         if not rows:
             return drafts
         starts = [start_of.get(j, reqs[j].seq_len) for j in rows]
         tokens = [[caught[j]] if j in caught else reqs[j].fill_ids[start_of[j] : reqs[j].seq_len] for j in rows]
-        wanted = [ks[live[j]] - (j in caught) for j in rows]
+        wanted = [ks[j] - (j in caught) for j in rows]
         reads = [start + len(t) - 1 + n for start, t, n in zip(starts, tokens, wanted, strict=True)]
         slots = [kv.table.read(reqs[j].row, end) for j, end in zip(rows, reads, strict=True)]
-        proposals = self.rounds.run(slots, starts, tokens, wanted)
+        proposals = self.rounds.run(slots, starts, tokens, wanted, None if walk is None else walk.over(rows))
         for j, start, end, fed, proposed, row_slots in zip(rows, starts, reads, tokens, proposals, slots, strict=True):
             drafts[live[j]] += proposed
             self._wrote(row_slots[start:end], fed + proposed[:-1], torch.arange(start, end))
         return drafts
 
-    def _feed_pass(self, kv: RequestKV, reqs: list[Req]) -> list[tuple[int, int]]:
+    def _feed_pass(self, kv: RequestKV, reqs: list[Req], walk: GrammarWalk | None) -> list[tuple[int, int]]:
         """One pass of the runner feeding requests their tokens from the first position
         without draft K/V through their pending token: (index in `reqs`, first draft) of
-        each request it fed. Requests sharing a cached prefix the draft has not written
+        each request it fed (the argmax among what its grammar allows, where `walk`, over
+        `reqs`, walks one). Requests sharing a cached prefix the draft has not written
         (samples of one prompt) would write the same slots in one pass, which no step may
         do: the first of them is fed, the others are left for a later pass (which then
         starts after the slots this one wrote)."""
@@ -215,10 +232,16 @@ class DraftModel:
             logits_from=[ends[j] - firsts[j] - 1 for j in now],
         )
         begun = time.perf_counter()
-        tokens = self.runner.forward(step).argmax(dim=-1).tolist()
+        logits = self.runner.forward(step)  # [len(now), V]
         if step.mode is ForwardMode.EXTEND:
             self.extend_s += time.perf_counter() - begun
         self._record(step)
+        if walk is not None:
+            walk.mask(logits, list(enumerate(now)))
+        tokens = logits.argmax(dim=-1).tolist()
+        if walk is not None:
+            for j, token in zip(now, tokens, strict=True):
+                walk.take(j, token)
         return list(zip(now, tokens, strict=True))
 
     def _record(self, step: ForwardStep) -> None:

@@ -15,6 +15,7 @@ import torch
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.speculative.grammar_drafts import GrammarWalk
 
 
 def round_step(slots: list[torch.Tensor], starts: list[int], fed: list[int], live: list[int], j: int) -> ForwardStep:
@@ -38,21 +39,26 @@ class RunnerRounds:
         self.runner = runner
 
     def run(self, slots: list[torch.Tensor], starts: list[int], tokens: list[list[int]],
-            drafts: list[int]) -> list[list[int]]:
+            drafts: list[int], walk: GrammarWalk | None = None) -> list[list[int]]:
         """Request b is fed `tokens[b]` one step at a time from position `starts[b]`, then
-        each token it proposes, until it has proposed `drafts[b] >= 1` tokens after the
-        last of `tokens[b]`; returns the proposals. The K/V of the token fed at position p
-        is written at `slots[b][p]`; the first `starts[b]` positions' K/V must be there."""
+        each token it proposes (the argmax among what its grammar allows, where `walk`
+        walks one), until it has proposed `drafts[b] >= 1` tokens after the last of
+        `tokens[b]`; returns the proposals. The K/V of the token fed at position p is
+        written at `slots[b][p]`; the first `starts[b]` positions' K/V must be there."""
         steps = [len(t) - 1 + n for t, n in zip(tokens, drafts, strict=True)]
         fed = [t[0] for t in tokens]
         out: list[list[int]] = [[] for _ in slots]
         for j in range(max(steps)):
             live = [b for b in range(len(slots)) if steps[b] > j]
-            proposed = self.runner.forward(round_step(slots, starts, fed, live, j)).argmax(dim=-1).tolist()
-            for b, token in zip(live, proposed, strict=True):
+            logits = self.runner.forward(round_step(slots, starts, fed, live, j))  # [len(live), V]
+            if walk is not None:
+                walk.mask(logits, [(i, b) for i, b in enumerate(live) if j + 1 >= len(tokens[b])])
+            for b, token in zip(live, logits.argmax(dim=-1).tolist(), strict=True):
                 if j + 1 < len(tokens[b]):
                     fed[b] = tokens[b][j + 1]
                 else:
                     out[b].append(token)
                     fed[b] = token
+                    if walk is not None:
+                        walk.take(b, token)
         return out
