@@ -67,7 +67,9 @@ HELP = {
                         "XML calls and gpt-oss's harmony included; none: never parse). Without a format, tool_choice auto answers plain "
                         "text; required or a named function still work on any model: the call is then a bare "
                         "JSON object constrained to the tool's schema. SGLang's and vLLM's names work too (qwen25 "
-                        "and qwen are hermes, llama3_json is llama3, qwen3_xml is qwen3_coder, openai is gpt-oss)",
+                        "and qwen are hermes, llama3_json is llama3, qwen3_xml is qwen3_coder, openai is gpt-oss). mistral "
+                        "reads Mistral's v11 calls ([TOOL_CALLS]NAME[ARGS]{...}) where the chat template writes "
+                        "[ARGS], else the older JSON list; mistral_v11 names the v11 format outright",
     "reasoning_parser": "split a reasoning model's <think>...</think> (qwen3, deepseek-r1) or harmony analysis "
                         "channel (gpt-oss: its final channel is the answer, its calls are read too) into "
                         "reasoning_content; response_format and forced tool calls then constrain only the answer "

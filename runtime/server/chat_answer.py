@@ -77,7 +77,8 @@ class AnswerFormat:
         """(content, calls as written so far: name, arguments' JSON text, whether they are
         complete) of an answer whose calls the grammar makes calls (`forced`, `gated`),
         once the first call's arguments have begun (`CallFormat.partial_calls`); None
-        otherwise (then `calls` reads the answer)."""
+        otherwise (then `calls` reads the answer). The content before the calls reads as
+        a finished answer without calls would (`CallFormat.split`: no marker text)."""
         if self.tools is None or not (self.forced or self.gated):
             return None
         content, text = "", answer
@@ -85,7 +86,7 @@ class AnswerFormat:
             marked = self.tools.marked_calls(answer)
             if marked is None:
                 return None
-            content, text = answer[: marked[0]].strip(), marked[1]
+            content, text = self.tools.split(answer[: marked[0]], True, frozenset())[0], marked[1]
         calls = self.tools.partial_calls(text)
         return (content, calls[:1] if self.one_call else calls) if calls else None
 

@@ -25,6 +25,7 @@ from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionReque
 from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
 from sprig.runtime.server.request_manager import Call, RequestFailed
 from sprig.runtime.server.tool_calls import plan_tool_use
+from sprig.runtime.server.tool_formats import reading
 
 REASONING_EFFORTS = ("low", "medium", "high")
 
@@ -69,10 +70,12 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     else:
         reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
         phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
-        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
+        calls, decoding = reading(tools.parse_format, st.builder.tokenizer)
+        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, calls, tools.names,
                            forced=tools.forced, one_call=one_call,
                            gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning))
-        extra = tools.grammar_params(st.context_free) | (reasoning.sampling(phase) if reasoning is not None else {})
+        extra = (tools.grammar_params(st.context_free) | decoding
+                 | (reasoning.sampling(phase) if reasoning is not None else {}))
         if budget is not None:
             extra |= thinking_budget.budget_params(reasoning, phase, budget)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -8,7 +8,7 @@ from pathlib import Path
 from sprig.runtime.server.reasoning import REASONING_FORMATS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral", "qwen3_coder", "gpt-oss")  # server.tool_formats, server.harmony
+TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral", "mistral_v11", "qwen3_coder", "gpt-oss")  # server.tool_formats, server.harmony
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "gpt-oss")  # server.reasoning, server.harmony
 HARMONY = "gpt-oss"  # OpenAI's harmony format, both reasoning and tool calls
 # SGLang's and vLLM's names for the same formats, so their launch flags work unchanged

@@ -155,7 +155,7 @@ def _serve(sock: socket.socket, model_path: str, server: ServerConfig, engine: E
                              **image_prompter(model_path, info, tokenizer, server))
     template = builder.chat.source if builder.chat else None
     harmony = HarmonyServing.of(server.reasoning_parser, server.tool_call_parser, template)
-    tool_format = None if harmony is not None else resolve_format(server.tool_call_parser, template)
+    tool_format = None if harmony is not None else resolve_format(server.tool_call_parser, template, tokenizer.get_vocab())
     calls = "harmony" if harmony is not None and harmony.calls else tool_format.name if tool_format else None
     log.info("tool calls in chat answers: %s", calls or "not parsed")
     state = ServerState(

@@ -8,7 +8,9 @@ template's text):
   repeated for several calls; text before the first call is the message's content;
 - `llama3` (Llama 3.1+): the whole answer is `{"name": ..., "parameters": {...}}`, several
   joined by `;`, optionally after `<|python_tag|>`;
-- `mistral`: `[TOOL_CALLS]` then a JSON list of `{"name": ..., "arguments": {...}}`.
+- `mistral`: `[TOOL_CALLS]` then a JSON list of `{"name": ..., "arguments": {...}}` (before
+  Mistral's v11 tokenizer; the v11 format, `[TOOL_CALLS]NAME[ARGS]{...}`, is
+  `mistral_tool_calls`).
 OpenAI's harmony format (gpt-oss: `<|channel|>commentary to=functions.NAME ...`) is read as
 whole messages, with its reasoning, in `server.harmony` (a template that writes `<|channel|>`
 and `<|start|>` speaks it), not here.
@@ -66,7 +68,7 @@ def new_call_id() -> str:
 
 class CallFormat(Protocol):
     """What the server asks of a tool-call format (`ToolFormat`, the JSON ones;
-    `xml_tool_calls.XmlToolFormat`): the markers that open calls, reading an answer's
+    `xml_tool_calls.XmlToolFormat`, `mistral_tool_calls.MistralToolFormat`): the markers that open calls, reading an answer's
     calls whole (`split`) and as written (`marked_calls`, `partial_calls`), and the regex
     of calls of given tools (`forced`, `after_trigger`). `for_tools` is the format as it
     reads the calls of one request's tools."""
