@@ -32,6 +32,7 @@ from sprig.runtime.scheduler.stops import Stops
 from sprig.runtime.speculative.decode import SpeculativeDecoder
 from sprig.runtime.wire import TokenOutput
 
+PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's `/pause_generation` modes (`Scheduler.pause`)
 LORA_OFF = "LoRA is not enabled (start with lora_paths, or enable_lora with lora_target_modules and max_lora_rank)"
 
 log = logging.getLogger("sprig.scheduler")
@@ -92,6 +93,7 @@ class Scheduler:
         self._aborted: list[Req] = []
         self._last_was_prefill = False
         self.weight_version = config.weight_version
+        self.paused: str | None = None  # the mode of the pause in effect (`pause`); None: generating
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
@@ -136,14 +138,50 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
+        """Whether `step` has anything to do: while paused, only aborted requests to retire."""
+        if self.paused is not None:
+            return bool(self._aborted)
         return bool(self.waiting or self.running or self.chunked or self._aborted)
 
+    @property
+    def holds_kv(self) -> bool:
+        """Whether a request holds K/V: one running, or part-way through its prefill
+        (a waiting request holds none: a retracted one released its own to the tree)."""
+        return bool(self.running or self.chunked)
+
     def flush_cache(self) -> bool:
-        """Drop every cached prefix; refused (False) while requests are in flight."""
-        if self.waiting or self.running or self.chunked:
+        """Drop every cached prefix; refused (False) while a request holds K/V (`holds_kv`)."""
+        if self.holds_kv:
             return False
         self.kv.cache.reset()
         return True
+
+    # ------------------------------------------------------------------ pausing
+    def pause(self, mode: str) -> int:
+        """Stop generating until `resume` (SGLang's `/pause_generation`); returns how many
+        requests `mode` acted on. "abort" aborts every request in flight; "retract"
+        requeues every running request, and one part-way through its prefill, its K/V
+        released to the tree and its output kept: it resumes as after any retraction,
+        with the same tokens, and nothing holds K/V while paused (weights may change then);
+        "in_place" leaves every request where it is, K/V included. While paused a step
+        only retires aborted requests, and new requests wait in the queue. Pausing again
+        applies the new mode to what is there. ValueError for another mode."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
+        held = self.running + ([self.chunked] if self.chunked is not None else [])
+        if mode == "abort":
+            held += self.waiting
+            for req in held:
+                self.abort(req.rid)
+        elif mode == "retract":
+            for req in held:
+                self._retract(req, "to pause generation")
+        self.paused = mode
+        return len(held)
+
+    def resume(self) -> None:
+        """Generate again after `pause` (SGLang's `/continue_generation`); nothing if not paused."""
+        self.paused = None
 
     # ------------------------------------------------------------------ LoRA adapters
     def lora_adapters(self) -> dict[str, str]:
@@ -214,10 +252,14 @@ class Scheduler:
     def weights_loaded(self, weight_version: str | None) -> None:
         """After the runner loaded weights, or tried to: drop every cached prefix (K/V the
         old weights computed); `weight_version`, if given, labels the requests taken from
-        now on."""
+        now on and those waiting (no request holds K/V now: those waiting run on the new
+        weights, a request paused by retraction included, whose prompt and output so far
+        are computed again)."""
         self.kv.cache.reset()
         if weight_version is not None:
             self.weight_version = weight_version
+            for req in self.waiting:
+                req.weight_version = weight_version
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
@@ -234,6 +276,8 @@ class Scheduler:
         `partial=False` only for those that finished (each then reports everything)."""
         touched: list[Req] = self._aborted
         self._aborted = []
+        if self.paused is not None:
+            return [self._collect(r) for r in touched if partial or r.finished]
         extends: list[Extend] = []
         if not (self._last_was_prefill and self.running):
             ready = self._admissible(touched)
@@ -397,7 +441,7 @@ class Scheduler:
         """Slots a retraction frees per token of work it may have to redo."""
         return req.own_slots / (len(req.output_ids) + 1)
 
-    def _retract(self, req: Req) -> None:
+    def _retract(self, req: Req, why: str = "to free KV slots") -> None:
         """Requeue `req`, its KV released to the tree; its output so far is kept. Input
         logprobs of a prompt not yet fully prefilled are recorded again by the next
         prefill."""
@@ -414,7 +458,7 @@ class Scheduler:
         self.waiting.append(req)
         self.stats.retractions += 1
         self.ratio = self.config.new_token_ratio
-        log.info("retracted request %s (%d tokens generated) to free KV slots", req.rid, len(req.output_ids))
+        log.info("retracted request %s (%d tokens generated) %s", req.rid, len(req.output_ids), why)
 
     # ------------------------------------------------------------------ sampling and stopping
     def _sample(self, reqs: list[Req], logits: torch.Tensor, drawn_hook: Callable[[], None] | None = None) -> None:

@@ -23,6 +23,7 @@ from sprig.runtime.server.protocol import (
     GenerateRequest,
     GetWeightsByNameRequest,
     LoadLoRAAdapterRequest,
+    PauseGenerationRequest,
     ScoringRequest,
     UnloadLoRAAdapterRequest,
     UpdateWeightsFromDiskRequest,
@@ -49,7 +50,9 @@ BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's mod
     "/get_weights_by_name": GetWeightsByNameRequest,
     "/load_lora_adapter": LoadLoRAAdapterRequest,
     "/unload_lora_adapter": UnloadLoRAAdapterRequest,
+    "/pause_generation": PauseGenerationRequest,
 }
+OPTIONAL_BODIES = frozenset({"/pause_generation"})  # no body: the model's defaults
 ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
           "408": "the body arrived too slowly", "413": "the body is too large",
           "429": "the server is full; retry after Retry-After seconds", "503": "the server cannot serve"}
@@ -66,7 +69,7 @@ def openapi_document(app: FastAPI, version: str, api_key: bool) -> dict[str, Any
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
         op = doc["paths"][path]["post"]
-        op["requestBody"] = {"required": True, "content": {"application/json": {
+        op["requestBody"] = {"required": path not in OPTIONAL_BODIES, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
     for item in doc["paths"].values():
         for op in item.values():

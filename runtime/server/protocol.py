@@ -212,6 +212,13 @@ class UpdateWeightsFromDiskRequest(_Body):
     flush_cache: bool = True
 
 
+class PauseGenerationRequest(_Body):
+    """SGLang's `/pause_generation` (`routes_weights`): what happens to the requests in
+    flight (`Scheduler.pause`)."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
 class UpdateWeightVersionRequest(_Body):
     """SGLang's `/update_weight_version`: a new label for the weights in place."""
 

@@ -102,7 +102,7 @@ async def abort_request(request: Request) -> Response:
 async def flush_cache(request: Request) -> Response:
     reply = await state_of(request).manager.control("flush_cache")
     if not reply.ok:
-        raise ApiError(400, "cannot flush the cache while requests are in flight")
+        raise ApiError(400, "cannot flush the cache while requests hold K/V (running, or paused in place)")
     return json_response({"message": "Cache flushed."})
 
 

@@ -14,6 +14,14 @@ the policy being trained:
   the weights in place, carried by the responses of requests sent after it
   (`meta_info["weight_version"]`).
 - `GET /get_weight_version`: the current label.
+- `POST /pause_generation` `{"mode"?}` and `POST /continue_generation`: stop generating
+  around a weight sync, and go on (`Scheduler.pause`). "abort" (the default) ends the
+  requests in flight with what they wrote; "retract" requeues them, K/V released, so an
+  update may follow and they resume on the new weights, each with its output so far kept
+  (labelled with the new version); "in_place" keeps them where they are, K/V included,
+  and an update is then refused (400) until they finish or are aborted. Requests sent
+  while paused wait in the queue. Both answer 200 `{"success": true, "message"}`; pausing
+  adds the mode and how many requests it acted on. A body, if any, must be JSON.
 - `GET` or `POST /get_weights_by_name` `{"name", "truncate_size"?}`: the first rows (100 by
   default) of a float weight by its checkpoint name, as float32 nested lists, for checking
   that an update arrived (not under tensor parallelism, where each rank holds a part).
@@ -26,15 +34,17 @@ loads a whole checkpoint); more are a 429.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from sprig.runtime.server.errors import ApiError, parse
-from sprig.runtime.server.http_io import json_response, prepare, state_of
+from sprig.runtime.server.http_io import json_response, parse_json, prepare, read_body, state_of
 from sprig.runtime.server.protocol import (
     GetWeightsByNameRequest,
+    PauseGenerationRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightVersionRequest,
 )
@@ -105,3 +115,20 @@ async def get_weights_by_name(request: Request) -> Response:
         message = reply.data["message"]
         raise ApiError(400, message, "truncate_size" if message.startswith("truncate_size") else "name")
     return json_response(reply.data["weights"])
+
+
+@router.post("/pause_generation")
+async def pause_generation(request: Request) -> Response:
+    st = state_of(request)
+    body = await read_body(request)
+    req: PauseGenerationRequest = await asyncio.get_running_loop().run_in_executor(
+        st.pool, lambda: parse(PauseGenerationRequest, parse_json(body) if body.strip() else {}))
+    reply = await st.manager.control("pause_generation", {"mode": req.mode}, timeout=None)  # after an update in progress
+    return json_response({"success": True, "message": "Generation paused successfully.", "mode": req.mode,
+                          "num_requests": reply.data["requests"]})
+
+
+@router.post("/continue_generation")
+async def continue_generation(request: Request) -> Response:
+    await state_of(request).manager.control("continue_generation", timeout=None)
+    return json_response({"success": True, "message": "Generation continued successfully."})

@@ -58,6 +58,8 @@ log = logging.getLogger("sprig.scheduler")
 Send = Callable[[object], None]
 IDLE_CHECK_INTERVAL_S = 2.0  # the idle KV self-check walks the radix tree: not at every idle moment
 UPDATE_POLL_S = 0.01  # how often an idle loop looks at a weight update in progress
+IN_PLACE_UPDATE = ("requests paused in place hold K/V the current weights computed; pause with mode \"retract\" "
+                   "(they resume on the new weights) or \"abort\", or send abort_all_requests, to update the weights")
 
 
 class SchedulerLoop:
@@ -134,8 +136,18 @@ class SchedulerLoop:
         if msg.kind in ("update_weights", "update_weight_version") and msg.args.get("abort_all_requests"):
             self._abort_all()
         if msg.kind == "update_weights":
+            if self.scheduler.paused == "in_place" and self.scheduler.holds_kv:
+                return ControlReply(msg.token, False, {"message": IN_PLACE_UPDATE})
             self.updates.start(msg)
             return None
+        if msg.kind == "pause_generation":
+            return self._pause(msg)
+        if msg.kind == "continue_generation":
+            was = self.scheduler.paused
+            self.scheduler.resume()
+            if was is not None:
+                log.info("generation continues (%d requests waiting)", len(self.scheduler.waiting))
+            return ControlReply(msg.token, True, {"was_paused": was is not None})
         if msg.kind == "update_weight_version":
             self.scheduler.weight_version = msg.args["weight_version"]
             return ControlReply(msg.token, True, {"weight_version": self.scheduler.weight_version})
@@ -154,6 +166,14 @@ class SchedulerLoop:
             return ControlReply(msg.token, error is None, {"error": error, **self.kv_state()})
         return ControlReply(msg.token, False, {"error": f"unknown control request {msg.kind!r}"})
 
+    def _pause(self, msg: ControlReq) -> ControlReply:
+        """Pause generation (`Scheduler.pause`) in the mode `msg` names."""
+        mode = msg.args["mode"]
+        acted = self.scheduler.pause(mode)
+        log.info("generation paused (%s): %d requests %s; new requests wait until /continue_generation", mode, acted,
+                 {"abort": "aborted", "retract": "requeued", "in_place": "kept in place"}[mode])
+        return ControlReply(msg.token, True, {"mode": mode, "requests": acted})
+
     def _abort_all(self) -> None:
         log.info("aborting the %d requests in flight", len(self.live))
         for rid in sorted(self.live):
@@ -171,6 +191,7 @@ class SchedulerLoop:
             "kv_protected": kv.cache.protected_size(),
             "rows_available": kv.table.available(),
             "rows": kv.table.size,
+            "paused": self.scheduler.paused,
             "weight_update_pending": self.updates.active,
             "held_requests": self.updates.held_requests,
         }

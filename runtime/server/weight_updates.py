@@ -2,7 +2,9 @@
 in the order messages arrive.
 
 An update waits for every request that arrived before it to finish (or aborts them, with
-`abort_all_requests`), has the model runner load the new weights on a worker thread while
+`abort_all_requests`; while generation is paused, for none: a pause by retraction or abort
+leaves no request holding K/V, and those waiting run on the new weights once generation
+continues; a pause in place that leaves requests holding K/V refuses updates), has the model runner load the new weights on a worker thread while
 the loop goes on sending heartbeats, then drops the radix cache
 (`Scheduler.weights_loaded`); requests, and control requests about the weights, that
 arrive in the meantime are held and handled afterwards, in order. So every request runs on
@@ -10,8 +12,8 @@ one set of weights: those in place when it arrived, after any update sent before
 responses carry their label (`meta_info["weight_version"]`).
 
 Phases: idle; pending (the update waits for the scheduler to empty; requests, control
-requests about the weights (`UPDATE_KINDS`) and aborts of held requests are held, other
-messages are handled); loading (every message is held: the loop touches nothing the worker
+requests about the weights and pausing (`UPDATE_KINDS`) and aborts of held requests are
+held, other messages are handled); loading (every message is held: the loop touches nothing the worker
 thread uses).
 """
 
@@ -29,7 +31,8 @@ from sprig.runtime.wire import AbortReq, ControlReply, ControlReq
 
 log = logging.getLogger("sprig.scheduler")
 # control requests about the weights: while an update is in progress they wait their turn
-UPDATE_KINDS = ("update_weights", "update_weight_version", "get_weights_by_name")
+UPDATE_KINDS = ("update_weights", "update_weight_version", "get_weights_by_name", "pause_generation",
+                "continue_generation")
 
 
 class WeightUpdates:
@@ -87,7 +90,7 @@ class WeightUpdates:
         if msg is None:
             return []
         if self._loading is None:
-            if self.scheduler.has_work:
+            if self.scheduler.has_work or self.scheduler.holds_kv:  # paused in place: wait for the requests
                 return []
             self._loading = self._pool.submit(self.scheduler.runner.update_weights, msg.args["model_path"])
             return []

@@ -39,7 +39,10 @@ run left (cached prefixes, kept K/V, drafts) may show in the second. In `PRIORIT
 of workloads (another generator of their own) the engine schedules by priority, with either
 order and a preemption threshold of 0, 1 or 10, and the requests carry random priorities:
 the admission order changes and running requests are preempted (retracted) for others,
-and nothing of it may show in any request's output.
+and nothing of it may show in any request's output. In `PAUSE_SHARE` of workloads
+(likewise) generation pauses once or twice for a few steps (`Scheduler.pause`: every
+running request retracted, or kept in place with its K/V) while arrivals and aborts go
+on, then continues.
 
 Checked for every request: its output ids equal the same request run alone on a fresh
 engine, its finish reason too, and its logprobs (output, top and input) agree within
@@ -113,6 +116,7 @@ LOGPROB_TOL = 1e-5
 EMBED_TOL = {"auto": 1e-5, "int8": 1e-3}
 EMBED_SHARE = 0.1
 STALE_START_SHARE = 0.15
+PAUSE_SHARE = 0.2  # of workloads, those whose generation pauses (retracted or in place) and continues mid-run
 PRIORITY_SHARE = 0.25  # of workloads, those scheduled by priority (some requests preempting others)
 LORA_SHARE = 0.15  # of workloads (neither int4 nor tensor-parallel), those serving LoRA adapters
 LORA_NAMES = ("a", "b")  # `fuzz_adapters`' adapters
@@ -179,6 +183,16 @@ class Request:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """`Scheduler.pause(mode)` before step `at`, `resume` before step `at + steps` (arrivals
+    and aborts go on meanwhile)."""
+
+    at: int
+    mode: str  # "retract" or "in_place": neither changes a request's tokens
+    steps: int
+
+
+@dataclass(frozen=True)
 class Workload:
     seed: int
     model: str  # key into the fuzzer's models
@@ -186,12 +200,14 @@ class Workload:
     options: dict[str, Any]  # Engine keywords
     perturbed_trees: bool = False  # drafts from `PerturbedTrees` instead of the ngram drafter's
     stale_start: bool = False  # first run on other weights, then loads the model's (`STALE_START_SHARE`)
+    pauses: tuple[Pause, ...] = ()  # generation paused mid-run (`PAUSE_SHARE`)
 
     def describe(self) -> str:
         return (
             f"workload seed {self.seed} on {self.model}: {len(self.requests)} requests, "
             f"engine {self.options}{', drafts from PerturbedTrees' if self.perturbed_trees else ''}"
             f"{', after a run on other weights and an update' if self.stale_start else ''}"
+            f"{f', pauses {self.pauses}' if self.pauses else ''}"
         )
 
 
@@ -296,6 +312,7 @@ class Stats:
     preemptions: int = 0  # running requests retracted for waiting ones of higher priority
     lora: int = 0  # sequences run with a LoRA adapter (checked against PEFT's model)
     images: int = 0  # sequences whose prompts held images (checked against transformers with their pixels)
+    pauses: int = 0  # generation paused and continued mid-run (retracting the requests or keeping them in place)
 
     def line(self) -> str:
         kinds = {**self.by_backend, **self.by_kv_cache, **self.by_weights, **self.by_tp, **self.by_spec,
@@ -311,7 +328,8 @@ class Stats:
             f"{', '.join(f'{k} {v:.1e}' for k, v in sorted(self.embed_diff.items())) or 'none'}); {self.aborted} aborted, "
             f"{self.retractions} retractions, {self.ties} near-ties; token trees: {self.alternatives} "
             f"alternative paths verified, {self.alternatives_kept} followed; {self.weight_updates} after a weight update; "
-            f"{self.preemptions} preemptions by priority; {self.lora} with a LoRA adapter; {self.images} with images"
+            f"{self.preemptions} preemptions by priority; {self.lora} with a LoRA adapter; {self.images} with images; "
+            f"{self.pauses} pauses"
         )
 
 
@@ -395,8 +413,12 @@ def make_workload(
     perturbed = trees and rng.random() < 0.5
     if options.get("speculative_algorithm") == "ngram" and not trees:  # known drafts, no trees: their own generator
         perturbed = random.Random(f"known drafts {seed}").random() < 0.5
+    pausing = random.Random(f"pauses {seed}")  # likewise
+    pauses = (tuple(Pause(pausing.randint(0, 12), pausing.choice(["retract", "in_place"]), pausing.randint(1, 3))
+                    for _ in range(pausing.randint(1, 2)))
+              if pausing.random() < PAUSE_SHARE else ())
     return Workload(seed, model, tuple(requests), options, perturbed_trees=perturbed,
-                    stale_start=random.Random(f"weights {seed}").random() < STALE_START_SHARE)
+                    stale_start=random.Random(f"weights {seed}").random() < STALE_START_SHARE, pauses=pauses)
 
 
 def _expanded(marked: list[int], image: ImageSpec | None) -> tuple[list[int], tuple[int, ...]]:
@@ -511,19 +533,26 @@ def _options(
 # ---------------------------------------------------------------- running
 
 
-def drive(engine: Engine, requests: tuple[Request, ...]) -> dict[str, Outcome]:
+def drive(engine: Engine, requests: tuple[Request, ...], pauses: tuple[Pause, ...] = ()) -> dict[str, Outcome]:
     """Run `requests` through the engine's scheduler step by step (arrivals and aborts at
-    their steps); returns each sequence's outcome by rid (`{rid}-{j}` for n > 1)."""
+    their steps, generation paused and continued as `pauses` say); returns each
+    sequence's outcome by rid (`{rid}-{j}` for n > 1)."""
     sched = engine.scheduler
     limits = engine.limits
     reqs: dict[str, Req] = {}
     aborts: dict[int, list[str]] = {}
     last_arrival = max(r.arrival for r in requests)
     # far more steps than any schedule needs (each step computes at least one token of
-    # some request): a workload past it is stuck
-    limit = last_arrival + 100 + 20 * sum((len(r.prompt) + r.params.max_new_tokens) * r.params.n for r in requests)
+    # some request, unless paused): a workload past it is stuck
+    limit = (last_arrival + 100 + sum(p.steps for p in pauses)
+             + 20 * sum((len(r.prompt) + r.params.max_new_tokens) * r.params.n for r in requests))
     step = 0
-    while step <= last_arrival or sched.has_work:
+    while step <= last_arrival or sched.has_work or sched.paused:
+        for p in pauses:
+            if p.at == step:
+                sched.pause(p.mode)
+            if p.at + p.steps == step:
+                sched.resume()
         for r in requests:
             if r.arrival != step:
                 continue
@@ -1039,9 +1068,10 @@ def run_one(workload: Workload, path: Path, ref: Reference, stats: Stats) -> Non
             runs = [[*r.prompt, *o.ids] for r in workload.requests if r.checked for o in alone[r.rid].values()]
             engine.scheduler.speculative.drafter = ContextDrafts(PerturbedTrees(runs, workload.seed))
         try:
-            got = drive(engine, workload.requests)
+            got = drive(engine, workload.requests, workload.pauses)
         except Exception as e:
             raise Mismatch(f"{workload.describe()}\nthe batched run failed: {e!r}") from e
+        stats.pauses += len(workload.pauses)
         stats.retractions += engine.scheduler.stats.retractions
         stats.preemptions += engine.scheduler.stats.preemptions
         if engine.scheduler.speculative is not None:

@@ -4,7 +4,9 @@ transformers generates with the new checkpoint; requests sent while an update wa
 those before it are held and run on the new weights, the earlier ones finish on the old
 (each labelled by its weights' version), so no request runs on two sets of weights;
 `abort_all_requests` ends the requests in flight; a checkpoint that does not load leaves
-the old weights; `/get_weights_by_name` reads back what was loaded; bad bodies are a 400
+the old weights; `/pause_generation` stops generating (requests aborted, retracted or kept
+in place) until `/continue_generation`, a paused request's tokens are those of an
+unpaused run, and one paused by retraction across an update resumes on the new weights; `/get_weights_by_name` reads back what was loaded; bad bodies are a 400
 naming the field. The server is idle and intact
 after each test."""
 
@@ -55,6 +57,7 @@ def expected(checkpoints: tuple[Path, Path]) -> dict[Path, list[int]]:
 @pytest.fixture(autouse=True)
 def intact_after(server: Server, checkpoints: tuple[Path, Path]) -> Iterator[None]:
     yield
+    assert server.post("/continue_generation").status_code == 200
     server.wait_idle()
     back = update(server, {"model_path": str(checkpoints[0]), "weight_version": "step-0"})
     assert back.status_code == 200, back.text
@@ -94,12 +97,14 @@ def test_sglang_update_flow(server: Server, checkpoints: tuple[Path, Path], expe
     assert server.get("/get_model_info").json()["tokenizer_path"] == str(old)  # the tokenizer stays
 
 
-def _start_long(server: Server, rid: str, results: dict[str, Any]) -> threading.Thread:
-    """A long streamed request on its own thread; returns once its first tokens arrived."""
+def _start_long(server: Server, rid: str, results: dict[str, Any],
+                params: dict[str, Any] = LONG) -> threading.Thread:
+    """A long streamed request on its own thread; returns once its first tokens arrived.
+    `results[rid]`: its last event's line."""
     started = threading.Event()
 
     def run() -> None:
-        body = {"text": PROMPT, "sampling_params": LONG, "stream": True, "rid": rid}
+        body = {"text": PROMPT, "sampling_params": params, "stream": True, "rid": rid}
         with httpx.stream("POST", server.url + "/generate", json=body, headers=server.headers, timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
@@ -208,6 +213,8 @@ def test_weight_versions(server: Server, checkpoints: tuple[Path, Path]) -> None
     ("/update_weight_version", {}, "new_version"),
     ("/update_weight_version", {"new_version": 3}, "new_version"),
     ("/update_weight_version", {"new_version": "v", "abort_all_requests": 1}, "abort_all_requests"),
+    ("/pause_generation", {"mode": "later"}, "mode"),
+    ("/pause_generation", {"mode": 1}, "mode"),
 ])
 def test_bad_bodies_are_a_400_naming_the_field(server: Server, path: str, body: dict, field: str) -> None:
     r = server.post(path, body)
@@ -222,6 +229,10 @@ def test_openapi_documents_the_bodies(server: Server) -> None:
     assert body == {"$ref": "#/components/schemas/UpdateWeightsFromDiskRequest"}
     assert doc["components"]["schemas"]["UpdateWeightsFromDiskRequest"]["required"] == ["model_path"]
     assert "/get_weight_version" in doc["paths"]
+    pause = doc["paths"]["/pause_generation"]["post"]["requestBody"]
+    assert not pause["required"]
+    assert doc["components"]["schemas"]["PauseGenerationRequest"]["properties"]["mode"]["enum"] == [
+        "abort", "retract", "in_place"]
 
 
 def test_weights_read_back_by_name(server: Server, checkpoints: tuple[Path, Path]) -> None:
@@ -277,3 +288,116 @@ def test_updates_waiting_their_turn_are_bounded(server: Server, checkpoints: tup
     for t in [long, *updaters]:
         t.join(60)
     assert [x.status_code for x in replies] == [200] * MAX_PENDING_UPDATES
+
+
+# ---------------------------------------------------------------- pausing generation
+
+PAUSED = {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}  # long enough to pause part-way
+
+
+def _pause(server: Server, body: dict[str, Any] | None) -> dict[str, Any]:
+    r = server.post("/pause_generation", body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _last(streams: dict[str, Any], rid: str) -> dict[str, Any]:
+    return orjson.loads(streams[rid].removeprefix("data: "))
+
+
+def _settled(streams: dict[str, Any], rid: str) -> list[int]:
+    """The tokens `rid` streamed once generation is paused (what was on its way arrived,
+    and nothing more comes while paused)."""
+    time.sleep(0.3)
+    before = _last(streams, rid)["output_ids"]
+    time.sleep(0.5)
+    assert _last(streams, rid)["output_ids"] == before, "tokens arrived while paused"
+    return before
+
+
+def test_a_request_paused_in_place_gives_its_unpaused_tokens(server: Server, checkpoints: tuple[Path, Path]) -> None:
+    """Paused in place, a request keeps its K/V and makes no step: the cache cannot be
+    flushed, nor the weights updated (their K/V would be the old weights'); it goes on
+    after `/continue_generation` with the tokens of an unpaused run."""
+    want = generate(server, PAUSED)["output_ids"]
+    streams: dict[str, Any] = {}
+    thread = _start_long(server, "kept", streams, PAUSED)
+    assert _pause(server, {"mode": "in_place"})["num_requests"] == 1
+    state = server.get("/debug/check_integrity").json()
+    assert state["ok"] and state["paused"] == "in_place" and state["running"] == 1, state
+    so_far = _settled(streams, "kept")
+    assert 0 < len(so_far) < PAUSED["max_new_tokens"]
+    assert server.post("/flush_cache").status_code == 400
+    refused = update(server, {"model_path": str(checkpoints[1])})
+    assert refused.status_code == 400 and "paused in place" in refused.json()["message"], refused.text
+    assert model_path(server) == str(checkpoints[0])
+    assert server.post("/continue_generation").json()["success"]
+    thread.join(60)
+    final = _last(streams, "kept")
+    assert final["output_ids"] == want and final["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_a_request_paused_by_retraction_resumes_on_the_weights_loaded_meanwhile(
+        server: Server, checkpoints: tuple[Path, Path], expected: dict[Path, list[int]]) -> None:
+    """A pause by retraction leaves nothing holding K/V: the cache flushes and an update
+    loads at once. Requests sent while paused wait; after `/continue_generation` they run
+    on the new weights, and the retracted request keeps what it wrote and continues as
+    the new weights continue it (its prompt and output computed again), labelled with the
+    new version."""
+    new = checkpoints[1]
+    unpaused = generate(server, PAUSED)["output_ids"]
+    streams: dict[str, Any] = {}
+    thread = _start_long(server, "requeued", streams, PAUSED)
+    assert _pause(server, {"mode": "retract"})["num_requests"] == 1
+    so_far = _settled(streams, "requeued")
+    assert so_far == unpaused[: len(so_far)] and len(so_far) < len(unpaused)
+    replies: dict[str, Any] = {}
+    sent = threading.Thread(target=lambda: replies.update(short=generate(server)))
+    sent.start()
+    state = _wait_for(server, lambda s: s["waiting"] == 2)
+    assert state["paused"] == "retract" and state["running"] == 0 and state["kv_protected"] == 0, state
+    assert server.post("/flush_cache").status_code == 200
+    loaded = update(server, {"model_path": str(new), "weight_version": "step-1"})
+    assert loaded.status_code == 200 and loaded.json()["success"], loaded.text
+    assert server.post("/continue_generation").json()["success"]
+    thread.join(60)
+    sent.join(60)
+    assert replies["short"]["output_ids"] == expected[new]
+    assert replies["short"]["meta_info"]["weight_version"] == "step-1"
+    final = _last(streams, "requeued")
+    assert final["output_ids"][: len(so_far)] == so_far
+    assert final["meta_info"]["weight_version"] == "step-1"
+    assert final["meta_info"]["finish_reason"]["type"] == "length"
+    # The stream may lag the tokens written by those of a character cut across tokens (held
+    # back until it is whole): the retraction came after one of the next few. From there
+    # on the output is the new weights' greedy continuation of the prompt and what came before.
+    prompt_ids = server.post("/tokenize", {"prompt": PROMPT}).json()["tokens"]
+    out = final["output_ids"]
+
+    def continued_from(k: int) -> bool:
+        rest = server.generate({"input_ids": prompt_ids + out[:k], "sampling_params": {**PAUSED, "max_new_tokens": 20}})
+        return out[k : k + 20] == rest["output_ids"]
+
+    assert any(continued_from(k) for k in range(len(so_far), len(so_far) + 5) if out[:k] == unpaused[:k])
+
+
+def test_a_pause_by_abort_ends_the_requests_and_holds_new_ones(server: Server, checkpoints: tuple[Path, Path],
+                                                               expected: dict[Path, list[int]]) -> None:
+    """The default mode ends the requests in flight (what they wrote is theirs); one sent
+    while paused waits for `/continue_generation`."""
+    streams: dict[str, Any] = {}
+    thread = _start_long(server, "ended", streams, PAUSED)
+    assert _pause(server, None) == {"success": True, "message": "Generation paused successfully.", "mode": "abort",
+                                    "num_requests": 1}
+    thread.join(60)
+    assert _last(streams, "ended")["meta_info"]["finish_reason"]["type"] == "abort"
+    replies: dict[str, Any] = {}
+    sent = threading.Thread(target=lambda: replies.update(held=generate(server)))
+    sent.start()
+    _wait_for(server, lambda s: s["waiting"] == 1)
+    time.sleep(0.3)
+    assert "held" not in replies and server.get("/debug/check_integrity").json()["waiting"] == 1
+    assert server.post("/continue_generation").json() == {"success": True,
+                                                          "message": "Generation continued successfully."}
+    sent.join(60)
+    assert replies["held"]["output_ids"] == expected[checkpoints[0]]
