@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--max-total-tokens", type=int, default=16384,
                     help="each engine's KV pool (the CPU default; every side and batch size has its own engine)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    ap.add_argument("--disable-jump-forward", action="store_true",
+                    help="every engine samples forced text token by token (the JSON tasks' keys and punctuation)")
     ap.add_argument("--sides", nargs="+", default=["off", *SIDES[1:4]], choices=["off", *SIDES[1:]],
                     help="drafters to run beside off (radix-path: radix without token trees)")
     args = ap.parse_args()
@@ -167,6 +169,7 @@ def main() -> None:
                               speculative_algorithm="radix" if side == "radix-path" else side,
                               speculative_alternatives=0 if side == "radix-path" else 3, max_running_requests=batch,
                               speculative_num_draft_tokens=args.num_draft_tokens,
+                              enable_jump_forward=not args.disable_jump_forward,
                               speculative_draft_model_path=str(DRAFT_MODEL_PATH) if side == "draft" else None)
         for side in sides for batch in args.batches
     }
@@ -178,7 +181,7 @@ def main() -> None:
         engine.generate(texts[:2], {"max_new_tokens": 8, "temperature": 0})
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
     print(f"demo model, {args.dtype}, {args.device} ({where}), {args.repeats} interleaved repeats, medians; "
-          f"--num-draft-tokens {args.num_draft_tokens}")
+          f"--num-draft-tokens {args.num_draft_tokens}{', jump-forward off' if args.disable_jump_forward else ''}")
     print(f"{'task':<22}{'batch':>6} {'side':<11}{'wall s':>9}{'passes':>8}{'tok/pass':>9}{'alt':>6}{'passes x':>9}"
           f"{'wall x':>8}")
     for task in args.tasks:

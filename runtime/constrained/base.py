@@ -169,6 +169,11 @@ class Grammar(ABC):
     def can_continue(self) -> bool:
         return not self.is_finished()
 
+    def allows_all(self) -> bool:
+        """Whether the next `fill_bitmask` allows every token, so the mask may be skipped
+        (False where not known cheaply)."""
+        return False
+
     def accept_tokens(self, token_ids: Iterable[int]) -> bool:
         """Accept all of `token_ids` or none: on a refusal the state is unchanged."""
         for accepted, token_id in enumerate(token_ids):

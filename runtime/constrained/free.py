@@ -25,6 +25,9 @@ class FreeGrammar(Grammar):
     def fill_bitmask(self, bitmask_row: torch.Tensor) -> None:
         bitmask_row.fill_(-1)
 
+    def allows_all(self) -> bool:
+        return True
+
     def accept_token(self, token_id: int) -> bool:
         self._accepted.append(token_id)
         return True

@@ -120,10 +120,12 @@ class Grammars:
     def mask(self, reqs: list[Req], logits: torch.Tensor,
              given: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         """`logits` with every constrained row limited to its grammar's allowed tokens
-        (a copy when any row is constrained): row i's bitmask is `given[i]` where that is
+        (a copy when any row is limited): row i's bitmask is `given[i]` where that is
         set (a speculative verification's row past the request's grammar state), else the
-        grammar's own."""
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        grammar's own, unless that allows every token (`Grammar.allows_all`: a thinking
+        budget's gate while it closes nothing)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None
+                and ((given is not None and given[i] is not None) or not r.grammar.allows_all())]
         if not rows:
             return logits
         bitmask = torch.zeros(len(rows), bitmask_width(logits.shape[-1]), dtype=torch.int32)

@@ -152,6 +152,14 @@ class ReasoningGate(Gate):
         if self.phase is Phase.START:
             set_bits(bitmask_row, self.markers.start_ids, allowed=True)
 
+    def allows_all(self) -> bool:
+        """While thinking with no stop token held back, or answering, over a grammar that
+        allows every token (a budget without a constraint: `FreeGrammar`, which refuses no
+        text after the marker either)."""
+        if self.phase is Phase.THINKING:
+            return not self._stops and self.inner.allows_all()
+        return self.phase is Phase.ANSWER and self.inner.allows_all()
+
     def accept_token(self, token_id: int) -> bool:
         if self.phase is Phase.EXITED:
             return False

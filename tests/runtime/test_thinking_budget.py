@@ -80,6 +80,25 @@ def test_a_spent_budget_writes_the_end_marker_then_the_answer_is_free(tok) -> No
     assert g.accept_token(alpha) and g.phase is Phase.THINKING
 
 
+def test_the_mask_is_skipped_only_where_it_would_allow_every_token(tok) -> None:
+    """`allows_all` (the scheduler then skips the row's mask and the logits copy) is true
+    while a budget alone thinks and once it answers, never while it closes, nor while
+    stop tokens are held back: wherever it is true the mask would allow every token."""
+    every = set(range(len(tok)))
+    end, stop = tok.convert_tokens_to_ids("</think>"), tok.eos_token_id
+    free = free_gate(tok, None, "</think>", 2)
+    held = ReasoningGate(FreeGrammar(), Markers.build(tok, None, "</think>"), opens_inside=True,
+                         stop_token_ids=(stop,), tokenizer=tok, budget=2)
+    seen = []
+    for token in [*ids(tok, " alpha beta"), end, *ids(tok, " gamma")]:
+        for g in (free, held):
+            assert not g.allows_all() or allowed(g, tok) == every
+        seen.append((free.phase, free.allows_all(), held.allows_all()))
+        assert free.accept_token(token) and held.accept_token(token)
+    assert seen == [(Phase.THINKING, True, False), (Phase.THINKING, True, False), (Phase.CLOSING, False, False),
+                    (Phase.ANSWER, True, True)]
+
+
 def test_a_natural_end_before_the_budget_changes_nothing(tok) -> None:
     g = free_gate(tok, None, "</think>", 5)
     assert g.accept_tokens([*ids(tok, " alpha"), tok.convert_tokens_to_ids("</think>")]) and g.phase is Phase.ANSWER
