@@ -70,13 +70,13 @@ HELP = {
                         "and qwen are hermes, llama3_json is llama3, qwen3_xml is qwen3_coder, openai is gpt-oss). mistral "
                         "reads Mistral's v11 calls ([TOOL_CALLS]NAME[ARGS]{...}) where the chat template writes "
                         "[ARGS], else the older JSON list; mistral_v11 names the v11 format outright",
-    "reasoning_parser": "split a reasoning model's <think>...</think> (qwen3, deepseek-r1) or harmony analysis "
-                        "channel (gpt-oss: its final channel is the answer, its calls are read too) into "
+    "reasoning_parser": "split a reasoning model's <think>...</think> (qwen3, deepseek-r1), Magistral's "
+                        "[THINK]...[/THINK] special tokens (mistral) or harmony analysis channel (gpt-oss: its final channel is the answer, its calls are read too) into "
                         "reasoning_content; response_format and forced tool calls then constrain only the answer "
                         "(vLLM's names work too: deepseek_r1, openai_gptoss)",
     "thinking_budget": "the most tokens a reasoning model may think in chat, Responses and Messages requests that "
-                       "give no budget of their own; then the server writes </think> and the answer follows "
-                       "(needs --reasoning-parser qwen3 or deepseek-r1)",
+                       "give no budget of their own; then the server writes </think> ([/THINK] for mistral) "
+                       "and the answer follows (needs --reasoning-parser qwen3, deepseek-r1 or mistral)",
     "read_timeout": "seconds a client has to send a request's headers, and again its body (408 / closed after)",
     "watchdog_timeout": "seconds a child process may show no sign of life (a step longer than this counts as stuck) before the server exits non-zero",
     "stats_interval": "seconds between the scheduler's stats reports (feed /metrics)",

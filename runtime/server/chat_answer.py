@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sprig.runtime.server.answer_decoding import AnswerDecoding
 from sprig.runtime.server.harmony import HarmonyReader
 from sprig.runtime.server.reasoning import Phase, ReasoningFormat
 from sprig.runtime.server.tool_calls import CallFormat, ToolCall, new_call_id
@@ -32,7 +33,8 @@ class AnswerFormat:
     the answer is constrained to one call; `gated`: it is constrained to calls from the
     format's marker on (both stream their calls as written); `one_call`: keep only the
     first call (`parallel_tool_calls: false`); `harmony`: the output is harmony messages,
-    read by it (then `reasoning` and `tools` are None)."""
+    read by it (then `reasoning` and `tools` are None); `decoding`: how the output was
+    decoded, and what of its text is read out before anything else reads it."""
 
     reasoning: ReasoningFormat | None
     phase: Phase
@@ -42,6 +44,7 @@ class AnswerFormat:
     one_call: bool = False
     gated: bool = False
     harmony: HarmonyReader | None = None
+    decoding: AnswerDecoding = field(default_factory=AnswerDecoding)
 
     @property
     def splits_reasoning(self) -> bool:
@@ -51,7 +54,8 @@ class AnswerFormat:
     @property
     def plain(self) -> bool:
         """Whether the output is all content, passed through as it arrives."""
-        return self.reasoning is None and self.tools is None and self.harmony is None
+        return (self.reasoning is None and self.tools is None and self.harmony is None
+                and self.decoding.dropped is None)
 
     def split_reasoning(self, text: str, finished: bool) -> tuple[str | None, str]:
         """(reasoning, answer) of the output so far (`ReasoningFormat.split`)."""
@@ -66,7 +70,7 @@ class AnswerFormat:
             reading = self.harmony.read(text, finished)
             written = reading.calls[:1] if self.one_call else reading.calls
             return reading.reasoning, reading.content, written or None, []
-        reasoning, answer = self.split_reasoning(text, finished)
+        reasoning, answer = self.split_reasoning(self.decoding.read(text), finished)
         written = self.written_calls(answer)
         if written is not None:
             return reasoning, written[0], written[1], []

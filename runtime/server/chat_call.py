@@ -16,6 +16,7 @@ from sprig.runtime.multimodal.inputs import ImageInput
 from sprig.runtime.request_contract import LogprobOptions, TokenizedRequest
 from sprig.runtime.scheduler.grammar import GRAMMAR_ERROR
 from sprig.runtime.server import thinking_budget
+from sprig.runtime.server.answer_decoding import answer_decoding
 from sprig.runtime.server.chat_answer import AnswerFormat
 from sprig.runtime.server.constraints import Constraint, request_constraint
 from sprig.runtime.server.errors import ApiError
@@ -25,7 +26,6 @@ from sprig.runtime.server.protocol import ChatCompletionRequest, CompletionReque
 from sprig.runtime.server.reasoning import REASONING_FORMATS, Phase
 from sprig.runtime.server.request_manager import Call, RequestFailed
 from sprig.runtime.server.tool_calls import plan_tool_use
-from sprig.runtime.server.tool_formats import reading
 
 REASONING_EFFORTS = ("low", "medium", "high")
 
@@ -70,11 +70,12 @@ def chat_call(st: ServerState, req: ChatCompletionRequest) -> ChatCall:
     else:
         reasoning = REASONING_FORMATS.get(st.config.reasoning_parser or "")
         phase = reasoning.phase(text) if reasoning is not None else Phase.ANSWER
-        calls, decoding = reading(tools.parse_format, st.builder.tokenizer)
-        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, calls, tools.names,
+        decoding = answer_decoding(reasoning, tools.parse_format, st.builder.tokenizer)
+        fmt = AnswerFormat(reasoning if req.separate_reasoning else None, phase, tools.parse_format, tools.names,
                            forced=tools.forced, one_call=one_call,
-                           gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning))
-        extra = (tools.grammar_params(st.context_free) | decoding
+                           gated=tools.trigger is not None and (reasoning is None or req.separate_reasoning),
+                           decoding=decoding)
+        extra = (tools.grammar_params(st.context_free) | decoding.params
                  | (reasoning.sampling(phase) if reasoning is not None else {}))
         if budget is not None:
             extra |= thinking_budget.budget_params(reasoning, phase, budget)

@@ -9,7 +9,7 @@ from sprig.runtime.server.reasoning import REASONING_FORMATS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3", "mistral", "mistral_v11", "qwen3_coder", "gpt-oss")  # server.tool_formats, server.harmony
-REASONING_PARSERS = ("qwen3", "deepseek-r1", "gpt-oss")  # server.reasoning, server.harmony
+REASONING_PARSERS = ("qwen3", "deepseek-r1", "mistral", "gpt-oss")  # server.reasoning, server.harmony
 HARMONY = "gpt-oss"  # OpenAI's harmony format, both reasoning and tool calls
 # SGLang's and vLLM's names for the same formats, so their launch flags work unchanged
 TOOL_CALL_PARSER_ALIASES = {"qwen25": "hermes", "qwen": "hermes", "llama3_json": "llama3", "qwen3_xml": "qwen3_coder",
@@ -37,8 +37,9 @@ class ServerConfig:
       are always plain content). A forced call (`tool_choice` "required" or named) needs
       no format: without one it is a bare JSON object `{"name": ..., "arguments": {...}}`,
       constrained to the tool's schema.
-    - `reasoning_parser`: the thinking format of a reasoning model (`<think>...</think>`),
-      split off as `reasoning_content`; constraints then apply to the answer after it.
+    - `reasoning_parser`: the thinking format of a reasoning model (`<think>...</think>`;
+      "mistral": Magistral's `[THINK]...[/THINK]`, special tokens), split off as
+      `reasoning_content`; constraints then apply to the answer after it.
       "gpt-oss": OpenAI's harmony format (`server.harmony`), whose analysis channel is the
       reasoning and whose final channel is the answer; it reads tool calls too, so it goes
       with `tool_call_parser` "auto", "none" or "gpt-oss" (and "gpt-oss" there with no
@@ -48,8 +49,8 @@ class ServerConfig:
       hold the name they stand for.
     - `thinking_budget`: the thinking budget (`server.thinking_budget`) of chat, Responses
       and Messages requests that give none; needs a `reasoning_parser` of think markers
-      (qwen3, deepseek-r1). `/v1/completions` and `/generate` send raw prompts and take a
-      budget only when they give one.
+      (qwen3, deepseek-r1, mistral). `/v1/completions` and `/generate` send raw prompts and
+      take a budget only when they give one.
     - `responses_store_bytes`: how much JSON of stored responses (`/v1/responses` with
       `store`, the default) the server keeps in memory for `previous_response_id` and
       `GET /v1/responses/{id}`, the least recently used dropped first; 0 keeps none.

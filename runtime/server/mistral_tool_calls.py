@@ -9,9 +9,9 @@ Some versions write the call's id between the name and the arguments,
 gives each call its own id, as for every format); a call without `[ARGS]` (the name
 then `{`) is read too. `[TOOL_CALLS]`, `[CALL_ID]` and `[ARGS]` are special tokens of
 those tokenizers, so a request read in this format is decoded with every special token
-kept (`tool_formats.reading`), and the format reads that text without the others
-(`dropped`: the stop token that ends the answer, ...), as decoding that skips them
-would have written it; the content never shows a marker, whole or streamed.
+kept, and this format reads that text without the others (the stop token that ends the
+answer, ...: `answer_decoding`), as decoding that skips them would have written it; the
+content never shows a marker, whole or streamed.
 
 A forced call and the calls after the trigger in "auto" (`forced`, `after_trigger`) are
 written as `[TOOL_CALLS]NAME[ARGS]{...}`, the arguments valid against the tool's
@@ -21,10 +21,9 @@ constrained answer spells its markers as ordinary text; they read the same eithe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sprig.runtime.constrained.json_schema import schema_to_regex
@@ -42,19 +41,11 @@ _HEAD = re.compile(r"\[TOOL_CALLS\]\s*(?P<name>[^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*
 @dataclass(frozen=True)
 class MistralToolFormat:
     """The `mistral_v11` format, a `tool_calls.CallFormat` (see the module docstring).
-    `dropped`: the text of special tokens other than its markers (`dropping`), removed
-    from an answer before it is read."""
+    It reads answers decoded with special tokens kept, the others' text removed
+    (`answer_decoding.AnswerDecoding.read`)."""
 
     name: str = "mistral_v11"
     markers: tuple[str, ...] = MARKERS
-    dropped: re.Pattern[str] | None = field(default=None, compare=False)
-
-    def dropping(self, texts: re.Pattern[str] | None) -> MistralToolFormat:
-        """This format reading answers without the text `texts` matches."""
-        return dataclasses.replace(self, dropped=texts)
-
-    def _read(self, text: str) -> str:
-        return text if self.dropped is None else self.dropped.sub("", text)
 
     @property
     def trigger(self) -> str:
@@ -75,9 +66,6 @@ class MistralToolFormat:
     def parse(self, text: str) -> tuple[str, list[ToolCall]] | None:
         """(content, calls) if the text from the first `[TOOL_CALLS]` on is nothing but
         well-formed calls (each a name and a JSON object), else None."""
-        return self._parse(self._read(text))
-
-    def _parse(self, text: str) -> tuple[str, list[ToolCall]] | None:
         start = self.call_start(text)
         if start is None:
             return None
@@ -95,9 +83,8 @@ class MistralToolFormat:
         """As `ToolFormat.split`: content so far (without marker text), and once
         `finished` the calls, each of a function in `names` (None: any), or none at all
         and the whole answer is content. Every earlier content is a prefix of the final."""
-        text = self._read(text)
         if finished:
-            parsed = self._parse(text)
+            parsed = self.parse(text)
             if parsed is None or (names is not None and any(c.name not in names for c in parsed[1])):
                 return unmarked(text).strip(), []
             return parsed
@@ -116,7 +103,7 @@ class MistralToolFormat:
         call whose arguments have begun. A later `text` extends what an earlier one gave,
         and a complete call's arguments are those `parse` gives."""
         calls: list[tuple[str, str, bool]] = []
-        text, at = self._read(text), 0
+        at = 0
         while (head := _HEAD.match(text, at)) is not None:
             end = _object_end(text, head.end())
             calls.append((head["name"], text[head.end() : len(text) if end is None else end], end is not None))

@@ -6,8 +6,9 @@ Where it is read: `thinking_budget` (SGLang's name) or `thinking_token_budget` (
 `/v1/chat/completions`, `/v1/completions` and `/v1/responses`; `sampling_params.thinking_budget`
 on `/generate`; `thinking.budget_tokens` on `/v1/messages`. A server started with
 `--thinking-budget` gives chat, Responses and Messages requests that name none its own. Once the reasoning has taken
-that many tokens, the output writes the end marker (`</think>`) and goes on with the
-answer, so a reasoning model cannot spend all of `max_tokens` thinking.
+that many tokens, the output writes the end marker (`</think>`; Magistral's special
+`[/THINK]` token) and goes on with the answer, so a reasoning model cannot spend all of
+`max_tokens` thinking.
 
 A budget needs the markers of a reasoning format: on a server without one (or with
 gpt-oss's harmony, whose analysis may hold tool calls a closing marker would cut) it is a
@@ -58,7 +59,7 @@ def reasoning_format(st: ServerState, field: str) -> ReasoningFormat:
                             "(its reasoning may hold tool calls that closing it would cut); "
                             "use reasoning_effort", field)
     raise ApiError(400, f"{field}: a thinking budget needs a reasoning model's markers; start the server with "
-                        "--reasoning-parser (qwen3, deepseek-r1)", field)
+                        f"--reasoning-parser ({', '.join(REASONING_FORMATS)})", field)
 
 
 def budget_params(fmt: ReasoningFormat, phase: Phase, budget: int) -> dict[str, Any]:

@@ -6,24 +6,19 @@ in its chat template's text.
 Mistral's two formats go by one name, as in vLLM and SGLang: "mistral" reads the v11
 format (`[TOOL_CALLS]NAME[ARGS]{...}`) where the chat template writes `[ARGS]`, and the
 older JSON list (`[TOOL_CALLS] [{...}]`) otherwise, unless the tokenizer has an `[ARGS]`
-token; "mistral_v11" names the newer one outright."""
+token; "mistral_v11" names the newer one outright. Its markers are special tokens, so
+`answer_decoding` decides how its answers are decoded."""
 
 from __future__ import annotations
 
-import re
-import weakref
 from collections.abc import Container
-from typing import Any
 
-from sprig.runtime.constrained.vocabulary import special_token_ids
 from sprig.runtime.server.config import HARMONY
 from sprig.runtime.server.mistral_tool_calls import ARGS, MistralToolFormat
 from sprig.runtime.server.tool_calls import FORMATS, CallFormat
 from sprig.runtime.server.xml_tool_calls import XmlToolFormat
 
 TOOL_FORMATS: dict[str, CallFormat] = {**FORMATS, "qwen3_coder": XmlToolFormat(), "mistral_v11": MistralToolFormat()}
-KEEP_MARKERS = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
-_OTHER_SPECIALS: weakref.WeakKeyDictionary[Any, re.Pattern[str] | None] = weakref.WeakKeyDictionary()  # per tokenizer
 
 
 def detect_format(chat_template: str | None) -> CallFormat | None:
@@ -56,18 +51,3 @@ def resolve_format(choice: str, chat_template: str | None, vocabulary: Container
     if choice == "mistral" and (ARGS in (chat_template or "") or ARGS in vocabulary):
         return TOOL_FORMATS["mistral_v11"]
     return TOOL_FORMATS[choice]
-
-
-def reading(fmt: CallFormat | None, tokenizer: Any) -> tuple[CallFormat | None, dict[str, bool]]:
-    """How a request whose answer is read in `fmt` is decoded (its decoding parameters)
-    and read: a format whose markers are special tokens (`MistralToolFormat`) keeps every
-    special token in the text and reads it without the text of `tokenizer`'s others (the
-    stop token that ends an answer, ...), as decoding that skips them writes; any other
-    format reads the text decoded as the request asks."""
-    if not isinstance(fmt, MistralToolFormat):
-        return fmt, {}
-    if tokenizer not in _OTHER_SPECIALS:
-        names = tokenizer.convert_ids_to_tokens(sorted(special_token_ids(tokenizer)))
-        others = sorted({n for n in names if n and n not in fmt.markers}, key=len, reverse=True)
-        _OTHER_SPECIALS[tokenizer] = re.compile("|".join(map(re.escape, others))) if others else None
-    return fmt.dropping(_OTHER_SPECIALS[tokenizer]), dict(KEEP_MARKERS)

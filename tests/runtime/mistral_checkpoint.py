@@ -54,22 +54,22 @@ TEMPLATE = (
 )
 
 
-def add_mistral_tokens(path: Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved at `path` with the markers (special) and the script's words
-    added, and `TEMPLATE` as its chat template; saved back."""
+def add_mistral_tokens(path: Path, markers: list[str] = MARKERS, words: list[str] = WORDS,
+                       template: str = TEMPLATE) -> PreTrainedTokenizerBase:
+    """The tokenizer saved at `path` with `markers` (special) and the script's `words`
+    added, and `template` as its chat template; saved back."""
     tok = AutoTokenizer.from_pretrained(path)
-    tok.add_tokens([AddedToken(m, special=True, normalized=False) for m in MARKERS], special_tokens=True)
-    tok.add_tokens([AddedToken(w, normalized=False) for w in WORDS])
-    tok.chat_template = TEMPLATE
+    tok.add_tokens([AddedToken(m, special=True, normalized=False) for m in markers], special_tokens=True)
+    tok.add_tokens([AddedToken(w, normalized=False) for w in words])
+    tok.chat_template = template
     tok.save_pretrained(path)
     return tok
 
 
-def build_mistral_checkpoint(path: Path) -> Path:
-    build_tiny_checkpoint(path, "mistral")
-    tok = add_mistral_tokens(path)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in [*MARKERS, *WORDS, "</s>"]}
-    assert tok.encode(SCRIPT_TEXT, add_special_tokens=False) == [ids[t] for t in list(SUCCESSOR)[1:6]]
+def write_script(path: Path, tok: PreTrainedTokenizerBase, successor: dict[str, str]) -> Path:
+    """The checkpoint at `path` made to write, greedy, `successor[t]` after each token `t`
+    (each a single token of `tok`)."""
+    ids = {t: tok.convert_tokens_to_ids(t) for t in {*successor, *successor.values()}}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.resize_token_embeddings(len(tok))
     model.config.vocab_size = len(tok)
@@ -79,9 +79,17 @@ def build_mistral_checkpoint(path: Path) -> Path:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
         head.mul_(0.1)
-        for dim, (token, successor) in enumerate(SUCCESSOR.items()):
+        for dim, (token, after) in enumerate(successor.items()):
             embed[ids[token]] = 0.0
             embed[ids[token], dim] = 1.0
-            head[ids[successor], dim] = MARGIN
+            head[ids[after], dim] = MARGIN
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def build_mistral_checkpoint(path: Path) -> Path:
+    build_tiny_checkpoint(path, "mistral")
+    tok = add_mistral_tokens(path)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in [*MARKERS, *WORDS, "</s>"]}
+    assert tok.encode(SCRIPT_TEXT, add_special_tokens=False) == [ids[t] for t in list(SUCCESSOR)[1:6]]
+    return write_script(path, tok, SUCCESSOR)

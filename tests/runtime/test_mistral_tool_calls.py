@@ -18,11 +18,12 @@ from mistral_checkpoint import MARKERS, SCRIPT_TEXT, TEMPLATE, add_mistral_token
 from sprig.runtime.constrained import GrammarSpec, GuidanceBackend, OutlinesBackend
 from sprig.runtime.constrained.regex_text import lark_grammar
 from sprig.runtime.constrained.vocabulary import special_token_ids
+from sprig.runtime.server.answer_decoding import answer_decoding
 from sprig.runtime.server.chat_answer import AnswerFormat, DeltaState
 from sprig.runtime.server.mistral_tool_calls import MistralToolFormat
 from sprig.runtime.server.reasoning import Phase
 from sprig.runtime.server.tool_calls import FORMATS, ToolCall, plan_tool_use
-from sprig.runtime.server.tool_formats import TOOL_FORMATS, detect_format, reading, resolve_format
+from sprig.runtime.server.tool_formats import TOOL_FORMATS, detect_format, resolve_format
 from sprig.runtime.tiny_checkpoint import build_tokenizer
 
 FMT = MistralToolFormat()
@@ -166,14 +167,19 @@ def test_the_markers_are_special_tokens_kept_in_what_the_format_reads(tokenizer)
     ids = [*tokenizer.encode(SCRIPT_TEXT, add_special_tokens=False), tokenizer.eos_token_id]
     assert all(tokenizer.convert_tokens_to_ids(m) in special_token_ids(tokenizer) for m in MARKERS)
     assert FMT.split(tokenizer.decode(ids, skip_special_tokens=True), True, NAMES)[1] == []
-    fmt, params = reading(FMT, tokenizer)
-    assert params == {"skip_special_tokens": False, "spaces_between_special_tokens": False}
-    kept = tokenizer.decode(ids, **params)
+    decoding = answer_decoding(None, FMT, tokenizer)
+    assert decoding.params == {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+    kept = tokenizer.decode(ids, **decoding.params)
     assert kept == SCRIPT_TEXT + "</s>" and FMT.split(kept, True, NAMES)[1] == []
-    assert fmt.split(kept, True, NAMES) == ("Sure.", [ToolCall("get_weather", '{"city": "Paris"}')])
-    assert fmt.split("[INST] gamma</s>", True, NAMES) == ("gamma", [])
-    assert fmt.partial_calls(fmt.marked_calls(kept)[1]) == [("get_weather", '{"city": "Paris"}', True)]
-    assert reading(FORMATS["hermes"], tokenizer) == (FORMATS["hermes"], {}) and reading(None, tokenizer) == (None, {})
+    read = decoding.read(kept)
+    assert FMT.split(read, True, NAMES) == ("Sure.", [ToolCall("get_weather", '{"city": "Paris"}')])
+    assert FMT.split(decoding.read("[INST] gamma</s>"), True, NAMES) == ("gamma", [])
+    assert FMT.partial_calls(FMT.marked_calls(read)[1]) == [("get_weather", '{"city": "Paris"}', True)]
+    fmt = AnswerFormat(None, Phase.ANSWER, FMT, NAMES, decoding=decoding)
+    assert fmt.message(kept)[0]["content"] == "Sure." and not fmt.plain
+    for other in (FORMATS["hermes"], None):
+        assert answer_decoding(None, other, tokenizer).params == {} and answer_decoding(None, other, tokenizer).read(
+            kept) == kept
 
 
 @pytest.mark.parametrize("backend_kind", ["outlines", "llguidance"])

@@ -60,7 +60,7 @@ def test_flags_reach_their_configs() -> None:
         (["--page-size", "two"], "invalid int value"),
         (["--speculative-algorithm", "EAGLE3"], "EAGLE, EAGLE3 and NEXTN draft with heads"),
         (["--speculative-algorithm", "lookahead"], "choose from ngram, radix, draft"),
-        (["--thinking-budget", "64"], "needs a reasoning_parser of think markers (qwen3, deepseek-r1)"),
+        (["--thinking-budget", "64"], "needs a reasoning_parser of think markers (qwen3, deepseek-r1, mistral)"),
         (["--thinking-budget", "64", "--reasoning-parser", "gpt-oss"], "needs a reasoning_parser of think markers"),
         (["--thinking-budget", "-1", "--reasoning-parser", "qwen3"], "thinking_budget must be >= 0"),
     ],
