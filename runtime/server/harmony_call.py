@@ -34,6 +34,7 @@ from typing import Any
 
 from sprig.runtime.constrained.regex_text import lark_terminal
 from sprig.runtime.sampling.params import MAX_EBNF_CHARS
+from sprig.runtime.server.answer_decoding import KEEP_MARKERS
 from sprig.runtime.server.config import HARMONY
 from sprig.runtime.server.constraints import Constraint
 from sprig.runtime.server.errors import ApiError
@@ -54,7 +55,6 @@ from sprig.runtime.server.harmony import (
 from sprig.runtime.server.tool_calls import ToolUse, arguments_regex
 
 GENERATION_PROMPT = "assistant"  # the header the chat template's generation prompt leaves open
-KEEP_MARKERS = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
 
 
 @dataclass(frozen=True)
