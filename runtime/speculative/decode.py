@@ -14,9 +14,9 @@ Invariants:
   KV of its own at the target's slots (the draft model) sees every extend the scheduler
   runs and every decode step in which nothing was drafted (`mirror`) and, before any
   verified token is emitted, which tokens each verification pass keeps (`verified`).
-- A constrained request's draft is cut to what its grammar takes (`grammar_drafts`), and
-  each of its rows is masked by the grammar as it would be after the drafts before it;
-  it verifies no alternative paths.
+- A constrained request's draft, and each of its alternative paths, is cut to what its
+  grammar takes (`grammar_drafts`), and each of their rows is masked by the grammar as it
+  would be after the path's tokens before it.
 """
 
 from __future__ import annotations
@@ -127,8 +127,10 @@ class SpeculativeDecoder:
             req = batch[b.owner]
             rows += [req] * (len(b.tokens) - b.depth)
             outputs += [req.output_ids + b.tokens[:j] for j in range(b.depth + 1, len(b.tokens) + 1)]
-        drawn = sched.draw(rows, logits, outputs,
-                           None if bitmasks is None else bitmasks + [None] * (len(rows) - len(bitmasks)))
+        if bitmasks is not None:
+            for b in branches:
+                bitmasks += b.masks or [None] * (len(b.tokens) - b.depth)
+        drawn = sched.draw(rows, logits, outputs, bitmasks)
         if self.measured:
             self._time(step, drafts, drafted - start, time.perf_counter() - drafted)
         paths: list[list[list[int]]] = [[d] for d in drafts]
@@ -312,30 +314,37 @@ class SpeculativeDecoder:
         """The alternative paths verified beside the drafts (a token tree, `tree`): those
         the drafter proposes that raise the pass's expected tokens per millisecond
         (`cost.widen`), their slots taken from the free list; none where pages hold more
-        than one slot."""
+        than one slot. A constrained request's path is cut to what its grammar takes and
+        carries the bitmask of each of its rows (`grammar_rows`, as `_fit` does for drafts)."""
         if sched.kv.page_size != 1 or not self.width or not any(drafts):
             return []
         proposed = self.drafter.alternatives(batch, drafts, limits, self.width)
+        width = bitmask_width(sched.grammars.logits_width)
+        jumps = sched.config.enable_jump_forward
         candidates = []
         for i, (r, d, paths) in enumerate(zip(batch, drafts, proposed, strict=True)):
             rate = self.lengths[r.rid].acceptance.rate
-            for path in paths if r.grammar is None else ():
+            for path in paths:
+                rows = None
+                if r.grammar is not None:
+                    path, rows, _ = grammar_rows(r.grammar, path, width, jumps and not r.return_logprob)
                 depth = shared_prefix(path, d)
                 if depth < len(path):
-                    candidates.append((i, path, depth, branch_gain(rate, depth, len(path), len(d))))
+                    masks = None if rows is None else rows[depth + 1 : len(path) + 1]
+                    candidates.append((i, path, depth, branch_gain(rate, depth, len(path), len(d)), masks))
         if not candidates:
             return []
         tokens = sum(r.seq_len - r.kv_len + len(d) for r, d in zip(batch, drafts, strict=True))
         expected = len(batch) + sum(self.lengths[r.rid].expected(len(d)) for r, d in zip(batch, drafts, strict=True))
         chosen = widen(self.costs.scaled(self.scales), len(batch), tokens, expected,
-                       [(gain, 1 + len(path)) for _, path, _, gain in candidates])
+                       [(gain, 1 + len(path)) for _, path, _, gain, _ in candidates])
         branches = []
         for k in chosen:
-            i, path, depth, _ = candidates[k]
+            i, path, depth, _, masks = candidates[k]
             slots = sched.kv.take_free(1 + len(path))
             if slots is None:
                 break
-            branches.append(Branch(i, path, depth, slots))
+            branches.append(Branch(i, path, depth, slots, masks))
         self.stats.alternatives += len(branches)
         return branches
 

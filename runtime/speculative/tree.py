@@ -26,6 +26,7 @@ class Branch:
     tokens: list[int]  # the whole path, from where the draft starts
     depth: int  # its first tokens the draft shares (< len(tokens))
     slots: torch.Tensor  # [1 + len(tokens)] int64: the pending token's slot, then the path's
+    masks: list[torch.Tensor] | None = None  # a constrained owner's grammar bitmask of each of its rows
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -248,7 +248,8 @@ def test_constrained_requests_are_drafted_for_and_keep_their_grammar(algorithm, 
                                                                      tiny_checkpoints) -> None:
     """Drafts of constrained requests are cut to their grammars and verified row by row
     under the grammar's mask after the drafts before it: the outputs are plain decoding's,
-    with jump-forward on or off, and drafts are kept. The radix drafter runs the prompts
+    with jump-forward on or off, and drafts are kept (on the alternative paths of token
+    trees too, each cut and masked by the grammar alike). The radix drafter runs the prompts
     twice: in one batch the requests run side by side, and what it finds cached in the
     first run depends on how grammar compiles staggered their starts."""
     path = tiny_checkpoints["llama"]
@@ -259,9 +260,12 @@ def test_constrained_requests_are_drafted_for_and_keep_their_grammar(algorithm, 
     with _spec_engine(path, algorithm, enable_jump_forward=jump_forward) as engine:
         runs = [engine.generate(prompts, params) for _ in range(2 if algorithm == "radix" else 1)]
         assert_idle_and_intact(engine)
+        stats = engine.scheduler.speculative.stats
     for got in runs:
         assert ids(got) == ids(want)
     assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in runs[-1]) > 0
+    if algorithm == "radix":  # every request here is constrained: its token trees' paths are masked too
+        assert stats.alternatives_kept > 0
     for o in runs[-1][:4]:
         text, stopped = o["text"], o["meta_info"]["finish_reason"]["type"] == "stop"
         assert re.fullmatch("(ab|cd)+x" if stopped else "(ab|cd)*(a|c)?", text), text
