@@ -19,9 +19,16 @@ log = logging.getLogger("sprig.model")
 # activation of a gated MLP (`sprig.kernels.activation`)
 GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # rope types sprig computes exactly as transformers does (see sprig.kernels.rotary)
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 _ROPE_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
-              "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
+              "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+              "short_factor", "long_factor")
+# rope types whose dict carries the pretraining length `original_max_position_embeddings`
+_ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
+# families that read config.json as Phi-3 does: a top-level `original_max_position_embeddings`
+# (4096 when absent) over the rope dict's, rope types "su" and "yarn" meaning longrope, and
+# `partial_rotary_factor` (top level or in the rope dict) rotating part of each head
+_PHI3_STYLE = ("Phi3ForCausalLM",)
 
 
 @dataclass(frozen=True)
@@ -93,9 +100,18 @@ class ModelConfig:
     """A checkpoint's architecture and geometry.
 
     Invariants: `num_heads % num_kv_heads == 0`; `rope_scaling` is None for plain RoPE,
-    else a dict with `rope_type` in ("linear", "llama3", "yarn") and that type's parameters
-    (for llama3 and yarn `original_max_position_embeddings` is always present, for yarn
-    `factor` is a number); `context_len` is the
+    else a dict with `rope_type` in ("linear", "llama3", "yarn", "longrope") and that type's
+    parameters (for llama3, yarn and longrope `original_max_position_embeddings` is always
+    present, for yarn and longrope `factor` is a number, longrope's `short_factor` and
+    `long_factor` each hold `rotary_dim / 2` numbers); RoPE rotates the first `rotary_dim`
+    = head_dim x `partial_rotary_factor` dims of each head (even, > 0). A longrope model's
+    factors are chosen once, by `context_len`: the short ones when it is at most
+    `original_max_position_embeddings`, else the long ones (`longrope_factors`), so a
+    token's rotation never depends on its batch. transformers chooses per forward call by
+    the longest position in it: with the short factors sprig equals it on every sequence
+    the context holds; with the long ones, on every forward whose sequence is longer than
+    the original length (and not on shorter ones, which transformers rotates with the
+    short factors, nor on a cached continuation that crosses it). `context_len` is the
     longest context sprig serves: the checkpoint's `max_position_embeddings`, or the
     `context_length` asked of `from_pretrained`, never past what the rope config covers;
     `eos_token_ids` is the union of config.json's and
@@ -152,6 +168,7 @@ class ModelConfig:
     logits_scaling: float = 1.0
     attention_softcap: float | None = None
     image: ImageSpec | None = None
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -173,6 +190,29 @@ class ModelConfig:
         for what, layers in (("sliding", self.sliding_layers), ("NoPE", self.nope_layers)):
             if any(not 0 <= i < self.num_layers for i in layers):
                 raise ValueError(f"{what} layers {layers} outside 0..{self.num_layers - 1}")
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} of head_dim {self.head_dim} "
+                             f"rotates {self.rotary_dim} dims; it must rotate an even number > 0")
+        if self.longrope_factors is not None:
+            for key in ("short_factor", "long_factor"):
+                if len(self.rope_scaling[key]) != self.rotary_dim // 2:
+                    raise ValueError(f"longrope {key} has {len(self.rope_scaling[key])} entries; "
+                                     f"rotary_dim {self.rotary_dim} needs {self.rotary_dim // 2}")
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head RoPE rotates (transformers' int(head_dim x factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def longrope_factors(self) -> str | None:
+        """For longrope, which of its factors the tables use ("short_factor" when
+        `context_len` fits in `original_max_position_embeddings`, else "long_factor",
+        as `sprig.kernels.rotary` chooses them); None for other rope types."""
+        if not self.rope_scaling or self.rope_scaling.get("rope_type") != "longrope":
+            return None
+        fits = self.context_len <= self.rope_scaling["original_max_position_embeddings"]
+        return "short_factor" if fits else "long_factor"
 
     def attention_window(self, layer_id: int) -> int | None:
         """The sliding window layer `layer_id` attends within; None: its whole context."""
@@ -209,7 +249,7 @@ class ModelConfig:
         if archs[0] in _PER_LAYER_TYPE_ROPE:
             rope_theta, rope_scaling, sliding_theta = _layer_type_rope(cfg)
         window, sliding_layers = _sliding(cfg, archs[0])
-        return cls(
+        config = cls(
             architecture=archs[0] if image is None else cfg["multimodal_architecture"],
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -240,7 +280,12 @@ class ModelConfig:
             **_granite_scalars(cfg, archs[0]),
             attention_softcap=cfg.get("attn_logit_softcapping") or None,
             image=image,
+            partial_rotary_factor=_partial_rotary_factor(cfg, archs[0]),
         )
+        if config.longrope_factors is not None:
+            log.info("longrope: context %d, original length %d: rotating with its %s", config.context_len,
+                     config.rope_scaling["original_max_position_embeddings"], config.longrope_factors)
+        return config
 
 
 # families whose windowed layers are the ones config.json's `layer_types` marks (or, in
@@ -251,7 +296,7 @@ _LAYER_TYPED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "
 # families whose window counts only with `use_sliding_window`
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                     "SmolLM3ForCausalLM")
-_EVERY_LAYER = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+_EVERY_LAYER = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM")
 # families whose sliding layers have a RoPE of their own (`_layer_type_rope`) -> the default
 # theta of their full and of their sliding layers, and the older configs' key for the latter
 _PER_LAYER_TYPE_ROPE = {"Gemma3ForCausalLM": (1_000_000.0, 10_000.0, "rope_local_base_freq"),
@@ -452,26 +497,42 @@ def _as_ids(value: int | list[int] | None) -> list[int]:
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(theta, scaling) from transformers 5.x `rope_parameters` or the older
-    top-level `rope_theta` + `rope_scaling` (whose type key may be spelt `type`).
+    top-level `rope_theta` + `rope_scaling` (whose type key may be spelt `type`; Phi-3's
+    "su" and "yarn" are longrope, as transformers reads them).
 
-    As transformers fills them for llama3 and yarn: `original_max_position_embeddings` is
-    a top-level one when config.json has it (Phi-3 style), else the dict's, else
-    `max_position_embeddings`; a yarn `factor` left null (DeepSeek style) is
-    max_position_embeddings / original_max_position_embeddings."""
+    As transformers fills them for llama3, yarn and longrope: `original_max_position_embeddings`
+    is a top-level one when config.json has it (Phi-3 style; a Phi-3 config's default is
+    4096), else the dict's, else `max_position_embeddings`; a yarn or longrope `factor` left
+    null (DeepSeek and Phi-3 style) is max_position_embeddings / original_max_position_embeddings."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    phi3 = (cfg.get("architectures") or [None])[0] in _PHI3_STYLE
+    if phi3 and rope_type in ("su", "yarn"):
+        rope_type = "longrope"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
     if rope_type == "default":
         return theta, None
     scaling = {k: params[k] for k in _ROPE_KEYS if k in params} | {"rope_type": rope_type}
-    if rope_type in ("llama3", "yarn"):
-        original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+    if rope_type in _ORIGINAL_LENGTH_TYPES:
+        top = cfg.get("original_max_position_embeddings", 4096 if phi3 else None)
+        original = top or scaling.get("original_max_position_embeddings")
         scaling["original_max_position_embeddings"] = original or cfg["max_position_embeddings"]
-    if rope_type == "yarn" and scaling.get("factor") is None:
+    if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:
         scaling["factor"] = cfg["max_position_embeddings"] / scaling["original_max_position_embeddings"]
+    if rope_type == "longrope" and not ({"short_factor", "long_factor"} <= scaling.keys()):
+        raise ValueError("longrope rope scaling needs both short_factor and long_factor")
     return theta, scaling
+
+
+def _partial_rotary_factor(cfg: dict[str, Any], arch: str) -> float:
+    """The fraction of each head RoPE rotates: a Phi-3-style config's `partial_rotary_factor`
+    (the rope dict's over the top-level one, as transformers reads them); 1 elsewhere."""
+    if arch not in _PHI3_STYLE:
+        return 1.0
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
 
 
 def longest_context(cfg: dict[str, Any]) -> tuple[int, str]:

@@ -1,6 +1,6 @@
 """Build tiny, real Hugging Face checkpoints offline: a trained byte-level BPE tokenizer
 with a chat template, and a randomly initialised Llama-family model (dense, or mixture-of-experts)
-Gemma 2/3, OLMo 2/3, SmolLM3, Granite or gpt-oss.
+Gemma 2/3, OLMo 2/3, SmolLM3, Granite, gpt-oss or Phi-3/Phi-4.
 
 They load through exactly the code path real checkpoints take, which is what tests and
 the no-hub quick start need. The weights are random: the text they produce is noise.
@@ -26,6 +26,9 @@ CHAT_TEMPLATE = (  # tools and tool calls in the Hermes format (`server.tool_cal
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|end|>"]
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "olmo3", "smollm3", "granite")
 MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")  # 4 experts, 2 per token
+# Phi3ForCausalLM (fused qkv and gate/up tensors): "phi3" as Phi-4 (plain RoPE, its own head),
+# "phi4_mini" as Phi-4-mini (longrope, 3/4 of each head rotated, a tied head)
+PHI3_ARCHITECTURES = ("phi3", "phi4_mini")
 
 _WORDS = ["the", "a", "an", "of", "to", "in", "and", "is", "was", "for", "on", "with", "as", "by", "at", "from", "it", "that", "this", "which", "be", "are", "model", "token", "cache", "prefix", "radix", "tree", "request", "batch", "decode", "prefill", "answer", "question", "what", "how", "why", "when", "where", "who", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "Paris", "France", "capital", "city", "river", "number", "sum", "add", "plus", "minus", "times", "result", "step", "think", "alpha", "beta", "gamma", "delta", "cat", "dog", "bird", "fish", "red", "green", "blue", "quick", "brown", "fox", "jumps", "over", "lazy", "hello", "world", "system", "user", "assistant", "yes", "no", "true", "false", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "-", "=", "?"]
 
@@ -71,6 +74,14 @@ def build_tokenizer(path: str | Path, vocab_size: int = 512, seed: int = 0):
     return fast
 
 
+def longrope_parameters(rotary_dim: int, **extra) -> dict:
+    """A longrope `rope_parameters` for heads rotating `rotary_dim` dims: short and long
+    factors, different in every dimension (so that a wrong choice shows), and `extra` keys."""
+    half = rotary_dim // 2
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.25 * i for i in range(half)],
+            "long_factor": [1.5 + 2.0 * i for i in range(half)], **extra}
+
+
 def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
     from transformers import (
         Gemma2Config,
@@ -82,6 +93,7 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
         MixtralConfig,
         Olmo2Config,
         Olmo3Config,
+        Phi3Config,
         Qwen2Config,
         Qwen2MoeConfig,
         Qwen3Config,
@@ -127,11 +139,19 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, overrides: dict):
         for key, value in (("embedding_multiplier", 12.0), ("residual_multiplier", 0.22),
                            ("attention_multiplier", 0.2), ("logits_scaling", 8.0)):
             common.setdefault(key, value)
+    if arch in PHI3_ARCHITECTURES:  # its default pad id is past the tiny vocabulary
+        common.setdefault("pad_token_id", eos)
+    if arch == "phi4_mini":  # the factors of a context within the original length: the short ones
+        common["tie_word_embeddings"] = overrides.get("tie_word_embeddings", True)
+        common.setdefault("partial_rotary_factor", 0.75)
+        common.setdefault("original_max_position_embeddings", common["max_position_embeddings"])
+        rotary_dim = int(common["hidden_size"] // common["num_attention_heads"] * common["partial_rotary_factor"])
+        common.setdefault("rope_parameters", longrope_parameters(rotary_dim, factor=32.0))
     if arch in ("gemma3", "olmo3"):  # sliding and full layers alternate
         kinds = ("sliding_attention", "full_attention")
         common.setdefault("layer_types", [kinds[i % 2] for i in range(common["num_hidden_layers"])])
     cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "gpt_oss": GptOssConfig, "olmo2": Olmo2Config, "olmo3": Olmo3Config, "smollm3": SmolLM3Config, "granite": GraniteConfig,
-           "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+           "phi3": Phi3Config, "phi4_mini": Phi3Config, "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
            "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}[arch]
     if arch in ("qwen3", "qwen3_moe"):
         common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
@@ -149,8 +169,8 @@ def build_tiny_checkpoint(
     vocab_size: int = 512,
     **config_overrides,
 ) -> Path:
-    """Write a tokenizer and a random `arch` model (one of ARCHITECTURES or
-    MOE_ARCHITECTURES) to `path`.
+    """Write a tokenizer and a random `arch` model (one of ARCHITECTURES,
+    MOE_ARCHITECTURES or PHI3_ARCHITECTURES) to `path`.
 
     `config_overrides` go to the transformers config (e.g. `num_key_value_heads=1`,
     `tie_word_embeddings=True`, `rope_scaling={...}`). Deterministic for a given seed.
@@ -158,8 +178,9 @@ def build_tiny_checkpoint(
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    if arch not in ARCHITECTURES + MOE_ARCHITECTURES:
-        raise ValueError(f"arch must be one of {ARCHITECTURES + MOE_ARCHITECTURES}, got {arch!r}")
+    known = ARCHITECTURES + MOE_ARCHITECTURES + PHI3_ARCHITECTURES
+    if arch not in known:
+        raise ValueError(f"arch must be one of {known}, got {arch!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(path, vocab_size=vocab_size, seed=seed)

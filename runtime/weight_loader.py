@@ -27,7 +27,7 @@ from torch import nn
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.quantized import install_split_quantized
 from sprig.runtime.distributed.shard import build_sharded
-from sprig.runtime.layers.linear import MergedLinear
+from sprig.runtime.layers.linear import MergedLinear, shard_slice
 from sprig.runtime.layers.moe import FusedExperts
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import model_class
@@ -41,6 +41,8 @@ INDEX_FILE = "model.safetensors.index.json"
 
 # (sprig parameter name, or a quantized layer's name + "." + checkpoint leaf; shard or None)
 Target = tuple[str, str | None]
+# (file, checkpoint tensor name, target, the tensor's rows that target takes: None for all)
+Entry = tuple[Path, str, Target, slice | None]
 
 
 def load_model(
@@ -135,18 +137,18 @@ def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, devi
     for layer in quantized.values():
         layer.discard_staged()
     plan = _plan(model, path, _Names.of(model), quantized)
-    pending = Counter(t[0].rpartition(".")[0] for _, _, t in plan)
+    pending = Counter(t[0].rpartition(".")[0] for _, _, t, _ in plan)
     params = dict(model.named_parameters())
     for file, entries in itertools.groupby(plan, key=lambda entry: entry[0]):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for _, name, target in entries:
+            for _, name, target, rows in entries:
                 owner, _, leaf = target[0].rpartition(".")
                 layer = quantized.get(owner)
                 if layer is None:
-                    _copy(model, params, target, file, name, handle)
+                    _copy(model, params, target, file, name, handle, rows)
                     continue
                 try:
-                    layer.load(leaf, target[1], handle.get_tensor(name))
+                    layer.load(leaf, target[1], handle.get_tensor(name) if rows is None else handle.get_slice(name)[rows])
                 except ValueError as e:
                     raise ValueError(f"{file}: tensor {name!r}: {e}") from None
                 pending[owner] -= 1
@@ -216,9 +218,10 @@ def _plan(
     path: str | Path,
     names: _Names,
     quantized: dict[str, QuantizedLinear],
-) -> list[tuple[Path, str, Target]]:
-    """(file, tensor name, target) of every checkpoint tensor to load, in file order; a
-    ValueError names an unexpected, duplicated or missing tensor before anything loads."""
+) -> list[Entry]:
+    """Every checkpoint tensor (or, for one a fused layer takes in several shards, each
+    shard's rows of it) to load, in file order; a ValueError names an unexpected,
+    duplicated or missing tensor before anything loads."""
     required, accepted = _expected_targets(model, quantized)
     loaded: dict[Target, Path] = {}  # -> the file it is in
     plan = []
@@ -228,13 +231,17 @@ def _plan(
                 canonical = names.canonical(name)
                 if canonical is None:
                     continue
-                target = _target(canonical, names)
-                if target not in accepted:
-                    raise ValueError(f"{file}: unexpected tensor {name!r} (no such parameter in the model)")
-                if target in loaded:
-                    raise ValueError(f"{file}: tensor {name!r} also in {loaded[target]}")
-                loaded[target] = file
-                plan.append((file, name, target))
+                try:
+                    pieces = _pieces(model, _target(canonical, names), names, handle.get_slice(name).get_shape())
+                except ValueError as e:
+                    raise ValueError(f"{file}: tensor {name!r}: {e}") from None
+                for target, rows in pieces:
+                    if target not in accepted:
+                        raise ValueError(f"{file}: unexpected tensor {name!r} (no such parameter in the model)")
+                    if target in loaded:
+                        raise ValueError(f"{file}: tensor {name!r} also in {loaded[target]}")
+                    loaded[target] = file
+                    plan.append((file, name, target, rows))
     missing = sorted(required - loaded.keys(), key=str)
     if missing:
         listed = ", ".join(_hf_name(t, names) for t in missing)
@@ -242,14 +249,39 @@ def _plan(
     return plan
 
 
+def _pieces(model: nn.Module, target: Target, names: _Names, shape: list[int]) -> list[tuple[Target, slice | None]]:
+    """What a checkpoint tensor of `shape` loads into: `target` whole, or, for a weight or
+    bias of a module in `names.split`, each shard of its fused layer with the tensor's
+    rows that hold it (the shards stacked in the layer's order); ValueError if its rows
+    are not the layer's, or it is another leaf (a quantized checkpoint's codes)."""
+    name, shard = target
+    owner_name, _, leaf = name.rpartition(".")
+    if shard is not None or owner_name.rpartition(".")[2] not in names.split:
+        return [(target, None)]
+    try:
+        sizes = model.get_submodule(owner_name).out_sizes
+    except AttributeError:
+        return [(target, None)]  # no such fused layer: an unexpected tensor
+    if leaf not in ("weight", "bias"):
+        raise ValueError(f"a fused checkpoint tensor's {leaf!r} cannot be cut into its shards "
+                         "(only float weights and biases)")
+    if shape[0] != sum(sizes.values()):
+        raise ValueError(f"has {shape[0]} rows, the fused layer stacks {dict(sizes)}")
+    return [((name, s), shard_slice(sizes, s)) for s in sizes]
+
+
 def _copy(
-    model: nn.Module, params: dict[str, nn.Parameter], target: Target, file: Path, name: str, handle: Any
+    model: nn.Module, params: dict[str, nn.Parameter], target: Target, file: Path, name: str, handle: Any,
+    rows: slice | None,
 ) -> None:
     dest = _destination(model, params, target)
     owner, _, leaf = target[0].rpartition(".")
     index = getattr(model.get_submodule(owner), "checkpoint_index", None)  # a tensor-parallel rank's part
     source = handle.get_slice(name)
-    tensor = None if index is None else source[index(leaf, target[1])]
+    tensor = None if rows is None else source[rows]
+    if index is not None:
+        part = index(leaf, target[1])
+        tensor = source[part] if tensor is None else tensor[part]
     shape = tuple(source.get_shape() if tensor is None else tensor.shape)
     if shape != tuple(dest.shape):
         raise ValueError(
@@ -288,8 +320,9 @@ class _Names:
     prefix -> sprig's, e.g. a multimodal checkpoint's `language_model.model.` -> `model.`),
     `packed` (HF module name -> (fused module name, shard)), `experts` (an expert's HF
     projection name -> (`FusedExperts` parameter, kind)), `renamed` (HF module name ->
-    sprig's), and `unused` (prefixes of tensors sprig does not load, e.g. a vision
-    tower's); see `LlamaForCausalLM`."""
+    sprig's), `unused` (prefixes of tensors sprig does not load, e.g. a vision
+    tower's), and `split` (checkpoint modules whose one tensor holds all the shards of the
+    fused layer of that name, `Phi3ForCausalLM`); see `LlamaForCausalLM`."""
 
     packed: dict[str, tuple[str, str]]
     experts: dict[str, tuple[str, str]]
@@ -299,13 +332,14 @@ class _Names:
     tied: bool
     encoder_param: Callable[[str], str | None] | None = None
     encoder_prefix: str = ""
+    split: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, model: nn.Module) -> _Names:
         return cls(model.packed_modules, getattr(model, "expert_projections", {}), getattr(model, "renamed_modules", {}),
                    getattr(model, "checkpoint_prefixes", {}), tuple(getattr(model, "unused_prefixes", ())),
                    model.config.tie_word_embeddings, getattr(model, "encoder_param", None),
-                   getattr(model, "encoder_prefix", ""))
+                   getattr(model, "encoder_prefix", ""), tuple(getattr(model, "split_checkpoint_modules", ())))
 
     def canonical(self, name: str) -> str | None:
         """The checkpoint name `name` as a text-only checkpoint spells it (`prefixes`
@@ -349,6 +383,8 @@ def _hf_name(target: Target, names: _Names) -> str:
         expert, _, kind = shard.partition(".")
         hf_part = {v: k for k, v in names.experts.items()}[(leaf, kind)]
         name = f"{module}.{expert}.{hf_part}.weight"
+    elif shard is not None and name.split(".")[-2] in names.split:
+        name = f"{name} (its {shard} rows)"
     elif shard is not None:
         hf_part = {v: k for k, v in names.packed.items()}[(name.split(".")[-2], shard)]
         name = f"{module.rpartition('.')[0]}.{hf_part}.{leaf}"

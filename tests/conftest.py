@@ -22,6 +22,7 @@ from sprig.runtime.demo import DEMO_MODEL_PATH
 from sprig.runtime.tiny_checkpoint import (
     ARCHITECTURES,
     MOE_ARCHITECTURES,
+    PHI3_ARCHITECTURES,
     build_tiny_checkpoint,
     build_tokenizer,
 )
@@ -93,10 +94,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One tiny random checkpoint per supported architecture (dense and mixture-of-experts),
-    keyed by arch name."""
+    """One tiny random checkpoint per supported architecture (dense, mixture-of-experts, the
+    Phi-3 family's), keyed by arch name."""
     root = tmp_path_factory.mktemp("checkpoints")
-    return {arch: build_tiny_checkpoint(root / arch, arch) for arch in ARCHITECTURES + MOE_ARCHITECTURES}
+    archs = ARCHITECTURES + MOE_ARCHITECTURES + PHI3_ARCHITECTURES
+    return {arch: build_tiny_checkpoint(root / arch, arch) for arch in archs}
 
 
 @pytest.fixture(scope="session")

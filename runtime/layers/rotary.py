@@ -13,24 +13,27 @@ from sprig.runtime.model_config import ModelConfig
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates query and key heads by their token positions (HF `rotate_half` convention).
+    """Rotates query and key heads by their token positions (HF `rotate_half` convention):
+    the first `rotary_dim` dims of each head (all of them unless the model's rotary is
+    partial, `ModelConfig.rotary_dim`); the others pass through.
 
-    The float32 tables cover positions `0 .. max_positions-1`; they are derived from
+    The float32 tables `[max_positions, rotary_dim]` cover positions `0 .. max_positions-1`
+    (a longrope model's factors are chosen by `max_positions`, `rope_cos_sin`); they are derived from
     the config, not read from the checkpoint, so `reset_buffers()` recomputes them after
     the module is materialised on its device. On the torch path the table rows of the
     last `positions` tensor are kept: the layers of a step gather them once.
     """
 
     def __init__(
-        self, head_dim: int, max_positions: int, *, base: float, scaling: dict[str, Any] | None
+        self, rotary_dim: int, max_positions: int, *, base: float, scaling: dict[str, Any] | None
     ) -> None:
         super().__init__()
-        self.head_dim = head_dim
+        self.rotary_dim = rotary_dim
         self.max_positions = max_positions
         self.base = base
         self.scaling = scaling
-        self.register_buffer("cos", torch.empty(max_positions, head_dim), persistent=False)
-        self.register_buffer("sin", torch.empty(max_positions, head_dim), persistent=False)
+        self.register_buffer("cos", torch.empty(max_positions, rotary_dim), persistent=False)
+        self.register_buffer("sin", torch.empty(max_positions, rotary_dim), persistent=False)
         self.reset_buffers()
 
     _rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, their rows
@@ -40,8 +43,8 @@ class RotaryEmbedding(nn.Module):
         self._rows = None
         if self.cos.is_meta:
             return
-        self.cos, self.sin = rope_cos_sin(  # [P, D] each
-            self.head_dim, self.max_positions, base=self.base, scaling=self.scaling,
+        self.cos, self.sin = rope_cos_sin(  # [P, R] each
+            self.rotary_dim, self.max_positions, base=self.base, scaling=self.scaling,
             device=self.cos.device, dtype=torch.float32,
         )
 
@@ -65,9 +68,9 @@ class LayerRotaries(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.full = RotaryEmbedding(config.head_dim, config.context_len, base=config.rope_theta,
+        self.full = RotaryEmbedding(config.rotary_dim, config.context_len, base=config.rope_theta,
                                     scaling=config.rope_scaling)
-        self.local = RotaryEmbedding(config.head_dim, config.context_len,
+        self.local = RotaryEmbedding(config.rotary_dim, config.context_len,
                                      base=config.sliding_rope_theta or config.rope_theta, scaling=None)
         self.sliding = frozenset(config.sliding_layers)
 

@@ -23,6 +23,7 @@ from sprig.runtime.models.llama import (
 )
 from sprig.runtime.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from sprig.runtime.models.olmo import Olmo2ForCausalLM, Olmo3ForCausalLM
+from sprig.runtime.models.phi3 import Phi3ForCausalLM
 from sprig.runtime.models.qwen2 import Qwen2ForCausalLM
 from sprig.runtime.models.qwen3 import Qwen3ForCausalLM
 
@@ -42,6 +43,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 

@@ -80,7 +80,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(
-            config.head_dim, config.context_len, base=config.rope_theta, scaling=config.rope_scaling
+            config.rotary_dim, config.context_len, base=config.rope_theta, scaling=config.rope_scaling
         )
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, options, round_once=round_once) for i in range(config.num_layers)

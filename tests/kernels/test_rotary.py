@@ -84,7 +84,7 @@ def test_llama3_scaling_changes_low_frequencies_only() -> None:
 
 def test_unknown_rope_type_raises() -> None:
     with pytest.raises(ValueError, match="rope_type"):
-        rope_cos_sin(64, 8, base=10000.0, scaling={"rope_type": "longrope", "factor": 2.0})
+        rope_cos_sin(64, 8, base=10000.0, scaling={"rope_type": "dynamic", "factor": 2.0})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

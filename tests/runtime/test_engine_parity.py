@@ -13,7 +13,8 @@ from sprig.runtime import Engine
 MAX_NEW = 8
 PROMPTS = make_prompts(16)
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0}
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "olmo3", "smollm3", "granite", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "olmo3", "smollm3", "granite", "mixtral",
+         "qwen2_moe", "qwen3_moe", "gpt_oss", "phi3", "phi4_mini"]
 
 
 @pytest.fixture(scope="module")

@@ -34,11 +34,14 @@ def test_tiny_checkpoints_parse(tiny_checkpoints: dict[str, Path]) -> None:
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
         "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM",
         "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma2ForCausalLM",
-        "GptOssForCausalLM",
+        "GptOssForCausalLM", "Phi3ForCausalLM",
     }
     assert all((c.moe is None) == (arch in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "olmo3",
-                                            "smollm3", "granite"))
+                                            "smollm3", "granite", "phi3", "phi4_mini"))
                for arch, c in configs.items())
+    phi4_mini = configs["phi4_mini"]
+    assert (phi4_mini.rotary_dim, phi4_mini.longrope_factors, phi4_mini.tie_word_embeddings) == (12, "short_factor", True)
+    assert configs["phi3"].rotary_dim == 16 and configs["phi3"].rope_scaling is None
     assert configs["smollm3"].nope_layers == (1,) and all(c.nope_layers == () for a, c in configs.items() if a != "smollm3")
     assert (configs["gemma2"].attention_softcap, configs["gemma2"].final_logit_softcap) == (1.5, 4.0)
     gemma = configs["gemma3"]
@@ -157,7 +160,7 @@ def test_unknown_architecture_lists_supported(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "unsupported rope_type 'longrope'"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "unsupported rope_type 'dynamic'"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"num_key_value_heads": 3}, "multiple of num_kv_heads"),
     ],

@@ -1,6 +1,6 @@
 """The model runner against Hugging Face transformers on the same tiny checkpoints (dense,
-mixture-of-experts, sliding-window, post-norm, NoPE): prefill logits, greedy decoding, chunked prefill,
-bfloat16 (DESIGN.md §5)."""
+mixture-of-experts, sliding-window, post-norm, NoPE, fused-checkpoint Phi-3): prefill logits,
+greedy decoding, chunked prefill, bfloat16 (DESIGN.md §5)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ from transformers import AutoModelForCausalLM
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.runner_config import RunnerConfig
-from sprig.runtime.tiny_checkpoint import ARCHITECTURES, MOE_ARCHITECTURES, build_tiny_checkpoint
+from sprig.runtime.tiny_checkpoint import (
+    ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    PHI3_ARCHITECTURES,
+    build_tiny_checkpoint,
+)
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -59,6 +64,8 @@ VARIANTS = {
     # SmolLM3: its NoPE layer (the fourth) attends within a window of 4
     "smollm3-nope-window4": ("smollm3", {"num_hidden_layers": 4, "no_rope_layer_interval": 4, "use_sliding_window": True,
                                          "sliding_window": 4, "initializer_range": 0.2}),
+    # Phi-3-mini-4k's window in every layer (tests/runtime/test_phi3.py: sharp partial longrope)
+    "phi3-window5": ("phi3", {"sliding_window": 5, "initializer_range": 0.2}),
 }
 PROMPT_LENS = (7, 1, 12, 4)
 ATOL = 1e-4
@@ -85,7 +92,7 @@ def variant_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
     }
 
 
-@pytest.fixture(scope="module", params=[*ARCHITECTURES, *MOE_ARCHITECTURES, *VARIANTS])
+@pytest.fixture(scope="module", params=[*ARCHITECTURES, *MOE_ARCHITECTURES, *PHI3_ARCHITECTURES, *VARIANTS])
 def pair(request, tiny_checkpoints, variant_checkpoints) -> tuple[ModelRunner, torch.nn.Module]:
     """(sprig runner, HF model), both float32 on CPU, for one checkpoint."""
     path = {**tiny_checkpoints, **variant_checkpoints}[request.param]
