@@ -338,14 +338,16 @@ class Stats:
 
 def make_workload(
     seed: int, model: str, vocab: int, *, triton: bool, int4_share: float = 0.25, tp_share: float = 0.0,
-    image: ImageSpec | None = None,
+    image: ImageSpec | None = None, fused: bool = False,
 ) -> Workload:
     """A random workload and engine config, a function of `seed` alone (and of the shares
     of workloads with int4 weights and with two tensor-parallel ranks). For a model that
     takes images (`image`), prompts and shared prefixes hold images (`IMAGE_SHARE`; their
     own generator), and what sprig does not combine with images is not drawn: int4
     weights, tensor parallelism, the draft-model drafter (radix instead), embedding
-    requests with images."""
+    requests with images. A model whose checkpoint fuses its projections (`fused`: Phi-3)
+    runs neither tensor-parallel nor with LoRA adapters, which sprig refuses or does not
+    map there."""
     rng, constraints = random.Random(seed), random.Random(f"constraints {seed}")
     thinking = random.Random(f"thinking {seed}")
     budgets = random.Random(f"thinking budget {seed}")
@@ -353,6 +355,8 @@ def make_workload(
     if image is not None:
         int4_share = tp_share = 0.0
         vocab = min(vocab, image.token_id, image.begin_id, image.end_id)  # random ids never an image's
+    if fused:
+        tp_share = 0.0
 
     def ids(n: int) -> list[int]:
         out = [rng.randrange(FIRST_ORDINARY_ID, vocab) for _ in range(n)]
@@ -402,7 +406,7 @@ def make_workload(
         options["priority_scheduling_preemption_threshold"] = ranks.choice([0, 1, 10])
         requests = [replace(r, priority=ranks.choice([None, 0, 1, 5, 20, -3])) for r in requests]
     adapters = random.Random(f"lora {seed}")  # likewise
-    if adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options:
+    if adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options and not fused:
         options["max_loras_per_batch"] = adapters.choice([2, 3, 8])  # `run_one` adds the adapters' paths
         requests = [replace(r, lora=adapters.choice([None, *LORA_NAMES])) for r in requests]
     if image is not None and options.get("speculative_algorithm") == "draft":
@@ -1002,7 +1006,8 @@ def fuzz(
         triton = rng.random() < triton_share and triton_runs
         ref = refs[name]
         workload = make_workload(workload_seed, name, ref.vocab, triton=triton,
-                                 int4_share=0.0 if name in sparse + sinks else int4_share, tp_share=tp_share, image=ref.image)
+                                 int4_share=0.0 if name in sparse + sinks else int4_share, tp_share=tp_share, image=ref.image,
+                                 fused=configs[name].architecture == "Phi3ForCausalLM")
         run_one(workload, models[name], ref, stats)
         i += 1
         if progress is not None and (stats.workloads % 10 == 0):

@@ -22,7 +22,8 @@ TP_CI_SECONDS = 12
 @pytest.fixture(scope="module")
 def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny llama and qwen3, two with larger weights (sharp attention and logits, so
-    that a request reading another's rows shows): MQA llama and GQA mistral, and two
+    that a request reading another's rows shows): MQA llama, GQA mistral and a Phi-4-mini
+    (longrope, a quarter of each head unrotated, tied embeddings), and two
     mixture-of-experts models (`engine_fuzz.MOE_SHARE` of workloads): Qwen2-MoE with its
     shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts, and
     gpt-oss (`engine_fuzz.SINK_SHARE` of those; MXFP4 experts, attention sinks, windows of 5
@@ -40,6 +41,7 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
             root / "mqa", "llama", seed=3, num_key_value_heads=1, initializer_range=0.15
         ),
         "mistral-sharp": build_tiny_checkpoint(root / "mistral", "mistral", seed=4, initializer_range=0.1),
+        "phi4_mini-sharp": build_tiny_checkpoint(root / "phi4_mini", "phi4_mini", seed=12, initializer_range=0.1),
         "qwen2_moe": tiny_checkpoints["qwen2_moe"],
         "qwen3_moe-sharp": build_tiny_checkpoint(root / "qwen3_moe", "qwen3_moe", seed=5, num_experts=8,
                                                  initializer_range=0.1),
