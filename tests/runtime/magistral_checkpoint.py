@@ -21,7 +21,9 @@ from mistral_checkpoint import (
     ANSWER,
     ARGUMENTS,
     CONTENT,
+    LAST_USER,
     MARKERS,
+    TURNS,
     WORDS,
     add_mistral_tokens,
     write_script,
@@ -38,24 +40,9 @@ SUCCESSOR = {"[/INST]": "[THINK]", "[THINK]": THOUGHTS[0], THOUGHTS[0]: THOUGHTS
 SCRIPT_TEXT = f"[THINK]{''.join(THOUGHTS)}[/THINK]{CONTENT}[TOOL_CALLS]get_weather[ARGS]{ARGUMENTS}"
 DEFAULT_SYSTEM = "Think first, as [THINK]your thoughts[/THINK], then answer."
 TEMPLATE = (
-    "{%- set ns = namespace(last_user=-1) %}"
-    "{%- for message in messages %}{%- if message.role == 'user' %}{%- set ns.last_user = loop.index0 %}"
-    "{%- endif %}{%- endfor %}"
-    "{{- bos_token }}[SYSTEM_PROMPT]"
+    LAST_USER + "{{- bos_token }}[SYSTEM_PROMPT]"
     "{%- if messages[0].role == 'system' %}{{ messages[0].content }}{%- else %}" + DEFAULT_SYSTEM + "{%- endif %}"
-    "[/SYSTEM_PROMPT]"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'user' %}"
-    "{%- if tools and loop.index0 == ns.last_user %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]"
-    "{%- endif %}[INST]{{ message.content }}[/INST]"
-    "{%- elif message.role == 'assistant' %}{{ message.content or '' }}"
-    "{%- for call in message.tool_calls or [] %}[TOOL_CALLS]{{ call.function.name }}[ARGS]"
-    "{%- if call.function.arguments is string %}{{ call.function.arguments }}"
-    "{%- else %}{{ call.function.arguments | tojson }}{%- endif %}"
-    "{%- endfor %}{{ eos_token }}"
-    "{%- elif message.role == 'tool' %}[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]"
-    "{%- endif %}"
-    "{%- endfor %}"
+    "[/SYSTEM_PROMPT]" + TURNS
 )
 
 

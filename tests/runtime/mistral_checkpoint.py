@@ -34,11 +34,12 @@ SUCCESSOR = {"[/INST]": CONTENT, CONTENT: "[TOOL_CALLS]", "[TOOL_CALLS]": "get_w
              "[ARGS]": ARGUMENTS, ARGUMENTS: "</s>", "[/TOOL_RESULTS]": ANSWER, ANSWER: "</s>"}
 SCRIPT_TEXT = f"{CONTENT}[TOOL_CALLS]get_weather[ARGS]{ARGUMENTS}"
 MARGIN = 100.0
-TEMPLATE = (
+LAST_USER = (  # where the tools are rendered: before the last user message
     "{%- set ns = namespace(last_user=-1) %}"
     "{%- for message in messages %}{%- if message.role == 'user' %}{%- set ns.last_user = loop.index0 %}"
     "{%- endif %}{%- endfor %}"
-    "{{- bos_token }}"
+)
+TURNS = (  # the conversation after the system prompt (a system message renders nothing here)
     "{%- for message in messages %}"
     "{%- if message.role == 'user' %}"
     "{%- if tools and loop.index0 == ns.last_user %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]"
@@ -52,6 +53,7 @@ TEMPLATE = (
     "{%- endif %}"
     "{%- endfor %}"
 )
+TEMPLATE = LAST_USER + "{{- bos_token }}" + TURNS
 
 
 def add_mistral_tokens(path: Path, markers: list[str] = MARKERS, words: list[str] = WORDS,
