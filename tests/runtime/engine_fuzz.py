@@ -30,7 +30,8 @@ experts never depend on its batch; `SINK_SHARE` of those on gpt-oss, whose atten
 has a sink per head and whose experts are MXFP4; in `WINDOW_SHARE` of the others one whose layers attend
 within sliding windows shorter than most prompts; in `VISION_SHARE` of the rest a
 vision-language model, whose prompts hold images: random pixels, several per prompt, some in
-prefixes prompts share, so their K/V is cached and reused). In `STALE_START_SHARE` of workloads (drawn by a
+prefixes prompts share, so their K/V is cached and reused; in `FUSED_SHARE` of the rest one
+whose checkpoint fuses its projections, Phi-4-mini with longrope and partial rotary). In `STALE_START_SHARE` of workloads (drawn by a
 generator of their own) the engine starts on another checkpoint of the same model
 (`weight_checkpoints.perturbed_copy`), runs the whole workload there (caching its prefixes
 with K/V of the wrong weights), then loads the model's weights
@@ -124,6 +125,7 @@ MOE_SHARE = 0.2  # of workloads, those on a mixture-of-experts model (where the 
 SINK_SHARE = 0.4  # of those, the ones on a model with attention sinks, gpt-oss (where given one)
 WINDOW_SHARE = 0.2  # of the others, those on a model with sliding-window layers (where given one)
 VISION_SHARE = 0.15  # of the rest, those on a vision-language model, with images (where given one)
+FUSED_SHARE = 0.15  # of the rest, those on a model whose checkpoint fuses its projections, Phi-3 (where given one)
 IMAGE_SHARE = 0.5  # of a vision workload's prompts and shared prefixes, those holding an image (or two)
 TIE_MARGIN = 1e-3
 STOP_STRINGS = ["e", "a", "t", " the", ".", "o"]
@@ -987,7 +989,8 @@ def fuzz(
     vision = sorted(name for name, c in configs.items() if c.image is not None)
     windowed = sorted(name for name, c in configs.items()
                       if c.moe is None and c.sliding_window is not None and c.image is None)
-    names = sorted(set(models) - set(sparse) - set(sinks) - set(windowed) - set(vision))
+    fused = sorted(name for name, c in configs.items() if c.architecture == "Phi3ForCausalLM")
+    names = sorted(set(models) - set(sparse) - set(sinks) - set(windowed) - set(vision) - set(fused))
     i = 0
     while stats.workloads < min_workloads or time.monotonic() - start < seconds:
         workload_seed = seed + i
@@ -997,17 +1000,20 @@ def fuzz(
         window = random.Random(f"window {workload_seed}")
         sight = random.Random(f"vision {workload_seed}")
         sink = random.Random(f"sinks {workload_seed}")
+        phi = random.Random(f"fused {workload_seed}")
         if (sparse or sinks) and (not names or moe.random() < MOE_SHARE):
             name = sink.choice(sinks) if sinks and (not sparse or sink.random() < SINK_SHARE) else moe.choice(sparse)
         elif windowed and (not names or window.random() < WINDOW_SHARE):
             name = window.choice(windowed)
         elif vision and (not names or sight.random() < VISION_SHARE):
             name = sight.choice(vision)
+        elif fused and (not names or phi.random() < FUSED_SHARE):
+            name = phi.choice(fused)
         triton = rng.random() < triton_share and triton_runs
         ref = refs[name]
         workload = make_workload(workload_seed, name, ref.vocab, triton=triton,
                                  int4_share=0.0 if name in sparse + sinks else int4_share, tp_share=tp_share, image=ref.image,
-                                 fused=configs[name].architecture == "Phi3ForCausalLM")
+                                 fused=name in fused)
         run_one(workload, models[name], ref, stats)
         i += 1
         if progress is not None and (stats.workloads % 10 == 0):

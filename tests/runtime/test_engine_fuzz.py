@@ -22,8 +22,7 @@ TP_CI_SECONDS = 12
 @pytest.fixture(scope="module")
 def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny llama and qwen3, two with larger weights (sharp attention and logits, so
-    that a request reading another's rows shows): MQA llama, GQA mistral and a Phi-4-mini
-    (longrope, a quarter of each head unrotated, tied embeddings), and two
+    that a request reading another's rows shows): MQA llama and GQA mistral, and two
     mixture-of-experts models (`engine_fuzz.MOE_SHARE` of workloads): Qwen2-MoE with its
     shared expert, and a sharp Qwen3-MoE whose router spreads tokens over 8 experts, and
     gpt-oss (`engine_fuzz.SINK_SHARE` of those; MXFP4 experts, attention sinks, windows of 5
@@ -31,8 +30,10 @@ def models(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     with sliding windows shorter than most prompts (`engine_fuzz.WINDOW_SHARE`): Gemma 3
     (a window of 6 in two of its three layers), Gemma 2 (7 in its first layer; attention
     scores and logits soft-capped), Qwen2 (12, in its second layer) and OLMo 3 (5, in three
-    of its four layers; norms after attention and the MLP); and a Gemma 3 vision-language model
-    (`engine_fuzz.VISION_SHARE`; images of 4 tokens, windows of 5)."""
+    of its four layers; norms after attention and the MLP); a Gemma 3 vision-language model
+    (`engine_fuzz.VISION_SHARE`; images of 4 tokens, windows of 5); and a sharp Phi-4-mini
+    (`engine_fuzz.FUSED_SHARE`: fused projections, longrope, a quarter of each head
+    unrotated, tied embeddings)."""
     root = tmp_path_factory.mktemp("fuzz")
     return {
         "llama": tiny_checkpoints["llama"],

@@ -79,7 +79,7 @@ def test_the_longest_yarn_context(tmp_path: Path, extra: dict, limit: int, why: 
 
 
 def test_rope_types_still_unsupported_raise(tmp_path: Path) -> None:
-    for rope_type in ("longrope", "dynamic"):
+    for rope_type in ("dynamic", "mrope"):
         cfg = {**BASE, "rope_scaling": {"rope_type": rope_type, "factor": 2.0}}
         with pytest.raises(ValueError, match=f"unsupported rope_type '{rope_type}'.*'yarn'"):
             ModelConfig.from_pretrained(write_config(tmp_path, cfg))
