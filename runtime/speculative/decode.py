@@ -314,33 +314,36 @@ class SpeculativeDecoder:
         """The alternative paths verified beside the drafts (a token tree, `tree`): those
         the drafter proposes that raise the pass's expected tokens per millisecond
         (`cost.widen`), their slots taken from the free list; none where pages hold more
-        than one slot. A constrained request's path is cut to what its grammar takes and
-        carries the bitmask of each of its rows (`grammar_rows`, as `_fit` does for drafts)."""
+        than one slot. A constrained request's chosen path is then cut to what its grammar
+        takes and carries the bitmask of each of its rows (`grammar_rows`, as `_fit` does
+        for drafts): only chosen paths walk the grammar, each step's host work."""
         if sched.kv.page_size != 1 or not self.width or not any(drafts):
             return []
         proposed = self.drafter.alternatives(batch, drafts, limits, self.width)
-        width = bitmask_width(sched.grammars.logits_width)
-        jumps = sched.config.enable_jump_forward
         candidates = []
         for i, (r, d, paths) in enumerate(zip(batch, drafts, proposed, strict=True)):
             rate = self.lengths[r.rid].acceptance.rate
             for path in paths:
-                rows = None
-                if r.grammar is not None:
-                    path, rows, _ = grammar_rows(r.grammar, path, width, jumps and not r.return_logprob)
                 depth = shared_prefix(path, d)
                 if depth < len(path):
-                    masks = None if rows is None else rows[depth + 1 : len(path) + 1]
-                    candidates.append((i, path, depth, branch_gain(rate, depth, len(path), len(d)), masks))
+                    candidates.append((i, path, depth, branch_gain(rate, depth, len(path), len(d))))
         if not candidates:
             return []
         tokens = sum(r.seq_len - r.kv_len + len(d) for r, d in zip(batch, drafts, strict=True))
         expected = len(batch) + sum(self.lengths[r.rid].expected(len(d)) for r, d in zip(batch, drafts, strict=True))
         chosen = widen(self.costs.scaled(self.scales), len(batch), tokens, expected,
-                       [(gain, 1 + len(path)) for _, path, _, gain, _ in candidates])
-        branches = []
+                       [(gain, 1 + len(path)) for _, path, _, gain in candidates])
+        width = bitmask_width(sched.grammars.logits_width)
+        branches: list[Branch] = []
         for k in chosen:
-            i, path, depth, _, masks = candidates[k]
+            i, path, depth, _ = candidates[k]
+            req, masks = batch[i], None
+            if req.grammar is not None:
+                jumps = sched.config.enable_jump_forward and not req.return_logprob
+                path, rows, _ = grammar_rows(req.grammar, path, width, jumps)
+                if len(path) <= depth or any(b.owner == i and b.tokens == path for b in branches):
+                    continue  # cut to the draft's tokens, or to another chosen path
+                masks = rows[depth + 1 : len(path) + 1]
             slots = sched.kv.take_free(1 + len(path))
             if slots is None:
                 break
