@@ -175,6 +175,7 @@ class RequestManager:
         self.ipc = ipc
         self.weights = weights
         self.pending_updates = 0  # weight updates sent and not answered (`routes_weights` bounds them)
+        self.paused: str | None = None  # the pause in effect, as the scheduler's last pause/continue reply said
         self.children = children
         self.metrics = metrics
         self.max_inflight = max_inflight
@@ -318,6 +319,8 @@ class RequestManager:
             if msg.ok and "weight_version" in msg.data:  # whether or not the client still waits
                 self.weights.weight_version = msg.data["weight_version"]
                 self.weights.model_path = msg.data.get("model_path", self.weights.model_path)
+            if msg.ok and "paused" in msg.data:
+                self.paused = msg.data["paused"]
             future = self._controls.get(msg.token)
             if future is not None and not future.done():
                 future.set_result(msg)

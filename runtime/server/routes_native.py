@@ -169,8 +169,12 @@ def _internal_state(speculative: bool, stats: StatsReport | None) -> dict[str, A
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
-    """Healthy if a one-token greedy generation completes in time."""
+    """Healthy if a one-token greedy generation completes in time; 503 at once while
+    generation is paused (`/pause_generation`), when the probe could only wait."""
     st = state_of(request)
+    if st.manager.paused is not None:
+        return error_response(503, f"generation is paused (mode {st.manager.paused!r}); "
+                                   "POST /continue_generation resumes it")
     bos = getattr(st.builder.tokenizer, "bos_token_id", None)
     params = SamplingParams(max_new_tokens=1, temperature=0.0)
     reqs = st.builder.requests([[bos if bos is not None else 0]], params, None, LogprobOptions(), stream=False)

@@ -147,7 +147,7 @@ class SchedulerLoop:
             self.scheduler.resume()
             if was is not None:
                 log.info("generation continues (%d requests waiting)", len(self.scheduler.waiting))
-            return ControlReply(msg.token, True, {"was_paused": was is not None})
+            return ControlReply(msg.token, True, {"was_paused": was is not None, "paused": None})
         if msg.kind == "update_weight_version":
             self.scheduler.weight_version = msg.args["weight_version"]
             return ControlReply(msg.token, True, {"weight_version": self.scheduler.weight_version})
@@ -172,7 +172,7 @@ class SchedulerLoop:
         acted = self.scheduler.pause(mode)
         log.info("generation paused (%s): %d requests %s; new requests wait until /continue_generation", mode, acted,
                  {"abort": "aborted", "retract": "requeued", "in_place": "kept in place"}[mode])
-        return ControlReply(msg.token, True, {"mode": mode, "requests": acted})
+        return ControlReply(msg.token, True, {"mode": mode, "requests": acted, "paused": mode})
 
     def _abort_all(self) -> None:
         log.info("aborting the %d requests in flight", len(self.live))

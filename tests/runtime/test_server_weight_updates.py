@@ -397,7 +397,10 @@ def test_a_pause_by_abort_ends_the_requests_and_holds_new_ones(server: Server, c
     _wait_for(server, lambda s: s["waiting"] == 1)
     time.sleep(0.3)
     assert "held" not in replies and server.get("/debug/check_integrity").json()["waiting"] == 1
+    health = server.get("/health_generate")  # answered at once, not after its probe waited in vain
+    assert health.status_code == 503 and "paused" in health.json()["error"]["message"]
     assert server.post("/continue_generation").json() == {"success": True,
                                                           "message": "Generation continued successfully."}
     sent.join(60)
     assert replies["held"]["output_ids"] == expected[checkpoints[0]]
+    assert server.get("/health_generate").status_code == 200
