@@ -139,6 +139,7 @@ def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, devi
     plan = _plan(model, path, _Names.of(model), quantized)
     pending = Counter(t[0].rpartition(".")[0] for _, _, t, _ in plan)
     params = dict(model.named_parameters())
+    fused: tuple[str, dict[str, torch.Tensor]] | None = None  # the last fused tensor converted, by name
     for file, entries in itertools.groupby(plan, key=lambda entry: entry[0]):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for _, name, target, rows in entries:
@@ -148,7 +149,15 @@ def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, devi
                     _copy(model, params, target, file, name, handle, rows)
                     continue
                 try:
-                    layer.load(leaf, target[1], handle.get_tensor(name) if rows is None else handle.get_slice(name)[rows])
+                    if rows is None:
+                        layer.load(leaf, target[1], handle.get_tensor(name))
+                    elif leaf in ("weight", "bias"):
+                        layer.load(leaf, target[1], handle.get_slice(name)[rows])
+                    else:  # one of a fused tensor's shards: its pieces are converted once, for all shards
+                        if fused is None or fused[0] != name:
+                            fused = name, _fused_pieces(layer, leaf, handle.get_tensor(name))
+                        pieces = {k: v if k == "g_idx" else v[rows] for k, v in fused[1].items()}
+                        getattr(layer, "stage_shard", layer.stage)(pieces, target[1])  # a rank's keeps its rows
                 except ValueError as e:
                     raise ValueError(f"{file}: tensor {name!r}: {e}") from None
                 pending[owner] -= 1
@@ -252,22 +261,39 @@ def _plan(
 def _pieces(model: nn.Module, target: Target, names: _Names, shape: list[int]) -> list[tuple[Target, slice | None]]:
     """What a checkpoint tensor of `shape` loads into: `target` whole, or, for a weight or
     bias of a module in `names.split`, each shard of its fused layer with the tensor's
-    rows that hold it (the shards stacked in the layer's order); ValueError if its rows
-    are not the layer's, or it is another leaf (a quantized checkpoint's codes)."""
+    rows that hold it (the shards stacked in the layer's order). A quantized layer's other
+    leaves (a quantized checkpoint's codes, scales, zero points) are converted whole, and
+    the rows are those of the canonical pieces (`_fused_pieces`). A tensor-parallel rank's
+    layer names the whole layer's shards (`full_sizes`): the rows are every rank's, of
+    which the layer keeps its own, as from an unfused checkpoint's q/k/v or gate/up
+    tensor. ValueError if a float tensor's rows are not the layer's, or it holds codes for
+    a layer that is not quantized."""
     name, shard = target
     owner_name, _, leaf = name.rpartition(".")
     if shard is not None or owner_name.rpartition(".")[2] not in names.split:
         return [(target, None)]
     try:
-        sizes = model.get_submodule(owner_name).out_sizes
+        owner = model.get_submodule(owner_name)
+        sizes = getattr(owner, "full_sizes", None) or owner.out_sizes
     except AttributeError:
         return [(target, None)]  # no such fused layer: an unexpected tensor
     if leaf not in ("weight", "bias"):
-        raise ValueError(f"a fused checkpoint tensor's {leaf!r} cannot be cut into its shards "
-                         "(only float weights and biases)")
+        if not isinstance(owner, QuantizedLinear):
+            raise ValueError(f"a fused checkpoint tensor's {leaf!r} cannot be cut into its shards "
+                             "(the layer is not quantized)")
+        return [((name, s), shard_slice(sizes, s)) for s in sizes]  # rows of its converted pieces
     if shape[0] != sum(sizes.values()):
         raise ValueError(f"has {shape[0]} rows, the fused layer stacks {dict(sizes)}")
     return [((name, s), shard_slice(sizes, s)) for s in sizes]
+
+
+def _fused_pieces(layer: QuantizedLinear, leaf: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The canonical pieces of checkpoint tensor `leaf` of a fused layer, which holds every
+    shard's rows (of every tensor-parallel rank: `full_sizes`) in the layer's order, as
+    one layer's: the format's conversion is per output row, so shard s's pieces are rows
+    `shard_slice(sizes, s)` of them (a g_idx, per input, is every shard's)."""
+    sizes = getattr(layer, "full_sizes", None) or layer.out_sizes
+    return layer.fmt.convert(leaf, tensor, layer.scheme, sum(sizes.values()), layer.in_features)
 
 
 def _copy(
@@ -278,10 +304,11 @@ def _copy(
     owner, _, leaf = target[0].rpartition(".")
     index = getattr(model.get_submodule(owner), "checkpoint_index", None)  # a tensor-parallel rank's part
     source = handle.get_slice(name)
-    tensor = None if rows is None else source[rows]
-    if index is not None:
+    if index is None:
+        tensor = None if rows is None else source[rows]
+    else:
         part = index(leaf, target[1])
-        tensor = source[part] if tensor is None else tensor[part]
+        tensor = source[part if rows is None else _within(rows, part)]
     shape = tuple(source.get_shape() if tensor is None else tensor.shape)
     if shape != tuple(dest.shape):
         raise ValueError(
@@ -289,6 +316,15 @@ def _copy(
         )
     with torch.no_grad():
         dest.copy_(handle.get_tensor(name) if tensor is None else tensor)
+
+
+def _within(rows: slice, index: tuple[slice, ...]) -> tuple[slice, ...]:
+    """`index` into the tensor `source[rows]` as an index into `source` (only the rows
+    read are those both select)."""
+    first = index[0]
+    start = rows.start + (first.start or 0)
+    stop = rows.stop if first.stop is None else rows.start + first.stop
+    return (slice(start, stop), *index[1:])
 
 
 def _expected_targets(

@@ -23,12 +23,19 @@ class ColumnParallelQuantizedLinear(QuantizedLinear):
         self.starts, self.full_sizes = layer.starts, layer.full_sizes
 
     def load(self, leaf: str, shard: str | None, tensor: torch.Tensor) -> None:
-        rows = slice(self.starts[shard], self.starts[shard] + self.out_sizes[shard])
         if leaf == "bias":
-            super().load(leaf, shard, tensor[rows])
+            super().load(leaf, shard, tensor[self._rows(shard)])
             return
-        pieces = self.fmt.convert(leaf, tensor, self.scheme, self.full_sizes[shard], self.in_features)
+        self.stage_shard(self.fmt.convert(leaf, tensor, self.scheme, self.full_sizes[shard], self.in_features), shard)
+
+    def stage_shard(self, pieces: dict[str, torch.Tensor], shard: str | None) -> None:
+        """Stage this rank's rows of canonical pieces that hold all of `shard` (every
+        rank's `full_sizes[shard]` rows; a g_idx whole)."""
+        rows = self._rows(shard)
         self.stage({k: v if k == "g_idx" else v[rows] for k, v in pieces.items()}, shard)
+
+    def _rows(self, shard: str | None) -> slice:
+        return slice(self.starts[shard], self.starts[shard] + self.out_sizes[shard])
 
 
 class RowParallelQuantizedLinear(QuantizedLinear):

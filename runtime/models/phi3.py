@@ -16,11 +16,11 @@ from sprig.runtime.models.llama import LlamaForCausalLM
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     """`split_checkpoint_modules`: the checkpoint modules whose one tensor holds every
-    shard of the fused layer of the same name, in its shard order (the loader cuts it).
-    Not tensor-parallel (`not_tensor_parallel` says why)."""
+    shard of the fused layer of the same name, in its shard order (the loader cuts it
+    into its shards, then, under tensor parallelism, each shard into the rank's heads or
+    features, as it would an unfused checkpoint's q/k/v and gate/up tensors)."""
 
     split_checkpoint_modules: ClassVar[tuple[str, ...]] = ("qkv_proj", "gate_up_proj")
-    not_tensor_parallel: ClassVar[str] = "its checkpoint's fused q/k/v and gate/up tensors are not cut per rank"
 
     @staticmethod
     def attention_options(config: ModelConfig) -> AttentionOptions:

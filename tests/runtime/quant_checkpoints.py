@@ -41,8 +41,9 @@ from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.quantization.weight import QuantScheme, quantize_rtn
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
+SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp",
+                "qkv_proj": "attn", "gate_up_proj": "mlp"}  # the last two: Phi-3's fused tensors, one layer each
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 ATOL = 1e-4  # on logits of magnitude ~5: float32 paths that differ in summation order
 PROMPT_LENS = (7, 1, 12)

@@ -1,7 +1,8 @@
 """Phi-3 / Phi-4 (`Phi3ForCausalLM`) beyond the shared parity suites: the longrope choice
 (short factors when the served context fits the original length, long ones past it) against
 transformers, how config.json maps onto `ModelConfig`, loading the fused checkpoint
-tensors, and the Triton attention backend through the engine."""
+tensors (float, and quantized checkpoints whose fused codes and scales are converted whole,
+then cut into shards), and the Triton attention backend through the engine."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from typing import Any
 import pytest
 import torch
 from engine_helpers import assert_idle_and_intact, contexts_step, hf_greedy, make_prompts
+from quant_checkpoints import (
+    Fp8Spec,
+    Spec,
+    check_matches_transformers,
+    quantize_checkpoint,
+    quantize_fp8_checkpoint,
+)
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -21,6 +29,7 @@ from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import ModelRunner
 from sprig.runtime.models import supported_architectures
+from sprig.runtime.quantization.linear import QuantizedLinear
 from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint, longrope_parameters
 
@@ -165,3 +174,29 @@ def test_online_int8_takes_the_fused_tensors_shard_by_shard(tiny_checkpoints: di
     (got,) = _prefill(quantized, ids)
     assert 0 < (got - ref).abs().max() < 0.05 * ref.abs().max()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.fixture(scope="module")
+def sharp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Weights large enough that a wrong code, scale or zero point moves the logits far."""
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("phi") / "sharp", "phi3", seed=5, initializer_range=0.2)
+
+
+@pytest.mark.parametrize("spec", [
+    Spec("gptq", 4, 32, sym=False, act_order=True),
+    Spec("awq", 4, 32, sym=False),
+    Spec("compressed-tensors", 8, None, sym=False),
+    Fp8Spec("fp8", "block"),  # blocks of 24 rows: they straddle the q/k/v boundaries
+], ids=lambda spec: spec.label)
+def test_quantized_fused_checkpoints_equal_transformers(spec: Spec | Fp8Spec, sharp: Path, tmp_path: Path) -> None:
+    """A quantized Phi-3 stores each fused layer's codes, scales and zero points as one
+    layer's (`qkv_proj.qweight`, ...): sprig's logits and greedy tokens equal transformers'
+    on the float checkpoint the codes stand for."""
+    write = quantize_fp8_checkpoint if isinstance(spec, Fp8Spec) else quantize_checkpoint
+    quantized, dequantized = write(sharp, tmp_path, spec)
+    names = load_file(quantized / "model.safetensors").keys()
+    assert any(".qkv_proj." in n for n in names) and not any(".q_proj." in n for n in names)
+    runner = _runner(quantized, None)
+    layers = [m for m in runner.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 4 * runner.model_config.num_layers  # qkv, o, gate_up, down
+    check_matches_transformers(runner, AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval())

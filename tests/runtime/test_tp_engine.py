@@ -21,8 +21,11 @@ SAMPLED = {"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9, "sampling_seed
 # two cores) runs once per distinct wiring: Qwen2's is Llama's and Mistral's with q/k/v
 # biases, Qwen3's adds the q/k norms. Of the mixture-of-experts models, Mixtral (its block
 # named `block_sparse_moe`) and Qwen2-MoE (a shared expert beside the experts) run at TP=2,
-# as does Gemma 3 (sandwich norms, a scaled embedding, a tied head, a sliding window).
-CASES = [(arch, 2) for arch in ("llama", "mistral", "qwen2", "qwen3", "gqa1", "mixtral", "qwen2_moe", "gemma3")] + [
+# as does Gemma 3 (sandwich norms, a scaled embedding, a tied head, a sliding window) and
+# "phi_window", a Phi-4-mini (fused q/k/v and gate/up checkpoint tensors, partial longrope,
+# a tied head) with Phi-3-mini-4k's window in every layer.
+CASES = [(arch, 2) for arch in ("llama", "mistral", "qwen2", "qwen3", "gqa1", "mixtral", "qwen2_moe", "gemma3",
+                                "phi_window")] + [
     (arch, 4) for arch in ("qwen2", "qwen3")
 ]
 INT8_KV = {"kv_cache_dtype": "int8"}  # one scale per token and KV head: each rank scales its own heads
@@ -32,7 +35,8 @@ INT8_KV = {"kv_cache_dtype": "int8"}  # one scale per token and KV head: each ra
 def checkpoints(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     gqa1 = build_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "gqa1", "llama", num_key_value_heads=1,
                                  tie_word_embeddings=True, vocab_size=301)
-    return {**tiny_checkpoints, "gqa1": gqa1}
+    phi_window = build_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "phi_window", "phi4_mini", sliding_window=8)
+    return {**tiny_checkpoints, "gqa1": gqa1, "phi_window": phi_window}
 
 
 def run(engine: Engine) -> list[dict]:

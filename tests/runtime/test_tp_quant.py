@@ -1,8 +1,9 @@
-"""Quantized layers split over tensor-parallel ranks like float ones: online int4 and
-GPTQ / AWQ checkpoints at TP=2 give TP=1's greedy tokens, logprobs within 1e-4 (each
-rank holds the codes and scales of the whole layer's quantization, cut to its part);
-groups that a rank's inputs do not tile, and act-order layers split by input, are refused
-naming the layer."""
+"""Quantized layers split over tensor-parallel ranks like float ones: online int4, GPTQ /
+AWQ checkpoints, and both forms of Phi-3's fused q/k/v and gate/up tensors (online int8 of
+Phi-4-mini's float ones, a GPTQ Phi-3's fused codes) at TP=2 give TP=1's greedy tokens,
+logprobs within 1e-4 (each rank holds the codes and scales of the whole layer's
+quantization, cut to its part); groups that a rank's inputs do not tile, and act-order
+layers split by input, are refused naming the layer."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def checkpoints(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.Temp
         "awq": quantize_checkpoint(tiny_checkpoints["llama"], root / "awq", Spec("awq", sym=False))[0],
         "act_order": quantize_checkpoint(tiny_checkpoints["llama"], root / "ao", Spec("gptq", act_order=True))[0],
         "online": tiny_checkpoints["qwen2"],
+        "fused": tiny_checkpoints["phi4_mini"],
+        "gptq_fused": quantize_checkpoint(tiny_checkpoints["phi3"], root / "gptq_fused", Spec("gptq", 8, 32))[0],
     }
 
 
@@ -36,6 +39,8 @@ def generate(path: Path, **kwargs: object) -> list[dict]:
 
 @pytest.mark.parametrize(("name", "kwargs"), [
     ("online", {"quantization": "int4", "quantization_group_size": 32}),
+    ("fused", {"quantization": "int8"}),
+    ("gptq_fused", {}),
     ("gptq", {}),
     ("awq", {}),
 ])

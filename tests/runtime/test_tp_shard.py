@@ -32,7 +32,10 @@ def gqa1_tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                  tie_word_embeddings=True, vocab_size=301)
 
 
-@pytest.mark.parametrize(("name", "size"), [("qwen2", 2), ("qwen2", 4), ("gqa1", 2), ("gqa1", 4)])
+# phi3 and phi4_mini: checkpoints with fused qkv_proj / gate_up_proj tensors, cut into
+# shards and then into the rank's rows; at 4 ranks each of their 2 KV heads is replicated
+@pytest.mark.parametrize(("name", "size"), [("qwen2", 2), ("qwen2", 4), ("gqa1", 2), ("gqa1", 4), ("phi3", 4),
+                                            ("phi4_mini", 2)])
 def test_each_rank_holds_its_slices(name: str, size: int, tiny_checkpoints: dict[str, Path], gqa1_tied: Path) -> None:
     path = gqa1_tied if name == "gqa1" else tiny_checkpoints[name]
     full = load(path)
@@ -48,8 +51,10 @@ def test_each_rank_holds_its_slices(name: str, size: int, tiny_checkpoints: dict
             q, k, v = (b.self_attn.qkv_proj.weight[b.self_attn.qkv_proj.shard_rows(s)] for s in "qkv")
             want = torch.cat([q[rank * q_rows : (rank + 1) * q_rows], k[kv], v[kv]])
             assert torch.equal(a.self_attn.qkv_proj.weight, want)
-            qb, kb, vb = (b.self_attn.qkv_proj.bias[b.self_attn.qkv_proj.shard_rows(s)] for s in "qkv")
-            assert torch.equal(a.self_attn.qkv_proj.bias, torch.cat([qb[rank * q_rows : (rank + 1) * q_rows], kb[kv], vb[kv]]))
+            if b.self_attn.qkv_proj.bias is not None:
+                qb, kb, vb = (b.self_attn.qkv_proj.bias[b.self_attn.qkv_proj.shard_rows(s)] for s in "qkv")
+                assert torch.equal(a.self_attn.qkv_proj.bias,
+                                   torch.cat([qb[rank * q_rows : (rank + 1) * q_rows], kb[kv], vb[kv]]))
             assert torch.equal(a.self_attn.o_proj.weight, b.self_attn.o_proj.weight[:, rank * q_rows : (rank + 1) * q_rows])
             cols = slice(rank * inter // size, (rank + 1) * inter // size)
             gate, up = (b.mlp.gate_up_proj.weight[b.mlp.gate_up_proj.shard_rows(s)] for s in ("gate", "up"))
