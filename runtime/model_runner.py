@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,8 +18,9 @@ from sprig.runtime.cpu_matmul import matmul_slowdown
 from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.shard import ShardPlan
+from sprig.runtime.distributed.step_message import send_lora
 from sprig.runtime.forward_step import ForwardStep, build_forward_batch
-from sprig.runtime.lora.manager import LoRAManager
+from sprig.runtime.lora.manager import ALONE, LoRAManager, RankSync
 from sprig.runtime.model_config import ModelConfig, text_only
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.multimodal.inputs import TEXT_ONLY
@@ -210,13 +212,17 @@ class ModelRunner:
         self.graphs = self._new_graphs()
 
     def _lora(self, config: RunnerConfig) -> LoRAManager | None:
+        """The LoRA manager, if LoRA is on. Under tensor parallelism each rank's holds its
+        part of every adapter; rank 0's announces each load and unload to the others (the
+        rank loop applies them) and every load is agreed by all ranks."""
         if not config.lora:
             return None
+        sync = ALONE
         if self.tp is not None:
-            raise ValueError("LoRA adapters are not supported with tensor parallelism (tp_size > 1)")
+            sync = RankSync(agree=self.tp.all_agree, announce=partial(send_lora, self.tp) if self.tp.rank == 0 else None)
         lora = LoRAManager(self.model, paths=config.lora_adapters(), slots=config.max_loras_per_batch,
                            max_rank=config.max_lora_rank, target_modules=config.lora_target_modules,
-                           dtype=self.dtype, device=self.device)
+                           dtype=self.dtype, device=self.device, sync=sync)
         if self.device.type == "cuda" and not config.disable_cuda_graph:
             log.info("LoRA: decode runs without CUDA graphs")
         return lora

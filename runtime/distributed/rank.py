@@ -20,7 +20,7 @@ import torch
 
 from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.group import TPGroup
-from sprig.runtime.distributed.step_message import LoadWeights, receive
+from sprig.runtime.distributed.step_message import LoadLoRA, LoadWeights, UnloadLoRA, receive
 from sprig.runtime.model_runner import ModelRunner, WeightUpdateError
 from sprig.runtime.runner_config import RunnerConfig
 
@@ -77,6 +77,15 @@ def run_rank(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[s
         if isinstance(step, LoadWeights):
             with contextlib.suppress(WeightUpdateError):  # rank 0 reports it; the old weights stay
                 runner.update_weights(step.path, agree=group.all_agree)
+            continue
+        if isinstance(step, LoadLoRA):
+            try:
+                runner.lora.load(step.name, step.path)
+            except ValueError as e:  # rank 0 reports it; no rank took the adapter
+                log.warning("tensor-parallel rank %d: LoRA adapter %r not loaded: %s", rank, step.name, e)
+            continue
+        if isinstance(step, UnloadLoRA):
+            runner.lora.unload(step.name)
             continue
         runner.forward(step)
     log.info("tensor-parallel rank %d: rank 0 sent stop", rank)

@@ -1,11 +1,13 @@
 """How rank 0 sends a step to the other ranks: two int64 CPU tensors broadcast over the
 control group, a fixed-size header then the body it sizes. Integers only, no pickle.
 
-header: [command, mode, B, len(input_ids), len(kv_indices)]
-body:   input_ids ++ q_lens ++ kv_lens ++ logits_from ++ kv_indices
+header: [command, mode, B, len(input_ids), len(kv_indices), has_lora]
+body:   input_ids ++ q_lens ++ kv_lens ++ logits_from ++ lora_slots (when has_lora) ++ kv_indices
 
-A weight update (`LoadWeights`) is the header [LOAD, 0, 0, n, 0] then the n UTF-8 bytes
-of the checkpoint's path, one per integer.
+A weight update (`LoadWeights`) is the header [LOAD, 0, 0, n, 0, 0] then the n UTF-8 bytes
+of the checkpoint's path, one per integer. A LoRA adapter's load (`LoadLoRA`) is
+[LORA_LOAD, 0, m, n, 0, 0] then the n bytes of its name (the first m) and its path; an
+unload (`UnloadLoRA`) is [LORA_UNLOAD, 0, 0, n, 0, 0] then the n bytes of its name.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import ForwardStep
 
-STEP, STOP, LOAD = 1, 2, 3
+STEP, STOP, LOAD, LORA_LOAD, LORA_UNLOAD = 1, 2, 3, 4, 5
 MODES = tuple(ForwardMode)  # index <-> mode
-HEADER = 5
+HEADER = 6
 
 
 def send_step(group: TPGroup, step: ForwardStep) -> None:
     """Rank 0: send `step` to every other rank."""
-    B = len(step.q_lens)
+    B, lora = len(step.q_lens), step.lora_slots or []
     header = torch.tensor(
-        [STEP, MODES.index(step.mode), B, len(step.input_ids), step.kv_indices.numel()], dtype=torch.int64
+        [STEP, MODES.index(step.mode), B, len(step.input_ids), step.kv_indices.numel(), step.lora_slots is not None],
+        dtype=torch.int64,
     )
     body = torch.cat([
-        torch.tensor([*step.input_ids, *step.q_lens, *step.kv_lens, *step.logits_from], dtype=torch.int64),
+        torch.tensor([*step.input_ids, *step.q_lens, *step.kv_lens, *step.logits_from, *lora], dtype=torch.int64),
         step.kv_indices.to(torch.int64),
     ])
     group.broadcast(header)
@@ -44,36 +47,70 @@ class LoadWeights:
     path: str
 
 
+@dataclass(frozen=True)
+class LoadLoRA:
+    """Load the LoRA adapter at `path` as `name` (`LoRAManager.load`, every rank agreeing)."""
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class UnloadLoRA:
+    """Unload the LoRA adapter `name` (`LoRAManager.unload`)."""
+
+    name: str
+
+
 def send_load(group: TPGroup, path: str) -> None:
     """Rank 0: tell every other rank to load the weights at `path`."""
-    data = list(path.encode())
-    group.broadcast(torch.tensor([LOAD, 0, 0, len(data), 0], dtype=torch.int64))
-    group.broadcast(torch.tensor(data, dtype=torch.int64))
+    _send_text(group, LOAD, "", path)
+
+
+def send_lora(group: TPGroup, name: str, path: str | None) -> None:
+    """Rank 0: tell every other rank to load the LoRA adapter at `path` as `name`, or to
+    unload `name` when `path` is None."""
+    if path is None:
+        _send_text(group, LORA_UNLOAD, "", name)
+    else:
+        _send_text(group, LORA_LOAD, name, path)
 
 
 def send_stop(group: TPGroup) -> None:
     """Rank 0: tell every other rank to leave its loop."""
-    group.broadcast(torch.tensor([STOP, 0, 0, 0, 0], dtype=torch.int64))
+    group.broadcast(torch.tensor([STOP, 0, 0, 0, 0, 0], dtype=torch.int64))
 
 
-def receive(group: TPGroup) -> ForwardStep | LoadWeights | None:
-    """Ranks > 0: the next step or weight update, or None when rank 0 says stop. Blocks
-    without a time limit; raises if rank 0's connection is lost."""
+def _send_text(group: TPGroup, command: int, first: str, second: str) -> None:
+    head, data = list(first.encode()), list((first + second).encode())
+    group.broadcast(torch.tensor([command, 0, len(head), len(data), 0, 0], dtype=torch.int64))
+    group.broadcast(torch.tensor(data, dtype=torch.int64))
+
+
+def receive(group: TPGroup) -> ForwardStep | LoadWeights | LoadLoRA | UnloadLoRA | None:
+    """Ranks > 0: the next step, weight update or LoRA adapter change, or None when rank 0
+    says stop. Blocks without a time limit; raises if rank 0's connection is lost."""
     header = group.broadcast(torch.zeros(HEADER, dtype=torch.int64))
-    command, mode, B, n_ids, n_kv = header.tolist()
+    command, mode, B, n_ids, n_kv, has_lora = header.tolist()
     if command == STOP:
         return None
-    if command == LOAD:
-        return LoadWeights(bytes(group.broadcast(torch.empty(n_ids, dtype=torch.int64)).tolist()).decode())
+    if command in (LOAD, LORA_LOAD, LORA_UNLOAD):
+        data = bytes(group.broadcast(torch.empty(n_ids, dtype=torch.int64)).tolist())
+        first, second = data[:B].decode(), data[B:].decode()
+        if command == LOAD:
+            return LoadWeights(second)
+        return LoadLoRA(first, second) if command == LORA_LOAD else UnloadLoRA(second)
     if command != STEP:
         raise ValueError(f"unknown command {command} from rank 0")
-    body = group.broadcast(torch.empty(n_ids + 3 * B + n_kv, dtype=torch.int64))
-    ints = body[: n_ids + 3 * B].tolist()
+    n_lora = B if has_lora else 0
+    body = group.broadcast(torch.empty(n_ids + 3 * B + n_lora + n_kv, dtype=torch.int64))
+    ints = body[: n_ids + 3 * B + n_lora].tolist()
     return ForwardStep(
         mode=MODES[mode],
         input_ids=ints[:n_ids],
         q_lens=ints[n_ids : n_ids + B],
         kv_lens=ints[n_ids + B : n_ids + 2 * B],
-        logits_from=ints[n_ids + 2 * B :],
-        kv_indices=body[n_ids + 3 * B :],
+        logits_from=ints[n_ids + 2 * B : n_ids + 3 * B],
+        lora_slots=ints[n_ids + 3 * B :] if has_lora else None,
+        kv_indices=body[n_ids + 3 * B + n_lora :],
     )

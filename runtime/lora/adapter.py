@@ -6,7 +6,8 @@ A LoRA module adds `scale * B @ A` to a linear layer's weight, `A [r, in]`, `B [
 apply exactly is refused, naming the setting: DoRA, trained biases, `modules_to_save`
 (whole replaced layers, e.g. a new head), embedding or expert targets, `alpha_pattern`,
 `fan_in_fan_out`, `layer_replication`. A per-module rank (`rank_pattern`) is read from
-each module's tensors.
+each module's tensors. A module the checkpoint stores fused (Phi-3's `qkv_proj` and
+`gate_up_proj`) is read as its shards, each with the module's `A` and its rows of `B`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from sprig.runtime.layers.linear import shard_slice
 from sprig.runtime.weight_loader import checkpoint_target
 
 CONFIG_FILE = "adapter_config.json"
@@ -93,8 +95,25 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> LoRAAdapter:
             raise ValueError(f"{weights_file}: {target[0]} ({target[1] or 'whole'}): lora_A {list(a.shape)} and "
                              f"lora_B {list(b.shape)} do not multiply")
         r = a.shape[0]
-        adapted[target] = (a, b * (alpha / math.sqrt(r) if rslora else alpha / r))
+        b = b * (alpha / math.sqrt(r) if rslora else alpha / r)
+        for shard_target, shard_b in _fused_shards(model, modules, target, b, weights_file):
+            adapted[shard_target] = (a, shard_b)
     return LoRAAdapter(name, str(path), max(a.shape[0] for a, _ in adapted.values()), adapted)
+
+
+def _fused_shards(model: nn.Module, modules: dict[str, nn.Module], target: Target, b: torch.Tensor,
+                  file: Path) -> list[tuple[Target, torch.Tensor]]:
+    """`[(target, b)]`, or for a module whose checkpoint fuses its layer's shards (Phi-3's
+    `qkv_proj`, `gate_up_proj`: `split_checkpoint_modules`) each shard with its rows of
+    `b`: `B @ A` restricted to a shard's rows is that shard's delta, with the same `A`."""
+    layer, shard = target
+    if shard is not None or layer.rpartition(".")[2] not in getattr(model, "split_checkpoint_modules", ()):
+        return [(target, b)]
+    owner = modules[layer]
+    sizes = getattr(owner, "full_sizes", None) or owner.out_sizes  # every tensor-parallel rank's rows
+    if b.shape[0] != sum(sizes.values()):
+        raise ValueError(f"{file}: {layer}: lora_B has {b.shape[0]} rows, the fused layer stacks {dict(sizes)}")
+    return [((layer, s), b[shard_slice(sizes, s)]) for s in sizes]
 
 
 def _split(key: str, file: Path) -> tuple[str, str]:

@@ -11,6 +11,15 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+# Phi-3's checkpoint modules holding several of Llama's (PEFT adapts them whole)
+FUSED_MODULES = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+                 "up_proj": "gate_up_proj"}
+
+
+def fused_targets(targets: list[str]) -> list[str]:
+    """Llama's module names as a Phi-3 checkpoint's, which fuse q/k/v and gate/up."""
+    return sorted({FUSED_MODULES.get(t, t) for t in targets})
+
 
 def peft_adapter(base: Path, out: Path, *, seed: int, targets: list[str], r: int = 8, alpha: float = 16,
                  scale: float = 1.0, **config) -> Path:

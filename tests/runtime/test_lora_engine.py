@@ -1,6 +1,6 @@
 """LoRA adapters through the offline Engine, against PEFT: a batch mixing adapters and the
 base model gives each prompt PEFT's greedy tokens with its adapter (dense and
-mixture-of-experts models, cold and warm cache, chunked prefill, an int8 KV cache,
+mixture-of-experts models, Phi-3's fused projections, cold and warm cache, chunked prefill, an int8 KV cache,
 speculative decoding, retraction); prefixes cached under one adapter are never reused
 under another; adapters load and unload while the engine runs, and a slot reused by
 another adapter serves that adapter's tokens; what cannot be applied exactly is refused."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 from draft_checkpoints import truncated_draft
 from engine_helpers import assert_idle_and_intact, make_prompts
-from lora_adapters import edit_config, model_greedy, peft_adapter, peft_greedy
+from lora_adapters import edit_config, fused_targets, model_greedy, peft_adapter, peft_greedy
 from peft import PeftModel
 from quant_checkpoints import with_rtn_weights
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -41,7 +41,8 @@ def adapters(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPat
     def get(arch: str):
         if arch not in cache:
             base = tiny_checkpoints[arch]
-            paths = {name: peft_adapter(base, root / arch / name, seed=i, targets=targets, r=r, scale=20.0)
+            paths = {name: peft_adapter(base, root / arch / name, seed=i, r=r, scale=20.0,
+                                        targets=fused_targets(targets) if arch == "phi3" else targets)
                      for i, (name, (targets, r)) in enumerate(TARGETS.items())}
             refs = {name: peft_greedy(base, path, PROMPTS, NEW) for name, path in [(None, None), *paths.items()]}
             assert refs["attn"] != refs[None] != refs["mlp"] != refs["attn"]  # each adapter moves the tokens
@@ -61,8 +62,9 @@ def expected(refs: dict, names: list[str | None]) -> list[list[int]]:
     return [ids for n in names for ids in refs[n]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen2_moe", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen2_moe", "gemma3", "phi3"])
 def test_a_mixed_batch_equals_peft_per_adapter_cold_and_warm(arch: str, adapters) -> None:
+    """(Phi-3's adapters adapt its fused qkv_proj and gate_up_proj whole, as PEFT does.)"""
     base, paths, refs = adapters(arch)
     names = [None, "attn", "mlp"]
     with Engine(str(base), **ENGINE, lora_paths={k: str(v) for k, v in paths.items()}) as engine:
@@ -174,8 +176,6 @@ def test_what_cannot_be_applied_is_refused(adapters, tmp_path: Path) -> None:
             engine.generate(["a", "b"], GREEDY, lora_path=["x"])
     with pytest.raises(ValueError, match="LoRA needs lora_paths"):
         Engine(str(base), **ENGINE, enable_lora=True)
-    with pytest.raises(ValueError, match="not supported with tensor parallelism"):
-        Engine(str(base), **ENGINE, lora_paths=[f"attn={paths['attn']}"], tp_size=2)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
