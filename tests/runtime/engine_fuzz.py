@@ -78,7 +78,7 @@ from typing import Any
 import torch
 from draft_checkpoints import truncated_draft
 from hf_kv_quant import hf_model
-from lora_adapters import peft_adapter
+from lora_adapters import fused_targets, peft_adapter
 from peft import PeftModel
 from quant_checkpoints import with_rtn_weights
 from vision_checkpoint import random_image
@@ -340,16 +340,14 @@ class Stats:
 
 def make_workload(
     seed: int, model: str, vocab: int, *, triton: bool, int4_share: float = 0.25, tp_share: float = 0.0,
-    image: ImageSpec | None = None, fused: bool = False,
+    image: ImageSpec | None = None,
 ) -> Workload:
     """A random workload and engine config, a function of `seed` alone (and of the shares
     of workloads with int4 weights and with two tensor-parallel ranks). For a model that
     takes images (`image`), prompts and shared prefixes hold images (`IMAGE_SHARE`; their
     own generator), and what sprig does not combine with images is not drawn: int4
     weights, tensor parallelism, the draft-model drafter (radix instead), embedding
-    requests with images. A model whose checkpoint fuses its projections (`fused`: Phi-3)
-    runs neither tensor-parallel nor with LoRA adapters, which sprig refuses or does not
-    map there."""
+    requests with images."""
     rng, constraints = random.Random(seed), random.Random(f"constraints {seed}")
     thinking = random.Random(f"thinking {seed}")
     budgets = random.Random(f"thinking budget {seed}")
@@ -357,8 +355,6 @@ def make_workload(
     if image is not None:
         int4_share = tp_share = 0.0
         vocab = min(vocab, image.token_id, image.begin_id, image.end_id)  # random ids never an image's
-    if fused:
-        tp_share = 0.0
 
     def ids(n: int) -> list[int]:
         out = [rng.randrange(FIRST_ORDINARY_ID, vocab) for _ in range(n)]
@@ -408,7 +404,7 @@ def make_workload(
         options["priority_scheduling_preemption_threshold"] = ranks.choice([0, 1, 10])
         requests = [replace(r, priority=ranks.choice([None, 0, 1, 5, 20, -3])) for r in requests]
     adapters = random.Random(f"lora {seed}")  # likewise
-    if adapters.random() < LORA_SHARE and "quantization" not in options and "tp_size" not in options and not fused:
+    if adapters.random() < LORA_SHARE and "quantization" not in options:
         options["max_loras_per_batch"] = adapters.choice([2, 3, 8])  # `run_one` adds the adapters' paths
         requests = [replace(r, lora=adapters.choice([None, *LORA_NAMES])) for r in requests]
     if image is not None and options.get("speculative_algorithm") == "draft":
@@ -1012,8 +1008,7 @@ def fuzz(
         triton = rng.random() < triton_share and triton_runs
         ref = refs[name]
         workload = make_workload(workload_seed, name, ref.vocab, triton=triton,
-                                 int4_share=0.0 if name in sparse + sinks else int4_share, tp_share=tp_share, image=ref.image,
-                                 fused=name in fused)
+                                 int4_share=0.0 if name in sparse + sinks else int4_share, tp_share=tp_share, image=ref.image)
         run_one(workload, models[name], ref, stats)
         i += 1
         if progress is not None and (stats.workloads % 10 == 0):
@@ -1023,7 +1018,8 @@ def fuzz(
 
 def fuzz_adapters(path: Path) -> dict[str, Path]:
     """Two PEFT LoRA adapters of the model at `path` (`LORA_NAMES`), written beside it once:
-    one on attention (q, v, o; rank 8), one on k and the dense MLP (rank 4; on a
+    one on attention (q, v, o; rank 8), one on k and the dense MLP (rank 4; on Phi-3, its
+    fused qkv_proj and gate_up_proj whole; on a
     mixture-of-experts model, k alone: PEFT adapts the experts, which sprig refuses; on a
     vision-language model, the language model's layers alone). B is
     scaled so that each `scale * B @ A` is about half the size of the tiny models' weights
@@ -1033,6 +1029,8 @@ def fuzz_adapters(path: Path) -> dict[str, Path]:
     config = ModelConfig.from_pretrained(path)
     mlp = [] if config.moe else ["gate_proj", "up_proj", "down_proj"]
     targets = [["q_proj", "v_proj", "o_proj"], ["k_proj", *mlp]]
+    if config.architecture == "Phi3ForCausalLM":  # its fused modules, as PEFT names them
+        targets = [fused_targets(t) for t in targets]
     if config.image is not None:  # the language model's layers only (sprig refuses a vision tower's)
         targets = [rf".*language_model.*\.({'|'.join(t)})" for t in targets]
     a = peft_adapter(path, path.parent / f"{path.name}-lora-a", seed=1, targets=targets[0], scale=0.1)

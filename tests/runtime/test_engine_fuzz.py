@@ -162,10 +162,13 @@ def test_int4_weights_every_request_equals_itself_alone(models: dict[str, Path],
 def test_tp2_every_request_equals_itself_alone(models: dict[str, Path], device: str,
                                               request: pytest.FixtureRequest) -> None:
     """Every workload's batched run on two tensor-parallel ranks (gloo; the MQA model's one
-    KV head replicated on both), each request against itself alone on one rank."""
+    KV head replicated on both; the Phi-4-mini's fused checkpoint tensors cut per rank; LoRA
+    adapters in `engine_fuzz.LORA_SHARE` of them), each request against itself alone on one
+    rank. `--fuzz-minutes` runs it that long instead of CI's seconds."""
+    minutes = request.config.getoption("--fuzz-minutes")
     seed = request.config.getoption("--fuzz-seed")
-    chosen = {name: models[name] for name in ("llama", "llama-mqa-sharp")}
-    stats = fuzz(chosen, seconds=TP_CI_SECONDS, seed=seed, triton_share=0.0, int4_share=0.0, tp_share=1.0,
-                 min_workloads=2, device=device)
+    chosen = {name: models[name] for name in ("llama", "llama-mqa-sharp", "phi4_mini-sharp")}
+    stats = fuzz(chosen, seconds=minutes * 60 if minutes else TP_CI_SECONDS, seed=seed, triton_share=0.0,
+                 int4_share=0.0, tp_share=1.0, min_workloads=2, device=device)
     print(stats.line())
     assert stats.by_tp == {"tp 2": stats.workloads} and stats.tokens > 0
