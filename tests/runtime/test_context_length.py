@@ -10,7 +10,8 @@ import pytest
 from test_model_config import BASE, write_config
 
 from sprig.runtime import Engine
-from sprig.runtime.model_config import ModelConfig, longest_context
+from sprig.runtime.model_config import ModelConfig
+from sprig.runtime.rope_config import longest_context
 from sprig.runtime.runner_config import RunnerConfig
 
 

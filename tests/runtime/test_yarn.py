@@ -17,8 +17,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from sprig.runtime import Engine
 from sprig.runtime.forward_batch import ForwardMode
-from sprig.runtime.model_config import ModelConfig, longest_context
+from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.model_runner import ModelRunner
+from sprig.runtime.rope_config import longest_context
 from sprig.runtime.runner_config import RunnerConfig
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
 
