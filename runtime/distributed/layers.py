@@ -11,7 +11,8 @@ from torch import nn
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
 from sprig.runtime.layers.linear import MergedLinear
-from sprig.runtime.layers.moe import FusedExperts
+from sprig.runtime.layers.moe import FusedExperts, GptOssExperts
+from sprig.runtime.model_config import MoEConfig
 
 Index = tuple[slice, ...]
 
@@ -69,6 +70,47 @@ class ExpertParallelSlices(FusedExperts):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # [T, H]
         return self.group.all_reduce(super().forward(x, weights, ids))
+
+
+class GptOssExpertSlices(GptOssExperts):
+    """gpt-oss's experts, every one holding intermediate features `start .. start + I / tp - 1`
+    (`moe` is this rank's geometry): feature j's gate and up are checkpoint columns 2j and
+    2j + 1 (interleaved), so a rank's gate/up columns, their biases, and in MXFP4 the rows of
+    `gate_up_proj_blocks`/`_scales`, are the contiguous `2 * start ..`; its down inputs are
+    rows `start ..` of the float `down_proj [E, I, H]`, or blocks `start / 32 ..` of the MXFP4
+    codes and scales (so `start` and `I / tp` are whole blocks of 32). Every rank's weighted
+    outputs are summed (one all-reduce); `down_proj_bias`, held whole, is added by rank 0 only."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig, *, start: int, group: TPGroup) -> None:
+        super().__init__(hidden_size, moe)
+        self.start, self.features, self.group = start, moe.expert_intermediate_size, group
+
+    def checkpoint_index(self, leaf: str, shard: str | None) -> Index:
+        if leaf == "down_proj_bias":
+            return (slice(None),)
+        if leaf.startswith("gate_up_proj"):
+            columns = slice(2 * self.start, 2 * (self.start + self.features))
+            return (slice(None), slice(None), columns) if leaf == "gate_up_proj" else (slice(None), columns)
+        if leaf == "down_proj":
+            return (slice(None), slice(self.start, self.start + self.features))
+        g = self.MXFP4_GROUP  # down_proj_blocks [E, H, I / 32, 16], down_proj_scales [E, H, I / 32]
+        return (slice(None), slice(None), slice(self.start // g, (self.start + self.features) // g))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *,
+                down_bias: bool = True) -> torch.Tensor:  # [T, H]
+        part = super().forward(x, weights, ids, down_bias=down_bias and self.group.rank == 0)
+        return self.group.all_reduce(part)
+
+
+class QueryHeadRows:
+    """`checkpoint_index` of a module's own per-query-head parameters (gpt-oss's attention
+    `sinks [Hq]`): rows `start .. start + count - 1`, this rank's q heads."""
+
+    def __init__(self, start: int, count: int) -> None:
+        self.start, self.count = start, count
+
+    def __call__(self, leaf: str, shard: str | None) -> Index:
+        return (slice(self.start, self.start + self.count),)
 
 
 class VocabParallelEmbedding(VocabEmbedding):

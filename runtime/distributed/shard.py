@@ -4,9 +4,12 @@ Rank r of n holds: q heads `r * Hq/n ..`; its KV heads (`Hkv/n` of them, or, wit
 heads than ranks, the one KV head its q heads read, replicated on `n/Hkv` ranks); the
 intermediate features `r * I/n ..` of the MLP; a contiguous slice of the vocabulary (sizes
 differ by at most one). q/k/v and gate/up are column-parallel, o and down row-parallel
-(one all-reduce each), the embedding and the LM head vocab-parallel. In a mixture-of-experts
+(one all-reduce each), the embedding and the LM head vocab-parallel; OLMo's q and k norms
+(each over a whole projection) hold their heads' slice of the weight and sum the squares
+over the ranks (one all-reduce each). In a mixture-of-experts
 model every rank holds every expert's intermediate features `r * I/n ..` (and the shared
-expert's, split as an MLP); the router and the shared expert's gate are replicated. The model is built
+expert's, split as an MLP); the router and the shared expert's gate are replicated (gpt-oss:
+`GptOssExpertSlices`; its attention sinks are split with the q heads). The model is built
 with the rank's local geometry (`local_config`), then its split layers are swapped in."""
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.layers import (
     ColumnParallelLinear,
     ExpertParallelSlices,
+    GptOssExpertSlices,
+    QueryHeadRows,
     RowParallelLinear,
     VocabParallelEmbedding,
     VocabParallelLMHead,
 )
+from sprig.runtime.distributed.norm import HeadParallelRMSNorm
 from sprig.runtime.layers.attention import SelfAttention
 from sprig.runtime.layers.embedding import LMHead, VocabEmbedding
 from sprig.runtime.layers.mlp import GatedMLP
-from sprig.runtime.layers.moe import FusedExperts
+from sprig.runtime.layers.moe import FusedExperts, GptOssExperts
 from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import model_class
 
@@ -58,6 +64,13 @@ class ShardPlan:
                                ("shared expert intermediate size", c.moe.shared_expert_intermediate_size)):
                 if size % n:
                     raise ValueError(f"tensor parallelism: {what} {size} does not split over {n} ranks")
+            inter, block = c.moe.expert_intermediate_size, GptOssExperts.MXFP4_GROUP
+            if c.moe.expert_format == "mxfp4" and inter // n % block:
+                raise ValueError(
+                    f"tensor parallelism: MXFP4 experts pack their down projection's inputs in blocks of {block}; "
+                    f"an expert intermediate size of {inter} over {n} ranks is {inter // n} per rank, "
+                    f"not whole blocks (choose a --tp-size that leaves each rank a multiple of {block})"
+                )
         if c.vocab_size < n:
             raise ValueError(f"tensor parallelism: a vocabulary of {c.vocab_size} does not split over {n} ranks")
 
@@ -109,6 +122,12 @@ def _attention(attn: SelfAttention, plan: ShardPlan, group: TPGroup) -> SelfAtte
         full_sizes={"q": plan.full.num_heads * D, "k": plan.full.num_kv_heads * D, "v": plan.full.num_kv_heads * D},
     )
     attn.o_proj = RowParallelLinear(q_rows, plan.full.hidden_size, bias=attn.o_proj.bias is not None, group=group)
+    if attn.sinks is not None:  # gpt-oss's, one per query head
+        attn.checkpoint_index = QueryHeadRows(plan.rank * attn.num_heads, attn.num_heads)
+    if attn.norm_whole and attn.q_norm is not None and attn.k_norm is not None:  # OLMo's: over all heads at once
+        eps = attn.q_norm.eps
+        attn.q_norm = HeadParallelRMSNorm(q_rows, eps, start=plan.rank * q_rows, group=group)
+        attn.k_norm = HeadParallelRMSNorm(attn.num_kv_heads * D, eps, start=kv_start, group=group)
     return attn
 
 
@@ -129,6 +148,11 @@ def _experts(experts: FusedExperts, plan: ShardPlan, group: TPGroup) -> nn.Modul
     return ExpertParallelSlices(experts.num_experts, plan.full.hidden_size, rows, start=plan.rank * rows, group=group)
 
 
+def _gpt_oss_experts(experts: GptOssExperts, plan: ShardPlan, group: TPGroup) -> nn.Module:
+    moe = plan.local_config().moe  # this rank's intermediate size
+    return GptOssExpertSlices(plan.full.hidden_size, moe, start=plan.rank * moe.expert_intermediate_size, group=group)
+
+
 def _embedding(embedding: VocabEmbedding, plan: ShardPlan, group: TPGroup) -> nn.Module:
     sizes = plan.vocab_sizes()
     return VocabParallelEmbedding(sizes[plan.rank], plan.full.hidden_size, start=sum(sizes[: plan.rank]), group=group)
@@ -138,5 +162,5 @@ def _lm_head(head: LMHead, plan: ShardPlan, group: TPGroup) -> nn.Module:
     return VocabParallelLMHead(plan.vocab_sizes(), plan.full.hidden_size, tied=head.weight is None, group=group)
 
 
-SPLITTERS = {SelfAttention: _attention, GatedMLP: _mlp, FusedExperts: _experts, VocabEmbedding: _embedding,
-             LMHead: _lm_head}
+SPLITTERS = {SelfAttention: _attention, GatedMLP: _mlp, FusedExperts: _experts, GptOssExperts: _gpt_oss_experts,
+             VocabEmbedding: _embedding, LMHead: _lm_head}

@@ -119,14 +119,16 @@ class GptOssExperts(nn.Module):
         x: torch.Tensor,  # [T, H]
         weights: torch.Tensor,  # [T, K] float32
         ids: torch.Tensor,  # [T, K]
+        *,
+        down_bias: bool = True,  # False: leave `down_proj_bias` out (another rank adds it)
     ) -> torch.Tensor:  # [T, H]
         if self.mxfp4:
             w13 = Mxfp4Weight(self.gate_up_proj_blocks, self.gate_up_proj_scales)
             w2 = Mxfp4Weight(self.down_proj_blocks, self.down_proj_scales)
         else:
             w13, w2 = self.gate_up_proj, self.down_proj
-        return fused_experts(x, w13, w2, weights, ids, b13=self.gate_up_proj_bias, b2=self.down_proj_bias,
-                             activation=self.activation)
+        return fused_experts(x, w13, w2, weights, ids, b13=self.gate_up_proj_bias,
+                             b2=self.down_proj_bias if down_bias else None, activation=self.activation)
 
 
 def _codes(*shape: int) -> nn.Parameter:

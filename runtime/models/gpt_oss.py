@@ -4,8 +4,6 @@ scaled in float32 and rounded once, and a sparse block in every layer (`GptOssMo
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from torch import nn
 
 from sprig.runtime.layers.attention import AttentionOptions
@@ -15,10 +13,8 @@ from sprig.runtime.models.llama import DecoderModel, LlamaForCausalLM
 
 class GptOssForCausalLM(LlamaForCausalLM):
     """Checkpoint names are transformers' (`self_attn.sinks`, `mlp.router`, `mlp.experts.*`);
-    the experts load float or MXFP4 (`GptOssExperts`). Not tensor-parallel
-    (`not_tensor_parallel` says why)."""
-
-    not_tensor_parallel: ClassVar[str] = "its experts' stacked tensors are not sharded across ranks"
+    the experts load float or MXFP4 (`GptOssExperts`; split over tensor-parallel ranks by
+    `sprig.runtime.distributed.shard`)."""
 
     @staticmethod
     def attention_options(config: ModelConfig) -> AttentionOptions:

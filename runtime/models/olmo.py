@@ -5,8 +5,6 @@ adds sliding-window layers (three of every four) whose RoPE is never scaled."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
 
@@ -61,9 +59,8 @@ class OlmoModel(nn.Module):
 
 
 class Olmo2ForCausalLM(LlamaForCausalLM):
-    """Not tensor-parallel (`not_tensor_parallel` says why)."""
-
-    not_tensor_parallel: ClassVar[str] = "its q and k norms span all heads, which no rank holds alone"
+    """Under tensor parallelism each rank norms its heads of q and k by the whole
+    projection's mean square, summed over the ranks (`distributed.norm`)."""
 
     @staticmethod
     def attention_options(config: ModelConfig) -> AttentionOptions:

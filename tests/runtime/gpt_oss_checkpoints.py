@@ -42,3 +42,16 @@ def mxfp4_pair(src: Path, root: Path) -> tuple[Path, Path]:
     config = json.loads((quantized / "config.json").read_text())
     (quantized / "config.json").write_text(json.dumps(config | {"quantization_config": MXFP4_CONFIG}, indent=2))
     return quantized, edited_copy(src, root / "float", rounded)
+
+
+def biased_copy(src: Path, dst: Path, *, seed: int, scale: float = 0.5) -> Path:
+    """`src` at `dst` with every bias (attention q/k/v/o, router, experts' gate/up and down)
+    drawn from N(0, scale^2): transformers initialises most of them to zeros, where a bias
+    added in the wrong place or twice would not show."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(weights: Tensors) -> Tensors:
+        return {name: torch.randn(w.shape, generator=generator, dtype=torch.float32).to(w.dtype) * scale
+                if name.endswith("bias") else w for name, w in weights.items()}
+
+    return edited_copy(src, dst, draw)

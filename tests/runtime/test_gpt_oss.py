@@ -5,6 +5,7 @@ generation); MXFP4 experts stay packed; what sprig refuses for it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -126,10 +127,29 @@ def test_a_missing_expert_tensor_is_named(checkpoints: dict[str, Path], tmp_path
         load_model(ModelConfig.from_pretrained(broken), broken, dtype=torch.float32, device=CPU)
 
 
-def test_tensor_parallel_is_refused_with_the_reason(checkpoints: dict[str, Path]) -> None:
-    config = ModelConfig.from_pretrained(checkpoints["float"])
-    with pytest.raises(ValueError, match="GptOssForCausalLM does not split over ranks: its experts' stacked tensors"):
-        ShardPlan(config, 0, 2)
+def test_mxfp4_experts_split_over_ranks_only_in_whole_blocks(checkpoints: dict[str, Path]) -> None:
+    """The experts' 64 features split into 32 a rank at TP=2 (one block of MXFP4 codes) and
+    16 at TP=4: float splits either way; MXFP4 at TP=4 is refused before any rank starts,
+    naming the sizes, and leaves no process behind."""
+    ShardPlan(ModelConfig.from_pretrained(checkpoints["float"]), 3, 4)
+    ShardPlan(ModelConfig.from_pretrained(checkpoints["mxfp4"]), 1, 2)
+    before = _children()
+    with pytest.raises(ValueError, match="blocks of 32; an expert intermediate size of 64 over 4 ranks is 16 per rank"):
+        Engine(str(checkpoints["mxfp4"]), tp_size=4, dtype="float32", device="cpu")
+    assert _children() == before
+
+
+def _children() -> set[int]:
+    """The ids of this process's child processes, exited and unreaped included (Linux's /proc)."""
+    pids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])  # after the name: state, then ppid
+        except OSError:  # exited meanwhile
+            continue
+        if ppid == os.getpid():
+            pids.add(int(stat.parent.name))
+    return pids
 
 
 @pytest.mark.gpu

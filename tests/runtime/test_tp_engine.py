@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import assert_idle_and_intact, make_prompts
+from gpt_oss_checkpoints import biased_copy, mxfp4_pair
 
 from sprig.runtime import Engine
 from sprig.runtime.tiny_checkpoint import build_tiny_checkpoint
@@ -23,9 +24,15 @@ SAMPLED = {"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9, "sampling_seed
 # named `block_sparse_moe`) and Qwen2-MoE (a shared expert beside the experts) run at TP=2,
 # as does Gemma 3 (sandwich norms, a scaled embedding, a tied head, a sliding window) and
 # "phi_window", a Phi-4-mini (fused q/k/v and gate/up checkpoint tensors, partial longrope,
-# a tied head) with Phi-3-mini-4k's window in every layer.
+# a tied head) with Phi-3-mini-4k's window in every layer. OLMo 3 (q and k norms over all
+# heads, summed over the ranks; a window of 8 in its first layer, a full second) runs at
+# TP=2, and as "olmo3_gqa1" with one KV head, replicated on both ranks (its k norm must count
+# it once), and yarn on the full layer's RoPE. gpt-oss (biased q/k/v/o, a sink per q head, a
+# window of 8 in every other layer, YaRN; experts with interleaved gate/up and biases; sharp
+# weights, every bias drawn anew) runs at TP=2 in float and as "gpt_oss_mxfp4" (each rank one block of 32
+# of its experts' 64 features).
 CASES = [(arch, 2) for arch in ("llama", "mistral", "qwen2", "qwen3", "gqa1", "mixtral", "qwen2_moe", "gemma3",
-                                "phi_window")] + [
+                                "phi_window", "olmo3", "olmo3_gqa1", "gpt_oss", "gpt_oss_mxfp4")] + [
     (arch, 4) for arch in ("qwen2", "qwen3")
 ]
 INT8_KV = {"kv_cache_dtype": "int8"}  # one scale per token and KV head: each rank scales its own heads
@@ -36,7 +43,16 @@ def checkpoints(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.Temp
     gqa1 = build_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "gqa1", "llama", num_key_value_heads=1,
                                  tie_word_embeddings=True, vocab_size=301)
     phi_window = build_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "phi_window", "phi4_mini", sliding_window=8)
-    return {**tiny_checkpoints, "gqa1": gqa1, "phi_window": phi_window}
+    yarn = {"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10_000.0,
+                               "original_max_position_embeddings": 8},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+    olmo3_gqa1 = build_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "olmo3_gqa1", "olmo3", num_key_value_heads=1,
+                                       rope_parameters=yarn)
+    sharp = build_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "gpt_oss", "gpt_oss", initializer_range=0.2)
+    gpt_oss = biased_copy(sharp, tmp_path_factory.mktemp("tp") / "gpt_oss", seed=1)
+    gpt_oss_mxfp4 = mxfp4_pair(gpt_oss, tmp_path_factory.mktemp("tp"))[0]
+    return {**tiny_checkpoints, "gqa1": gqa1, "phi_window": phi_window, "olmo3_gqa1": olmo3_gqa1,
+            "gpt_oss": gpt_oss, "gpt_oss_mxfp4": gpt_oss_mxfp4}
 
 
 def run(engine: Engine) -> list[dict]:
