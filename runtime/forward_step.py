@@ -1,5 +1,5 @@
-"""What the scheduler hands the model runner each step (integers and CPU index tensors
-only), and how the runner turns it into a device-side `ForwardBatch`."""
+"""What the scheduler hands the model runner each step (integers, CPU index tensors and
+images' pixels), and how the runner turns it into a device-side `ForwardBatch`."""
 
 from __future__ import annotations
 
@@ -24,6 +24,17 @@ class StepImage:
     count: int
 
 
+@dataclass(frozen=True)
+class EncodedImages:
+    """A step's images already encoded: its new tokens' rows `rows` (`[M]` int64, CPU) take
+    the embeddings `embeds` (`[M, H]` in the model's dtype, on any device) in place of their
+    tokens' own. A tensor-parallel group's rank 0 encodes a step's images once and sends
+    the result to the other ranks (`sprig.runtime.distributed.step_message`)."""
+
+    rows: torch.Tensor
+    embeds: torch.Tensor
+
+
 @dataclass
 class ForwardStep:
     """One forward step over B requests, in request order.
@@ -33,9 +44,10 @@ class ForwardStep:
     `kv_lens[b] >= q_lens[b]` (the context ends with the new tokens, whose slots are the
     last `q_lens[b]`); `kv_indices` is a 1-D integer CPU tensor of `sum(kv_lens)` slots,
     the contexts concatenated; `0 <= logits_from[b] <= q_lens[b] - 1`. EXTEND only:
-    `images` lie within the new tokens; `attend_until`, when given, has one entry per
-    new token, the exclusive end of the context positions it attends to
-    (`ForwardBatch.attend_until`), between its position + 1 and its request's kv_len.
+    `images`, or their embeddings `encoded` (not both), lie within the new tokens;
+    `attend_until`, when given, has one entry per new token, the exclusive end of the
+    context positions it attends to (`ForwardBatch.attend_until`), between its position
+    + 1 and its request's kv_len.
     """
 
     mode: ForwardMode
@@ -47,11 +59,21 @@ class ForwardStep:
     lora_slots: list[int] | None = None  # per request: its LoRA adapter's slot, -1 for none; None: no adapters
     images: list[StepImage] = field(default_factory=list)
     attend_until: list[int] | None = None  # per new token; None: causal
+    encoded: EncodedImages | None = None  # the images' embeddings, computed already (then `images` is empty)
 
     def __post_init__(self) -> None:
         n = len(self.q_lens)
-        if (self.images or self.attend_until is not None) and self.mode is not ForwardMode.EXTEND:
+        has_images = bool(self.images) or self.encoded is not None
+        if (has_images or self.attend_until is not None) and self.mode is not ForwardMode.EXTEND:
             raise ValueError("images and attend_until belong to extend steps")
+        if self.encoded is not None:
+            rows, embeds = self.encoded.rows, self.encoded.embeds
+            if self.images:
+                raise ValueError("a step takes its images as pixels or as embeddings, not both")
+            if rows.dim() != 1 or embeds.dim() != 2 or rows.numel() != embeds.shape[0]:
+                raise ValueError("encoded images need one embedding row [M, H] per row index [M]")
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= len(self.input_ids)):
+                raise ValueError("an image's rows lie outside the step's new tokens")
         if self.attend_until is not None and len(self.attend_until) != len(self.input_ids):
             raise ValueError(f"attend_until has {len(self.attend_until)} entries for {len(self.input_ids)} tokens")
         if any(im.count < 1 or im.row < 0 or im.row + im.count > len(self.input_ids) for im in self.images):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -298,13 +298,6 @@ _EVERY_LAYER = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM
 
 # vision-language architectures -> the text model whose config.json keys theirs nests
 TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
-
-
-def text_only(config: ModelConfig) -> ModelConfig:
-    """A vision-language model's config as its text model's (no images)."""
-    if config.image is None:
-        return config
-    return replace(config, image=None, architecture=TEXT_MODELS[config.architecture])
 
 
 def _text_model(path: Path, cfg: dict[str, Any]) -> tuple[dict[str, Any], ImageSpec | None]:

@@ -19,9 +19,9 @@ from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.shard import ShardPlan
 from sprig.runtime.distributed.step_message import send_lora
-from sprig.runtime.forward_step import ForwardStep, build_forward_batch
+from sprig.runtime.forward_step import EncodedImages, ForwardStep, build_forward_batch
 from sprig.runtime.lora.manager import ALONE, LoRAManager, RankSync
-from sprig.runtime.model_config import ModelConfig, text_only
+from sprig.runtime.model_config import ModelConfig
 from sprig.runtime.models import supported_architectures
 from sprig.runtime.multimodal.inputs import TEXT_ONLY
 from sprig.runtime.quantization.formats import OnlineFormat
@@ -63,11 +63,6 @@ class ModelRunner:
             config.model_path, context_length=config.context_length, supported=supported_architectures()
         )
         self.no_images = "" if self.model_config.image is not None else TEXT_ONLY
-        if tp is not None and self.model_config.image is not None:
-            log.warning("%s: images are not served under tensor parallelism; serving its text model",
-                        config.model_path)
-            self.model_config = text_only(self.model_config)
-            self.no_images = "this server takes no images: they are not served under tensor parallelism"
         self.device = _resolve_device(config.device)
         if config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)
@@ -109,8 +104,20 @@ class ModelRunner:
     @property
     def takes_images(self) -> bool:
         """Whether steps may carry images (`ForwardStep.images`): the model has an image
-        encoder (else `no_images` says why requests with images are refused)."""
+        encoder (else `no_images` says why requests with images are refused). Under tensor
+        parallelism every rank holds the whole encoder (it is not split), and rank 0 alone
+        runs it: `encode_images`, whose embeddings the other ranks receive with the step."""
         return self.model_config.image is not None
+
+    def encode_images(self, step: ForwardStep) -> ForwardStep:
+        """`step` with its images' pixels replaced by their embeddings (`ForwardStep.encoded`,
+        on this runner's device), which `forward` then merges as it would have computed
+        them; `step` itself when it has no images for this model to encode."""
+        if not step.images or not self.takes_images:
+            return step
+        with torch.inference_mode():
+            rows, embeds = self._image_embeddings(step)
+        return replace(step, images=[], encoded=EncodedImages(rows, embeds))
 
     @property
     def num_slots(self) -> int:
@@ -203,9 +210,8 @@ class ModelRunner:
         return rows.float().cpu().tolist()
 
     def _read_config(self, path: str) -> ModelConfig:
-        config = ModelConfig.from_pretrained(path, context_length=self.config.context_length,
-                                             supported=supported_architectures())
-        return text_only(config) if self.tp is not None else config
+        return ModelConfig.from_pretrained(path, context_length=self.config.context_length,
+                                           supported=supported_architectures())
 
     def _load(self, path: str | Path) -> None:
         load_weights(self.model, path, dtype=self.dtype, device=self.device)
@@ -247,8 +253,11 @@ class ModelRunner:
     def _eager(self, step: ForwardStep) -> tuple[torch.Tensor, torch.Tensor]:
         batch, logit_rows = build_forward_batch(step, self.kv_cache, self.device)
         with torch.inference_mode():
-            if step.images and self.takes_images:  # (a text draft model mirrors such steps on placeholders)
-                batch.image_rows, batch.image_embeds = self._image_embeddings(step)
+            encoded = step.encoded  # (a text draft model mirrors image steps on placeholders: none to encode)
+            if encoded is None and step.images and self.takes_images:
+                encoded = EncodedImages(*self._image_embeddings(step))
+            if encoded is not None:
+                batch.image_rows, batch.image_embeds = encoded.rows.to(self.device), encoded.embeds.to(self.device)
             self.backend.begin_step(batch)
             if self.lora is not None:
                 self.lora.tokens.slots = batch.lora_slots
@@ -259,13 +268,12 @@ class ModelRunner:
                     self.lora.tokens.slots = None
             return self.model.compute_logits(hidden), hidden  # [R, V], [R, H]
 
-
     def _image_embeddings(self, step: ForwardStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows of `step`'s new tokens that take image embeddings `[M]`, and those
-        embeddings `[M, H]`: every image of the step encoded in one batch."""
+        """The rows of `step`'s new tokens that take image embeddings (`[M]` int64, CPU), and
+        those embeddings (`[M, H]`, on the device): every image of the step encoded in one batch."""
         pixels = torch.stack([im.pixels for im in step.images]).to(self.device, self.dtype)
         encoded = self.model.encode_images(pixels)  # [N, tokens_per_image, H]
-        rows = torch.cat([torch.arange(im.row, im.row + im.count) for im in step.images]).to(self.device)
+        rows = torch.cat([torch.arange(im.row, im.row + im.count) for im in step.images])
         embeds = torch.cat([e[im.first : im.first + im.count] for e, im in zip(encoded, step.images, strict=True)])
         return rows, embeds
 

@@ -69,7 +69,7 @@ def run_rank(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[s
     log.info("tensor-parallel rank %d of %d ready on %s", rank, dist.tp_size, runner.device)
     while True:
         try:
-            step = receive(group)
+            step = receive(group, runner.model_config.hidden_size, runner.dtype)
         except RuntimeError as e:
             raise RuntimeError(f"lost rank 0 while waiting for a step ({e})") from None
         if step is None:

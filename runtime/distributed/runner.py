@@ -29,7 +29,8 @@ STOP_WAIT_S = 10.0
 class TPRunner:
     """Starts this node's other ranks (`python -m sprig.runtime.distributed.rank`), joins
     the group as rank 0 and runs its part of the model; `forward(step)` sends the step to
-    every rank first. Other attributes are rank 0's `ModelRunner`'s (`model_config`,
+    every rank first, its images encoded by rank 0 alone and sent as embeddings
+    (`step_message`). Other attributes are rank 0's `ModelRunner`'s (`model_config`,
     `num_slots`, `generator`, ...): the logits it returns are the whole vocabulary's, and
     what reads or writes weights outside a step (`update_weights_from_tensors`,
     `get_weights_by_name`) refuses, since rank 0 holds only its part.
@@ -105,6 +106,7 @@ class TPRunner:
             raise ValueError(
                 f"a context of {longest} tokens exceeds the model's context_len {self.runner.model_config.context_len}"
             )
+        step = self.runner.encode_images(step)  # before it is sent: a failure here leaves the group in step
         try:
             send_step(self.group, step)
             return run(step)

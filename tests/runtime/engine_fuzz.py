@@ -346,14 +346,13 @@ def make_workload(
     of workloads with int4 weights and with two tensor-parallel ranks). For a model that
     takes images (`image`), prompts and shared prefixes hold images (`IMAGE_SHARE`; their
     own generator), and what sprig does not combine with images is not drawn: int4
-    weights, tensor parallelism, the draft-model drafter (radix instead), embedding
-    requests with images."""
+    weights, the draft-model drafter (radix instead), embedding requests with images."""
     rng, constraints = random.Random(seed), random.Random(f"constraints {seed}")
     thinking = random.Random(f"thinking {seed}")
     budgets = random.Random(f"thinking budget {seed}")
     pictures = random.Random(f"images {seed}")
     if image is not None:
-        int4_share = tp_share = 0.0
+        int4_share = 0.0
         vocab = min(vocab, image.token_id, image.begin_id, image.end_id)  # random ids never an image's
 
     def ids(n: int) -> list[int]:

@@ -164,12 +164,13 @@ def test_tp2_every_request_equals_itself_alone(models: dict[str, Path], device: 
     """Every workload's batched run on two tensor-parallel ranks (gloo; the MQA model's one
     KV head replicated on both; the Phi-4-mini's fused checkpoint tensors cut per rank; OLMo
     3's q/k norms summed over the ranks; Qwen2-MoE's and gpt-oss's MXFP4 experts split by
-    features; LoRA adapters in `engine_fuzz.LORA_SHARE` of them), each request against
-    itself alone on one rank. `--fuzz-minutes` runs it that long instead of CI's seconds."""
+    features; Gemma 3 vision's image embeddings sent by rank 0; LoRA adapters in
+    `engine_fuzz.LORA_SHARE` of them), each request against itself alone on one rank.
+    `--fuzz-minutes` runs it that long instead of CI's seconds."""
     minutes = request.config.getoption("--fuzz-minutes")
     seed = request.config.getoption("--fuzz-seed")
     chosen = {name: models[name] for name in ("llama", "llama-mqa-sharp", "phi4_mini-sharp", "olmo3-sharp",
-                                              "qwen2_moe", "gpt_oss-mxfp4")}
+                                              "qwen2_moe", "gpt_oss-mxfp4", "gemma3-vision")}
     stats = fuzz(chosen, seconds=minutes * 60 if minutes else TP_CI_SECONDS, seed=seed, triton_share=0.0,
                  int4_share=0.0, tp_share=1.0, min_workloads=2, device=device)
     print(stats.line())

@@ -183,12 +183,3 @@ def test_a_lora_adapter_of_the_language_model_equals_peft(vision: Path, tmp_path
     with pytest.raises(ValueError, match="image encoder"):
         Engine(str(vision), dtype="float32", device="cpu", lora_paths={"all": str(tower)})
 
-
-def test_under_tensor_parallelism_it_serves_text_and_says_why_images_are_refused(vision: Path, engine: Engine) -> None:
-    text = "Describe this."
-    with Engine(str(vision), dtype="float32", device="cpu", tp_size=2) as e:
-        with pytest.raises(InvalidRequest, match="tensor parallelism") as refused:
-            e.generate(PROMPTS[0], GREEDY, image_data=random_image(1))
-        assert refused.value.field == "image_data"
-        got = e.generate(text, GREEDY)["output_ids"]
-    assert got == engine.generate(text, GREEDY)["output_ids"]
