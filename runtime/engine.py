@@ -45,7 +45,14 @@ from sprig.runtime.scheduler.intake import RequestRejected
 from sprig.runtime.scheduler.request import Req
 from sprig.runtime.scheduler.scheduler import Scheduler
 from sprig.runtime.tokenizer import load_tokenizer
-from sprig.runtime.weight_update import check_load_format, check_truncate_size, update_message
+from sprig.runtime.weight_update import (
+    DEFAULT_GROUP,
+    BroadcastPlan,
+    GroupSpec,
+    check_load_format,
+    check_truncate_size,
+    update_message,
+)
 
 Prompt = str | list[str] | None
 ENGINE_LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -314,6 +321,60 @@ class Engine:
             return False, str(e)
         return True, update_message(weight_version, copied)
 
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = DEFAULT_GROUP, backend: str = "nccl") -> tuple[bool, str]:
+        """Join the process group a trainer (its rank 0) hosts at `master_address:master_port`,
+        as SGLang's does: tensor-parallel rank r joins as `rank_offset + r` of `world_size`;
+        returns `(success, message)`. Blocks until every member has joined (the trainer
+        joins at the same time), at most `weight_sync.JOIN_TIMEOUT_S`; on failure no rank
+        has joined. `backend` is "gloo" (CPU tensors) or "nccl" (a CUDA model)."""
+        try:
+            spec = GroupSpec(master_address, master_port, rank_offset, world_size, group_name, backend)
+            return True, self._driver.call(lambda: self.runner.weight_groups.join(spec))
+        except (ValueError, TypeError) as e:
+            return False, str(e)
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str = DEFAULT_GROUP, flush_cache: bool = True,
+                                        weight_version: str | None = None,
+                                        load_format: str | None = None) -> tuple[bool, str]:
+        """Receive tensors the trainer broadcasts (from its rank 0) over group `group_name`,
+        in the order of `names`, each of its dtype and shape, and copy them into the
+        model's weights, as SGLang's does; returns `(success, message)`. The names, dtypes
+        and shapes are checked against the model before anything is received (a refusal
+        then receives nothing: the trainer must not broadcast); once receiving starts,
+        every tensor is received, and the weights change only if all arrived, on every
+        rank. The radix cache is dropped (`flush_cache=False` changes nothing, as for
+        `update_weights_from_tensor`); refused while requests are in flight."""
+        try:
+            if load_format is not None:
+                raise ValueError(f"load_format must be null (tensors are copied as they are), got {load_format!r}")
+            if weight_version is not None:
+                check_weight_version(weight_version)
+            plan = BroadcastPlan(tuple(names), tuple(dtypes), tuple(tuple(s) for s in shapes), group_name)
+        except (ValueError, TypeError) as e:
+            return False, str(e)
+        if (busy := self._update_refusal()) is not None:
+            return False, busy
+
+        def receive() -> int:
+            copied = self.runner.weight_groups.update(plan)
+            self.scheduler.weights_loaded(weight_version)
+            return copied
+
+        try:
+            copied = self._driver.call(receive)
+        except ValueError as e:
+            return False, str(e)
+        return True, update_message(weight_version, copied)
+
+    def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP) -> tuple[bool, str]:
+        """Leave weight-update group `group_name` on every rank; `(success, message)`."""
+        try:
+            return True, self._driver.call(lambda: self.runner.weight_groups.leave(group_name))
+        except ValueError as e:
+            return False, str(e)
+
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """The first `truncate_size` rows of the weight a checkpoint names `name`, as float32
         nested lists (SGLang's call, for checking that an update arrived); ValueError for an
@@ -334,6 +395,7 @@ class Engine:
         self.scheduler.close()
         on_cuda = self.runner is not None and self.runner.device.type == "cuda"
         if self.runner is not None:
+            self.runner.weight_groups.close()  # rank 0's (the other ranks close theirs as they stop)
             self.runner.close()
         self.scheduler = None
         self.runner = None

@@ -18,7 +18,8 @@ from sprig.runtime.cpu_matmul import matmul_slowdown
 from sprig.runtime.cuda_graph import DecodeGraphs
 from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.distributed.shard import ShardPlan
-from sprig.runtime.distributed.step_message import send_lora
+from sprig.runtime.distributed.step_message import send_lora, send_weight_group
+from sprig.runtime.distributed.weight_sync import WeightGroups
 from sprig.runtime.forward_step import EncodedImages, ForwardStep, build_forward_batch
 from sprig.runtime.lora.manager import ALONE, LoRAManager, RankSync
 from sprig.runtime.model_config import ModelConfig
@@ -33,7 +34,7 @@ from sprig.runtime.weight_loader import (
     named_tensor,
     parameter_count,
 )
-from sprig.runtime.weight_update import check_weight_values
+from sprig.runtime.weight_update import WeightUpdateError, check_weight_values
 
 CPU_DEFAULT_TOKENS = 16384  # KV pool on CPU when max_total_tokens is not given: these tokens' float bytes ...
 CPU_KV_BUDGET_BYTES = 1 << 30  # ... unless fewer tokens fit in this many bytes
@@ -54,6 +55,7 @@ class ModelRunner:
     decoding) with a KV pool of the same slots in the same storage: a CUDA pool sized by
     `mem_fraction_static` then leaves room in that fraction for the draft's weights and
     its pool.
+    `weight_groups` receives weights a trainer broadcasts (`weight_sync`).
     """
 
     def __init__(self, config: RunnerConfig, tp: TPGroup | None = None, *,
@@ -100,6 +102,10 @@ class ModelRunner:
         self.tp = tp
         self.lora = self._lora(config)
         self.graphs = self._new_graphs()
+        self.weight_groups = WeightGroups(
+            self.model, self.model_config, self.device, quantized=not float_weights, tp=tp,
+            announce=partial(send_weight_group, tp) if tp is not None and tp.rank == 0 else None,
+        )
 
     @property
     def takes_images(self) -> bool:
@@ -124,8 +130,9 @@ class ModelRunner:
         return self.kv_cache.num_slots
 
     def close(self) -> None:
-        """Release what the runner holds beyond its tensors: nothing for one process (a
-        tensor-parallel runner stops its other ranks)."""
+        """Release what the runner holds beyond its tensors: its weight-update groups (a
+        tensor-parallel runner also stops its other ranks)."""
+        self.weight_groups.close()
 
     def forward(self, step: ForwardStep) -> torch.Tensor:
         """Run one step; returns float32 logits `[sum(q_len - logits_from), vocab]` on the
@@ -276,10 +283,6 @@ class ModelRunner:
         rows = torch.cat([torch.arange(im.row, im.row + im.count) for im in step.images])
         embeds = torch.cat([e[im.first : im.first + im.count] for e, im in zip(encoded, step.images, strict=True)])
         return rows, embeds
-
-
-class WeightUpdateError(ValueError):
-    """New weights were not loaded; the previous ones are in place."""
 
 
 def check_same_model(served: ModelConfig, new: ModelConfig, path: str | Path) -> None:

@@ -20,9 +20,16 @@ import torch
 
 from sprig.runtime.distributed.config import DistConfig
 from sprig.runtime.distributed.group import TPGroup
-from sprig.runtime.distributed.step_message import LoadLoRA, LoadWeights, UnloadLoRA, receive
+from sprig.runtime.distributed.step_message import (
+    LoadLoRA,
+    LoadWeights,
+    UnloadLoRA,
+    WeightGroupCall,
+    receive,
+)
 from sprig.runtime.model_runner import ModelRunner, WeightUpdateError
 from sprig.runtime.runner_config import RunnerConfig
+from sprig.runtime.weight_update import BroadcastPlan, GroupSpec
 
 log = logging.getLogger("sprig.tp")
 
@@ -87,8 +94,27 @@ def run_rank(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[s
         if isinstance(step, UnloadLoRA):
             runner.lora.unload(step.name)
             continue
+        if isinstance(step, WeightGroupCall):
+            _weight_group_call(runner, step, rank)
+            continue
         runner.forward(step)
+    runner.close()
     log.info("tensor-parallel rank %d: rank 0 sent stop", rank)
+
+
+def _weight_group_call(runner: ModelRunner, call: WeightGroupCall, rank: int) -> None:
+    """Make the weight-update group call rank 0 announced (`WeightGroups`), agreeing with
+    the other ranks; a failure is rank 0's to report."""
+    groups = runner.weight_groups
+    try:
+        if call.kind == "join":
+            groups.join(GroupSpec(**call.args))
+        elif call.kind == "update":
+            groups.update(BroadcastPlan.of(call.args))
+        else:
+            groups.leave(call.args["group_name"])
+    except ValueError as e:
+        log.warning("tensor-parallel rank %d: weight-update group call %r failed: %s", rank, call.kind, e)
 
 
 def rank_spec(config: RunnerConfig, dist: DistConfig, rank: int, address: tuple[str, int],

@@ -15,12 +15,16 @@ bit for bit, and no rank but 0 encodes.
 A weight update (`LoadWeights`) is the header [LOAD, 0, 0, n, 0, ...] then the n UTF-8 bytes
 of the checkpoint's path, one per integer. A LoRA adapter's load (`LoadLoRA`) is
 [LORA_LOAD, 0, m, n, 0, ...] then the n bytes of its name (the first m) and its path; an
-unload (`UnloadLoRA`) is [LORA_UNLOAD, 0, 0, n, 0, ...] then the n bytes of its name.
+unload (`UnloadLoRA`) is [LORA_UNLOAD, 0, 0, n, 0, ...] then the n bytes of its name. A
+weight-update group's call (`WeightGroupCall`: join, update, leave) is [WEIGHT_GROUP, 0,
+m, n, 0, ...] then the n bytes of its kind (the first m) and its arguments as JSON.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,7 +32,7 @@ from sprig.runtime.distributed.group import TPGroup
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.forward_step import EncodedImages, ForwardStep
 
-STEP, STOP, LOAD, LORA_LOAD, LORA_UNLOAD = 1, 2, 3, 4, 5
+STEP, STOP, LOAD, LORA_LOAD, LORA_UNLOAD, WEIGHT_GROUP = 1, 2, 3, 4, 5, 6
 MODES = tuple(ForwardMode)  # index <-> mode
 HEADER = 8
 
@@ -78,6 +82,20 @@ class UnloadLoRA:
     name: str
 
 
+@dataclass(frozen=True)
+class WeightGroupCall:
+    """`kind` ("join", "update" or "leave") of a weight-update group, with its JSON
+    `args` (`weight_sync.WeightGroups`, every rank agreeing)."""
+
+    kind: str
+    args: dict[str, Any]
+
+
+def send_weight_group(group: TPGroup, kind: str, args: dict[str, Any]) -> None:
+    """Rank 0: tell every other rank to make weight-update group call `kind` with `args`."""
+    _send_text(group, WEIGHT_GROUP, kind, json.dumps(args))
+
+
 def send_load(group: TPGroup, path: str) -> None:
     """Rank 0: tell every other rank to load the weights at `path`."""
     _send_text(group, LOAD, "", path)
@@ -108,8 +126,9 @@ def _header(command: int, m: int, n: int) -> torch.Tensor:
 
 
 def receive(group: TPGroup, hidden_size: int, dtype: torch.dtype
-            ) -> ForwardStep | LoadWeights | LoadLoRA | UnloadLoRA | None:
-    """Ranks > 0: the next step, weight update or LoRA adapter change, or None when rank 0
+            ) -> ForwardStep | LoadWeights | LoadLoRA | UnloadLoRA | WeightGroupCall | None:
+    """Ranks > 0: the next step, weight update, LoRA adapter change or weight-update group
+    call, or None when rank 0
     says stop; a step's image embeddings arrive as `[M, hidden_size]` of `dtype` (the
     model's: rank 0's encoder computes them in it). Blocks without a time limit; raises if
     rank 0's connection is lost."""
@@ -117,9 +136,11 @@ def receive(group: TPGroup, hidden_size: int, dtype: torch.dtype
     command, mode, B, n_ids, n_kv, has_lora, has_until, n_rows = header.tolist()
     if command == STOP:
         return None
-    if command in (LOAD, LORA_LOAD, LORA_UNLOAD):
+    if command in (LOAD, LORA_LOAD, LORA_UNLOAD, WEIGHT_GROUP):
         data = bytes(group.broadcast(torch.empty(n_ids, dtype=torch.int64)).tolist())
         first, second = data[:B].decode(), data[B:].decode()
+        if command == WEIGHT_GROUP:
+            return WeightGroupCall(first, json.loads(second))
         if command == LOAD:
             return LoadWeights(second)
         return LoadLoRA(first, second) if command == LORA_LOAD else UnloadLoRA(second)

@@ -18,15 +18,18 @@ from sprig.runtime.server.protocol import (
     AbortRequest,
     ChatCompletionRequest,
     CompletionRequest,
+    DestroyWeightsUpdateGroupRequest,
     EmbeddingRequest,
     EncodeRequest,
     GenerateRequest,
     GetWeightsByNameRequest,
+    InitWeightsUpdateGroupRequest,
     LoadLoRAAdapterRequest,
     PauseGenerationRequest,
     ScoringRequest,
     UnloadLoRAAdapterRequest,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     UpdateWeightVersionRequest,
 )
 from sprig.runtime.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
@@ -51,8 +54,11 @@ BODIES: dict[str, type[BaseModel]] = {  # path of a POST route -> its body's mod
     "/load_lora_adapter": LoadLoRAAdapterRequest,
     "/unload_lora_adapter": UnloadLoRAAdapterRequest,
     "/pause_generation": PauseGenerationRequest,
+    "/init_weights_update_group": InitWeightsUpdateGroupRequest,
+    "/update_weights_from_distributed": UpdateWeightsFromDistributedRequest,
+    "/destroy_weights_update_group": DestroyWeightsUpdateGroupRequest,
 }
-OPTIONAL_BODIES = frozenset({"/pause_generation"})  # no body: the model's defaults
+OPTIONAL_BODIES = frozenset({"/pause_generation", "/destroy_weights_update_group"})  # no body: the model's defaults
 ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
           "408": "the body arrived too slowly", "413": "the body is too large",
           "429": "the server is full; retry after Retry-After seconds", "503": "the server cannot serve"}

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sprig.runtime.weight_update import DEFAULT_GROUP, MAX_BROADCAST_TENSORS
+
 MAX_TOP_LOGPROBS = 20
 
 
@@ -232,6 +234,44 @@ class GetWeightsByNameRequest(_Body):
 
     name: str = Field(min_length=1, max_length=1024)
     truncate_size: int = Field(100, ge=1)
+
+
+class InitWeightsUpdateGroupRequest(_Body):
+    """SGLang's `/init_weights_update_group` (`routes_weights`; checked by `GroupSpec`)."""
+
+    master_address: str = Field(min_length=1, max_length=255)
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = Field(DEFAULT_GROUP, min_length=1, max_length=256)
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedRequest(_Body):
+    """SGLang's `/update_weights_from_distributed` (`routes_weights`; checked by
+    `BroadcastPlan`): `names`, `dtypes` and `shapes` of the tensors the trainer broadcasts,
+    in order, or SGLang's earlier one-tensor form `name`, `dtype`, `shape`. `flush_cache`
+    and `torch_empty_cache` are taken and change nothing (the radix cache is always
+    dropped; the allocator is left as it is); `load_format` may only be null."""
+
+    names: list[Annotated[str, Field(max_length=1024)]] | None = Field(None, max_length=MAX_BROADCAST_TENSORS)
+    dtypes: list[Annotated[str, Field(max_length=64)]] | None = Field(None, max_length=MAX_BROADCAST_TENSORS)
+    shapes: list[list[int]] | None = Field(None, max_length=MAX_BROADCAST_TENSORS)
+    name: str | None = Field(None, max_length=1024)
+    dtype: str | None = Field(None, max_length=64)
+    shape: list[int] | None = Field(None, max_length=16)
+    group_name: str = Field(DEFAULT_GROUP, min_length=1, max_length=256)
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = Field(None, min_length=1, max_length=256)
+    load_format: str | None = None
+    torch_empty_cache: bool = False
+
+
+class DestroyWeightsUpdateGroupRequest(_Body):
+    """SGLang's `/destroy_weights_update_group`."""
+
+    group_name: str = Field(DEFAULT_GROUP, min_length=1, max_length=256)
 
 
 class LoadLoRAAdapterRequest(_Body):

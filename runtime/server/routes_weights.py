@@ -26,10 +26,29 @@ the policy being trained:
   default) of a float weight by its checkpoint name, as float32 nested lists, for checking
   that an update arrived (not under tensor parallelism, where each rank holds a part).
 
+- `POST /init_weights_update_group` `{"master_address", "master_port", "rank_offset",
+  "world_size", "group_name"?, "backend"?}`: every rank of the model joins the process
+  group a trainer (its rank 0) hosts at that address, as rank `rank_offset + tp_rank`
+  (`distributed.weight_sync`); it waits for the requests in flight, as an update does,
+  and at most `weight_sync.JOIN_TIMEOUT_S` for the trainer. `backend` "gloo" for a model
+  on CPU, "nccl" on CUDA.
+- `POST /update_weights_from_distributed` `{"names", "dtypes", "shapes", "group_name"?,
+  "weight_version"?, "abort_all_requests"?, "flush_cache"?}`: an update as from disk (the
+  same queue, held requests and labels), its tensors received from the trainer's
+  broadcasts over the group, in order. Every name, dtype and shape is checked against
+  the model before anything is received, and a refusal (400) receives nothing: the
+  trainer then must not broadcast. Once receiving starts every tensor is received, and
+  the weights change only if all arrived, on every rank.
+- `POST /destroy_weights_update_group` `{"group_name"?}`: leave the group.
+  The three answer 200 `{"success": true, "message"}` or 400 `{"success": false, "message"}`.
+
 The model path is read by the scheduler process, on the server's machine (and, under
 tensor parallelism, by every rank at that path): guard the server with `--api-key` where
-others can reach it. At most `MAX_PENDING_UPDATES` updates wait their turn at once (each
-loads a whole checkpoint); more are a 429.
+others can reach it. A weight-update group makes every rank connect to the address a
+client names and take the tensors sent there: the routes are guarded by `--api-key` like
+every other, and no tensor is allocated before its name and shape are checked. At most
+`MAX_PENDING_UPDATES` updates and group calls wait their turn at once (each loads a
+whole checkpoint, or waits for a trainer); more are a 429.
 """
 
 from __future__ import annotations
@@ -43,13 +62,16 @@ from starlette.responses import Response
 from sprig.runtime.server.errors import ApiError, parse
 from sprig.runtime.server.http_io import json_response, parse_json, prepare, read_body, state_of
 from sprig.runtime.server.protocol import (
+    DestroyWeightsUpdateGroupRequest,
     GetWeightsByNameRequest,
+    InitWeightsUpdateGroupRequest,
     PauseGenerationRequest,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     UpdateWeightVersionRequest,
 )
 from sprig.runtime.server.request_manager import RequestFailed
-from sprig.runtime.weight_update import check_load_format
+from sprig.runtime.weight_update import BroadcastPlan, GroupSpec, check_load_format
 
 router = APIRouter()
 MAX_PENDING_UPDATES = 8  # weight updates waiting their turn at once; more are a 429
@@ -68,22 +90,86 @@ def _update_args(body: Any) -> dict[str, Any]:
             "abort_all_requests": req.abort_all_requests}
 
 
-@router.post("/update_weights_from_disk")
-async def update_weights_from_disk(request: Request) -> Response:
-    st = state_of(request)
-    args = await prepare(request, _update_args, new_work=False)
-    manager = st.manager
+def _group_args(body: Any) -> dict[str, Any]:
+    req: InitWeightsUpdateGroupRequest = parse(InitWeightsUpdateGroupRequest, body)
+    args = req.model_dump()
+    try:
+        GroupSpec(**args)
+    except ValueError as e:
+        raise ApiError(400, str(e), _field(str(e), args)) from None
+    return args
+
+
+def _distributed_args(body: Any) -> dict[str, Any]:
+    req: UpdateWeightsFromDistributedRequest = parse(UpdateWeightsFromDistributedRequest, body)
+    one = (req.name, req.dtype, req.shape)
+    if req.names is None and req.dtypes is None and req.shapes is None and None not in one:
+        names, dtypes, shapes = [req.name], [req.dtype], [req.shape]
+    elif any(v is not None for v in one):
+        raise ApiError(400, "give names, dtypes and shapes, or SGLang's earlier name, dtype and shape (not both, "
+                       "and not part of either)", "names")
+    else:
+        names, dtypes, shapes = req.names or [], req.dtypes or [], req.shapes or []
+    if req.load_format is not None:
+        raise ApiError(400, f"load_format must be null (tensors are copied as they are), got {req.load_format!r}",
+                       "load_format")
+    try:
+        plan = BroadcastPlan(tuple(names), tuple(dtypes), tuple(tuple(s) for s in shapes), req.group_name)
+    except ValueError as e:
+        raise ApiError(400, str(e), _field(str(e), {"names": 0, "dtypes": 0, "shapes": 0})) from None
+    return {**plan.as_args(), "weight_version": req.weight_version, "abort_all_requests": req.abort_all_requests}
+
+
+def _field(message: str, fields: dict[str, Any]) -> str:
+    """The field a check's `message` names first (they start with it, or say it)."""
+    return next((f for f in fields if message.startswith(f)), next((f for f in fields if f in message), "body"))
+
+
+async def _queued(request: Request, kind: str, args: dict[str, Any]) -> Any:
+    """The scheduler's reply to update or group call `kind`, which waits its turn
+    (`weight_updates`); 429 when `MAX_PENDING_UPDATES` wait already."""
+    manager = state_of(request).manager
     if manager.pending_updates >= MAX_PENDING_UPDATES:
         raise RequestFailed(429, f"{MAX_PENDING_UPDATES} weight updates are waiting their turn already; retry later")
     manager.pending_updates += 1
     try:
-        reply = await manager.control("update_weights", args, timeout=None)
+        return await manager.control(kind, args, timeout=None)
     finally:
         manager.pending_updates -= 1
+
+
+def _answer(reply: Any) -> Response:
+    return json_response({"success": reply.ok, "message": reply.data["message"]}, 200 if reply.ok else 400)
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request) -> Response:
+    reply = await _queued(request, "update_weights", await prepare(request, _update_args, new_work=False))
     if not reply.ok:
         return json_response({"success": False, "message": reply.data["message"]}, 400)
     return json_response({"success": True, "message": reply.data["message"],
                           "num_paused_requests": reply.data["num_paused_requests"]})
+
+
+@router.post("/init_weights_update_group")
+async def init_weights_update_group(request: Request) -> Response:
+    args = await prepare(request, _group_args, new_work=False)
+    return _answer(await _queued(request, "init_weights_update_group", args))
+
+
+@router.post("/update_weights_from_distributed")
+async def update_weights_from_distributed(request: Request) -> Response:
+    args = await prepare(request, _distributed_args, new_work=False)
+    return _answer(await _queued(request, "update_weights_from_distributed", args))
+
+
+@router.post("/destroy_weights_update_group")
+async def destroy_weights_update_group(request: Request) -> Response:
+    body = await read_body(request)
+    req: DestroyWeightsUpdateGroupRequest = await asyncio.get_running_loop().run_in_executor(
+        state_of(request).pool,
+        lambda: parse(DestroyWeightsUpdateGroupRequest, parse_json(body) if body.strip() else {}))
+    return _answer(await _queued(request, "destroy_weights_update_group", {"group_name": req.group_name}))
 
 
 @router.post("/update_weight_version")

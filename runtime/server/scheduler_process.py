@@ -39,7 +39,7 @@ from sprig.runtime.server.child import (
 )
 from sprig.runtime.server.ipc import IpcPaths, pull_socket, push_socket
 from sprig.runtime.server.stats import StatsTracker
-from sprig.runtime.server.weight_updates import WeightUpdates
+from sprig.runtime.server.weight_updates import JOBS, WEIGHT_CHANGES, WeightUpdates
 from sprig.runtime.wire import (
     AbortReq,
     ControlReply,
@@ -133,13 +133,10 @@ class SchedulerLoop:
 
     def _control(self, msg: ControlReq) -> ControlReply | None:
         """The reply to `msg`, or None for a weight update (`WeightUpdates` answers it)."""
-        if msg.kind in ("update_weights", "update_weight_version") and msg.args.get("abort_all_requests"):
+        if msg.kind in JOBS:
+            return self._start_job(msg)
+        if msg.kind == "update_weight_version" and msg.args.get("abort_all_requests"):
             self._abort_all()
-        if msg.kind == "update_weights":
-            if self.scheduler.paused == "in_place" and self.scheduler.holds_kv:
-                return ControlReply(msg.token, False, {"message": IN_PLACE_UPDATE})
-            self.updates.start(msg)
-            return None
         if msg.kind == "pause_generation":
             return self._pause(msg)
         if msg.kind == "continue_generation":
@@ -165,6 +162,18 @@ class SchedulerLoop:
             error = self._integrity_error()
             return ControlReply(msg.token, error is None, {"error": error, **self.kv_state()})
         return ControlReply(msg.token, False, {"error": f"unknown control request {msg.kind!r}"})
+
+    def _start_job(self, msg: ControlReq) -> ControlReply | None:
+        """Queue a weight update or group call (`WeightUpdates`), or the reply refusing it."""
+        refusal = self.updates.check(msg)
+        if refusal is not None:
+            return ControlReply(msg.token, False, {"message": refusal})
+        if msg.kind in WEIGHT_CHANGES and msg.args.get("abort_all_requests"):
+            self._abort_all()
+        if self.scheduler.paused == "in_place" and self.scheduler.holds_kv:
+            return ControlReply(msg.token, False, {"message": IN_PLACE_UPDATE})
+        self.updates.start(msg)
+        return None
 
     def _pause(self, msg: ControlReq) -> ControlReply:
         """Pause generation (`Scheduler.pause`) in the mode `msg` names."""
@@ -354,6 +363,7 @@ def run_scheduler_process(engine: EngineConfig, stats_interval: float, log_inter
     finally:
         loop.updates.close()
         scheduler.close()
+        runner.weight_groups.close()  # rank 0's (the other ranks close theirs as they stop)
         runner.close()
 
 

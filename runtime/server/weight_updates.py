@@ -1,5 +1,6 @@
-"""Weight updates in the scheduler process (`/update_weights_from_disk`), one at a time,
-in the order messages arrive.
+"""Weight updates in the scheduler process (`/update_weights_from_disk`,
+`/update_weights_from_distributed`) and the calls that join or leave a weight-update
+group, one at a time, in the order messages arrive.
 
 An update waits for every request that arrived before it to finish (or aborts them, with
 `abort_all_requests`; while generation is paused, for none: a pause by retraction or abort
@@ -14,7 +15,10 @@ responses carry their label (`meta_info["weight_version"]`).
 Phases: idle; pending (the update waits for the scheduler to empty; requests, control
 requests about the weights and pausing (`UPDATE_KINDS`) and aborts of held requests are
 held, other messages are handled); loading (every message is held: the loop touches nothing the worker
-thread uses).
+thread uses). A group call (`GROUP_CALLS`) goes the same way, since under tensor
+parallelism it speaks to the other ranks over the channel steps use; it leaves the
+weights and the radix cache as they are. Every job is checked (`check`) before it joins
+the queue: a refusal then costs no wait.
 """
 
 from __future__ import annotations
@@ -22,25 +26,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
-from sprig.runtime.model_runner import WeightUpdateError
 from sprig.runtime.request_contract import TokenizedRequest
 from sprig.runtime.scheduler.scheduler import Scheduler
-from sprig.runtime.weight_update import update_message
+from sprig.runtime.weight_update import BroadcastPlan, GroupSpec, update_message
 from sprig.runtime.wire import AbortReq, ControlReply, ControlReq
 
 log = logging.getLogger("sprig.scheduler")
 # control requests about the weights: while an update is in progress they wait their turn
-UPDATE_KINDS = ("update_weights", "update_weight_version", "get_weights_by_name", "pause_generation",
-                "continue_generation")
+WEIGHT_CHANGES = ("update_weights", "update_weights_from_distributed")  # jobs that load weights
+GROUP_CALLS = ("init_weights_update_group", "destroy_weights_update_group")  # jobs that join or leave a group
+JOBS = WEIGHT_CHANGES + GROUP_CALLS
+UPDATE_KINDS = (*JOBS, "update_weight_version", "get_weights_by_name", "pause_generation", "continue_generation")
 
 
 class WeightUpdates:
-    """The scheduler loop's weight updates. `send_http` answers each with a `ControlReply`:
-    ok with `{"message", "num_paused_requests", "model_path", "weight_version"}`, or not ok
-    with `{"message"}` (the old weights in place). An exception other than
-    `WeightUpdateError` (the weights could not be restored, the tensor-parallel group
-    failed) propagates from `advance`: the process cannot serve."""
+    """The scheduler loop's weight updates and group calls (`JOBS`). `send_http` answers
+    each with a `ControlReply`: ok with `{"message"}`, for an update also
+    `"num_paused_requests"` and `"weight_version"` (from disk, `"model_path"` too), or not
+    ok with `{"message"}` (the old weights in place; a `WeightUpdateError` or another
+    ValueError). Any other exception (the weights could not be restored, the
+    tensor-parallel group failed) propagates from `advance`: the process cannot serve."""
 
     def __init__(self, scheduler: Scheduler, send_http: Callable[[object], None]) -> None:
         self.scheduler = scheduler
@@ -77,11 +84,40 @@ class WeightUpdates:
             return any(isinstance(m, TokenizedRequest) and m.rid == msg.rid for m in self.held)
         return False
 
+    def check(self, msg: ControlReq) -> str | None:
+        """Why job `msg` is refused at once (nothing joined or received), or None."""
+        groups = self.scheduler.runner.weight_groups
+        try:
+            if msg.kind == "update_weights_from_distributed":
+                groups.check_update(BroadcastPlan.of(msg.args))
+            elif msg.kind == "init_weights_update_group":
+                groups.check_join(GroupSpec(**msg.args))
+            elif msg.kind == "destroy_weights_update_group" and msg.args["group_name"] not in groups.groups:
+                return f"group_name {msg.args['group_name']!r}: no weight-update group of that name is joined"
+        except ValueError as e:
+            return str(e)
+        return None
+
     def start(self, msg: ControlReq) -> None:
-        """Begin the update `msg` asks for (none is in progress)."""
+        """Begin job `msg` (none is in progress)."""
         self.pending = msg
-        log.info("updating the weights from %s once the %d requests in flight finish; holding new requests",
-                 msg.args["model_path"], len(self.scheduler.running) + len(self.scheduler.waiting))
+        what = {"update_weights": f"updating the weights from {msg.args.get('model_path')}",
+                "update_weights_from_distributed": f"receiving {len(msg.args.get('names', ()))} tensors over "
+                                                   f"group {msg.args.get('group_name')!r}",
+                "init_weights_update_group": f"joining group {msg.args.get('group_name')!r}",
+                "destroy_weights_update_group": f"leaving group {msg.args.get('group_name')!r}"}[msg.kind]
+        log.info("%s once the %d requests in flight finish; holding new requests", what,
+                 len(self.scheduler.running) + len(self.scheduler.waiting))
+
+    def _job(self, msg: ControlReq) -> Callable[[], Any]:
+        runner, args = self.scheduler.runner, msg.args
+        if msg.kind == "update_weights":
+            return lambda: runner.update_weights(args["model_path"])
+        if msg.kind == "update_weights_from_distributed":
+            return lambda: runner.weight_groups.update(BroadcastPlan.of(args))
+        if msg.kind == "init_weights_update_group":
+            return lambda: runner.weight_groups.join(GroupSpec(**args))
+        return lambda: runner.weight_groups.leave(args["group_name"])
 
     def advance(self) -> list[object]:
         """Move the update on: start loading once the scheduler is empty; once loaded,
@@ -92,30 +128,35 @@ class WeightUpdates:
         if self._loading is None:
             if self.scheduler.has_work or self.scheduler.holds_kv:  # paused in place: wait for the requests
                 return []
-            self._loading = self._pool.submit(self.scheduler.runner.update_weights, msg.args["model_path"])
+            self._loading = self._pool.submit(self._job(msg))
             return []
         if not self._loading.done():
             return []
-        paused = self.held_requests
-        version = msg.args.get("weight_version")
         try:
-            self._loading.result()
-        except WeightUpdateError as e:
-            log.warning("weight update failed: %s", e)
-            self.scheduler.weights_loaded(None)
+            result = self._loading.result()
+        except ValueError as e:  # a WeightUpdateError, or a group not joined or left
+            log.warning("%s failed: %s", msg.kind, e)
+            if msg.kind in WEIGHT_CHANGES:
+                self.scheduler.weights_loaded(None)
             self.send_http(ControlReply(msg.token, False, {"message": str(e)}))
         else:
-            self.scheduler.weights_loaded(version)
-            self.send_http(ControlReply(msg.token, True, {
-                "message": update_message(version),
-                "num_paused_requests": paused,
-                "model_path": str(self.scheduler.runner.config.model_path),
-                "weight_version": self.scheduler.weight_version,
-            }))
+            self.send_http(ControlReply(msg.token, True, self._done(msg, result)))
         finally:
             self.pending, self._loading = None, None
         released, self.held = self.held, []
         return released
+
+    def _done(self, msg: ControlReq, result: Any) -> dict[str, Any]:
+        """The answer to job `msg`, which returned `result`; an update's weights in place."""
+        if msg.kind in GROUP_CALLS:
+            return {"message": result}
+        version = msg.args.get("weight_version")
+        self.scheduler.weights_loaded(version)
+        answer = {"num_paused_requests": self.held_requests, "weight_version": self.scheduler.weight_version}
+        if msg.kind == "update_weights":
+            return {**answer, "message": update_message(version),
+                    "model_path": str(self.scheduler.runner.config.model_path)}
+        return {**answer, "message": update_message(version, result)}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
