@@ -157,7 +157,7 @@ def load_weights(model: nn.Module, path: str | Path, *, dtype: torch.dtype, devi
                         if fused is None or fused[0] != name:
                             fused = name, _fused_pieces(layer, leaf, handle.get_tensor(name))
                         pieces = {k: v if k == "g_idx" else v[rows] for k, v in fused[1].items()}
-                        getattr(layer, "stage_shard", layer.stage)(pieces, target[1])  # a rank's keeps its rows
+                        layer.stage_shard(pieces, target[1])
                 except ValueError as e:
                     raise ValueError(f"{file}: tensor {name!r}: {e}") from None
                 pending[owner] -= 1

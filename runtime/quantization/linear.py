@@ -66,6 +66,11 @@ class QuantizedLinear(nn.Module):
             pieces = self.fmt.convert(leaf, tensor, self.scheme, size, self.in_features)
         self.stage(pieces, shard)
 
+    def stage_shard(self, pieces: dict[str, torch.Tensor], shard: str | None) -> None:
+        """Stage this layer's rows of canonical pieces that hold all of `shard` (every
+        row here; a tensor-parallel layer keeps its own, `ColumnParallelQuantizedLinear`)."""
+        self.stage(pieces, shard)
+
     def stage(self, pieces: dict[str, torch.Tensor], shard: str | None) -> None:
         """Stage canonical pieces (`QuantizedWeight`'s, "g_idx", "bias") of `shard`."""
         rows = self.shard_rows(shard)

@@ -54,7 +54,7 @@ whole checkpoint, or waits for a trainer); more are a 429.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
@@ -74,6 +74,7 @@ from sprig.runtime.server.request_manager import RequestFailed
 from sprig.runtime.weight_update import BroadcastPlan, GroupSpec, check_load_format
 
 router = APIRouter()
+T = TypeVar("T")
 MAX_PENDING_UPDATES = 8  # weight updates waiting their turn at once; more are a 429
 
 
@@ -146,7 +147,7 @@ def _answer(reply: Any) -> Response:
 async def update_weights_from_disk(request: Request) -> Response:
     reply = await _queued(request, "update_weights", await prepare(request, _update_args, new_work=False))
     if not reply.ok:
-        return json_response({"success": False, "message": reply.data["message"]}, 400)
+        return _answer(reply)
     return json_response({"success": True, "message": reply.data["message"],
                           "num_paused_requests": reply.data["num_paused_requests"]})
 
@@ -163,12 +164,16 @@ async def update_weights_from_distributed(request: Request) -> Response:
     return _answer(await _queued(request, "update_weights_from_distributed", args))
 
 
+async def _optional_body(request: Request, model: type[T]) -> T:
+    """`model` from the request's JSON body, parsed off the event loop; no body is `{}`."""
+    body = await read_body(request)
+    return await asyncio.get_running_loop().run_in_executor(
+        state_of(request).pool, lambda: parse(model, parse_json(body) if body.strip() else {}))
+
+
 @router.post("/destroy_weights_update_group")
 async def destroy_weights_update_group(request: Request) -> Response:
-    body = await read_body(request)
-    req: DestroyWeightsUpdateGroupRequest = await asyncio.get_running_loop().run_in_executor(
-        state_of(request).pool,
-        lambda: parse(DestroyWeightsUpdateGroupRequest, parse_json(body) if body.strip() else {}))
+    req = await _optional_body(request, DestroyWeightsUpdateGroupRequest)
     return _answer(await _queued(request, "destroy_weights_update_group", {"group_name": req.group_name}))
 
 
@@ -205,11 +210,8 @@ async def get_weights_by_name(request: Request) -> Response:
 
 @router.post("/pause_generation")
 async def pause_generation(request: Request) -> Response:
-    st = state_of(request)
-    body = await read_body(request)
-    req: PauseGenerationRequest = await asyncio.get_running_loop().run_in_executor(
-        st.pool, lambda: parse(PauseGenerationRequest, parse_json(body) if body.strip() else {}))
-    reply = await st.manager.control("pause_generation", {"mode": req.mode}, timeout=None)  # after an update in progress
+    req = await _optional_body(request, PauseGenerationRequest)
+    reply = await state_of(request).manager.control("pause_generation", {"mode": req.mode}, timeout=None)  # after an update in progress
     return json_response({"success": True, "message": "Generation paused successfully.", "mode": req.mode,
                           "num_requests": reply.data["requests"]})
 
