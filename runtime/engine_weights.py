@@ -112,11 +112,12 @@ class EngineWeights:
         """Receive tensors the trainer broadcasts (from its rank 0) over group `group_name`,
         in the order of `names`, each of its dtype and shape, and copy them into the
         model's weights, as SGLang's does; returns `(success, message)`. The names, dtypes
-        and shapes are checked against the model before anything is received (a refusal
-        then receives nothing: the trainer must not broadcast); once receiving starts,
-        every tensor is received, and the weights change only if all arrived, on every
+        and shapes are checked against the model before anything is copied: arguments
+        refused before the call, or while requests are in flight, receive nothing; names or
+        shapes the model refuses are refused once the tensors were received and dropped
+        (the trainer's broadcast ends). The weights change only if all arrived, on every
         rank. The radix cache is dropped (`flush_cache=False` changes nothing, as for
-        `update_weights_from_tensor`); refused while requests are in flight."""
+        `update_weights_from_tensor`)."""
         try:
             if load_format is not None:
                 raise ValueError(f"load_format must be null (tensors are copied as they are), got {load_format!r}")

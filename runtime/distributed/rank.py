@@ -111,6 +111,8 @@ def _weight_group_call(runner: ModelRunner, call: WeightGroupCall, rank: int) ->
             groups.join(GroupSpec(**call.args))
         elif call.kind == "update":
             groups.update(BroadcastPlan.of(call.args))
+        elif call.kind == "drain":
+            groups.drain(BroadcastPlan.of(call.args))
         else:
             groups.leave(call.args["group_name"])
     except ValueError as e:

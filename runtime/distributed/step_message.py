@@ -16,7 +16,7 @@ A weight update (`LoadWeights`) is the header [LOAD, 0, 0, n, 0, ...] then the n
 of the checkpoint's path, one per integer. A LoRA adapter's load (`LoadLoRA`) is
 [LORA_LOAD, 0, m, n, 0, ...] then the n bytes of its name (the first m) and its path; an
 unload (`UnloadLoRA`) is [LORA_UNLOAD, 0, 0, n, 0, ...] then the n bytes of its name. A
-weight-update group's call (`WeightGroupCall`: join, update, leave) is [WEIGHT_GROUP, 0,
+weight-update group's call (`WeightGroupCall`: join, update, drain, leave) is [WEIGHT_GROUP, 0,
 m, n, 0, ...] then the n bytes of its kind (the first m) and its arguments as JSON.
 """
 
@@ -84,7 +84,7 @@ class UnloadLoRA:
 
 @dataclass(frozen=True)
 class WeightGroupCall:
-    """`kind` ("join", "update" or "leave") of a weight-update group, with its JSON
+    """`kind` ("join", "update", "drain" or "leave") of a weight-update group, with its JSON
     `args` (`weight_sync.WeightGroups`, every rank agreeing)."""
 
     kind: str

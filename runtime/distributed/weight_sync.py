@@ -16,14 +16,24 @@ every tensor whole, keeping its own slice (`checkpoint_index`, as the checkpoint
 does). Rank 0 checks each request and announces it to the other ranks over the control
 group before anything is joined or received; the ranks then agree (`TPGroup.all_agree`)
 on the outcome, so every rank has joined, or none; has the new weights, or none.
+
+A trainer broadcasts while its request is answered (it cannot wait for the answer: the
+update ends only once the tensors arrived), so an update refused by the model's checks
+(a name the model lacks, a shape it does not have, a quantized model) still receives
+every tensor over the joined group and drops it (`drain`): the trainer's broadcast ends
+and it reads the refusal, instead of waiting for receivers that never come. A tensor is
+drained only if it is at most `DRAIN_FACTOR` times the model's largest weight; a request
+naming a group not joined, or a larger tensor, is refused with nothing received.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -39,6 +49,7 @@ log = logging.getLogger("sprig.weights")
 JOIN_TIMEOUT_S = 120.0  # the most joining a group waits for the trainer and the other members
 RECEIVE_TIMEOUT_S = 600.0  # the most one broadcast waits for the trainer to send
 MAX_WEIGHT_GROUPS = 4  # groups joined at once
+DRAIN_FACTOR = 2  # a refused update's tensors are received and dropped up to this many times the largest weight
 Announce = Callable[[str, dict], None]  # rank 0: (kind, JSON args) to the other tensor-parallel ranks
 
 
@@ -163,9 +174,14 @@ class WeightGroups:
         rank's slice of it) into the model; returns how many weights changed. All tensors
         arrive before any is copied, and every rank copies, or none does: on failure
         `WeightUpdateError` says why, with the old weights in place. Holds the received
-        tensors (this rank's slices) until then."""
+        tensors (this rank's slices) until then. A plan `check_update` refuses is a
+        ValueError saying why, after its tensors were received and dropped where `drain`
+        can take them (nothing else changes)."""
         if self._leads:
-            self.check_update(plan)
+            try:
+                self.check_update(plan)
+            except ValueError as refusal:
+                self._refuse(plan, str(refusal))
         if self.announce is not None:
             self.announce("update", plan.as_args())
         spec, group = self.groups[plan.group_name]
@@ -187,6 +203,55 @@ class WeightGroups:
             copied = load_named_tensors(self.model, staged)
         log.info("updated %d weights from group %r", copied, plan.group_name)
         return copied
+
+    def drain(self, plan: BroadcastPlan) -> str:
+        """Receive every tensor of `plan` over its (joined) group and drop it, one at a time,
+        on every rank; returns what happened, for the refusal's message. Nothing changes."""
+        spec, group = self.groups[plan.group_name]
+        on = self.device if spec.backend == "nccl" else torch.device("cpu")
+        received, error = 0, None
+        try:
+            for dtype, shape in zip(plan.dtypes, plan.shapes, strict=True):
+                broadcast(group, torch.empty(shape, dtype=getattr(torch, dtype_name(dtype)), device=on))
+                received += 1
+        except Exception as e:  # the trainer stopped sending
+            error = e
+        if self._agree(error is None):
+            return f"its {len(plan.names)} tensors were received and dropped"
+        reason = error or "another tensor-parallel rank did not receive them"
+        return f"receiving its {len(plan.names)} tensors to drop them failed after {received} ({reason})"
+
+    def check_unreceived(self, plan: BroadcastPlan) -> None:
+        """ValueError for a plan refused with nothing received: `check_update` refuses it
+        and its tensors cannot be drained. A plan that passes may still be refused by
+        `update`, once its tensors were received and dropped."""
+        try:
+            self.check_update(plan)
+        except ValueError as refusal:
+            if (undrained := self._undrained(plan)) is not None:
+                raise ValueError(f"{refusal}{undrained}") from None
+
+    def _refuse(self, plan: BroadcastPlan, refusal: str) -> NoReturn:
+        """The leading rank: raise ValueError(`refusal`), after draining `plan`'s tensors on
+        every rank where the group is joined and every tensor is small enough."""
+        if (undrained := self._undrained(plan)) is not None:
+            raise ValueError(f"{refusal}{undrained}")
+        if self.announce is not None:
+            self.announce("drain", plan.as_args())
+        drained = self.drain(plan)
+        log.warning("refused an update over group %r (%s); %s", plan.group_name, refusal, drained)
+        raise ValueError(f"{refusal}; {drained}, no weight changed")
+
+    def _undrained(self, plan: BroadcastPlan) -> str | None:
+        """Why `plan`'s tensors cannot be drained (the end of a refusal's message), or None:
+        its group is not joined, or a tensor is more than `DRAIN_FACTOR` times the largest weight."""
+        if plan.group_name not in self.groups:
+            return ""
+        limit = DRAIN_FACTOR * max(p.numel() for p in self._whole_model().parameters())
+        if any(math.prod(shape) > limit for shape in plan.shapes):
+            return (f"; nothing was received (a tensor is more than {DRAIN_FACTOR} times the model's largest "
+                    "weight), so the trainer's broadcast waits until it times out")
+        return None
 
     # ------------------------------------------------------------------ internals
     @property

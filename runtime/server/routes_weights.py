@@ -36,9 +36,11 @@ the policy being trained:
   "weight_version"?, "abort_all_requests"?, "flush_cache"?}`: an update as from disk (the
   same queue, held requests and labels), its tensors received from the trainer's
   broadcasts over the group, in order. Every name, dtype and shape is checked against
-  the model before anything is received, and a refusal (400) receives nothing: the
-  trainer then must not broadcast. Once receiving starts every tensor is received, and
-  the weights change only if all arrived, on every rank.
+  the model before anything is copied: a request the body's checks refuse (a 400 before
+  the queue) or naming a group not joined receives nothing; one the model refuses (a
+  name it lacks, a shape it does not have) is a 400 once its tensors were received and
+  dropped (`weight_sync.WeightGroups.drain`), so the trainer's broadcast ends. The
+  weights change only if all arrived, on every rank.
 - `POST /destroy_weights_update_group` `{"group_name"?}`: leave the group.
   The three answer 200 `{"success": true, "message"}` or 400 `{"success": false, "message"}`.
 

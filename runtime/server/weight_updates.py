@@ -18,7 +18,8 @@ held, other messages are handled); loading (every message is held: the loop touc
 thread uses). A group call (`GROUP_CALLS`) goes the same way, since under tensor
 parallelism it speaks to the other ranks over the channel steps use; it leaves the
 weights and the radix cache as they are. Every job is checked (`check`) before it joins
-the queue: a refusal then costs no wait.
+the queue: a refusal then costs no wait (but for an update whose tensors the trainer is
+broadcasting: it is refused in its turn, once they were received and dropped).
 """
 
 from __future__ import annotations
@@ -85,11 +86,13 @@ class WeightUpdates:
         return False
 
     def check(self, msg: ControlReq) -> str | None:
-        """Why job `msg` is refused at once (nothing joined or received), or None."""
+        """Why job `msg` is refused at once (nothing joined or received), or None. An update
+        whose tensors can be received and dropped waits its turn to be refused then
+        (`WeightGroups.update`): the trainer is broadcasting them."""
         groups = self.scheduler.runner.weight_groups
         try:
             if msg.kind == "update_weights_from_distributed":
-                groups.check_update(BroadcastPlan.of(msg.args))
+                groups.check_unreceived(BroadcastPlan.of(msg.args))
             elif msg.kind == "init_weights_update_group":
                 groups.check_join(GroupSpec(**msg.args))
             elif msg.kind == "destroy_weights_update_group" and msg.args["group_name"] not in groups.groups:

@@ -5,8 +5,9 @@ gloo) holds a second checkpoint's tensors and joins the group as rank 0 the way 
 frameworks' `init_custom_process_group` does; after the update, greedy tokens are what
 transformers generates with that checkpoint (at tp 1 through the server, at tp 2 through
 the engine, each rank keeping its slice), and the responses carry the new weight version.
-A request that names an unknown tensor or a wrong shape is refused before anything is
-received, and the old weights keep serving; a group is destroyed and joined again."""
+A request that names an unknown tensor or a wrong shape is refused, its tensors received
+and dropped so that the trainer's broadcast ends, and the old weights keep serving; one the
+body's checks refuse receives nothing; a group is destroyed and joined again."""
 
 from __future__ import annotations
 
@@ -128,9 +129,14 @@ def test_server_takes_the_weights_a_trainer_broadcasts(server: Server, trainer: 
 
     unknown = {**metadata, "names": ["model.layers.0.mlp.nope.weight", *metadata["names"][1:]]}
     misshaped = {**metadata, "shapes": [[3, 3], *metadata["shapes"][1:]]}
+    for bad, words in [(unknown, "nope"), (misshaped, "[3, 3]")]:  # the trainer broadcasts what it posted
+        r = trainer.alongside("send_zeros", list(zip(bad["shapes"], bad["dtypes"], strict=True)),
+                              lambda bad=bad: server.post("/update_weights_from_distributed", bad))
+        assert r.status_code == 400 and words in r.text and "received and dropped" in r.text, r.text
     short = {**metadata, "dtypes": metadata["dtypes"][1:]}
-    for bad, words in [(unknown, "nope"), (misshaped, "[3, 3]"), (short, "one entry per tensor"),
-                       ({**metadata, "group_name": "other"}, "other"), ({**metadata, "dtypes": ["int64"] * 99}, "")]:
+    huge = {**metadata, "names": ["nope"], "dtypes": ["float32"], "shapes": [[1 << 20, 1 << 20]]}
+    for bad, words in [(short, "one entry per tensor"), ({**metadata, "group_name": "other"}, "other"),
+                       ({**metadata, "dtypes": ["int64"] * 99}, ""), (huge, "nothing was received")]:
         r = server.post("/update_weights_from_distributed", bad)
         assert r.status_code == 400 and words in r.text, r.text
     assert tokens(server) == (expected[old], ["step-0"] * len(PROMPTS))
@@ -171,8 +177,9 @@ def test_every_tensor_parallel_rank_keeps_its_slice(trainer: Trainer, checkpoint
                                         lambda: engine.init_weights_update_group(**spec))
         assert ok, message
         misshaped = {**metadata, "shapes": [[1], *metadata["shapes"][1:]]}
-        ok, message = engine.update_weights_from_distributed(**misshaped)
-        assert not ok and "[1]" in message
+        ok, message = trainer.alongside("send_zeros", list(zip(misshaped["shapes"], misshaped["dtypes"], strict=True)),
+                                        lambda: engine.update_weights_from_distributed(**misshaped))
+        assert not ok and "[1]" in message and "received and dropped" in message, message
         ok, message = trainer.alongside("send", metadata["names"],
                                         lambda: engine.update_weights_from_distributed(**metadata, weight_version="v1"))
         assert ok, message

@@ -3,8 +3,9 @@ holds a checkpoint's tensors, joins a weight-update group as rank 0 the way SGLa
 the RL frameworks' `init_custom_process_group` does (torch's own group creation over a
 TCP store it hosts, under the group's name), and broadcasts the tensors it is told to,
 in order. Commands arrive over a pipe: ("join", (port, world_size, group_name)),
-("send", names), ("leave", None), ("stop", None); each is answered with "ok" or the
-error's text."""
+("send", names), ("send_zeros", [(shape, dtype), ...]) (tensors of a trainer whose names
+or shapes the model lacks), ("leave", None), ("stop", None); each is answered with "ok" or
+the error's text."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ def trainer_main(conn: Connection, checkpoint: str) -> None:
             elif command == "send":
                 for name in arg:
                     group.broadcast(tensors[name].contiguous(), 0).wait()
+            elif command == "send_zeros":
+                for shape, dtype in arg:
+                    group.broadcast(torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch."))), 0).wait()
             elif command == "leave":
                 dist.destroy_process_group(group)
                 group = None
