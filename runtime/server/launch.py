@@ -3,11 +3,12 @@
 This process imports what it serves with while the forkserver imports the children's
 modules (`server.forkserver`), binds the HTTP port (fail fast), creates the private ipc
 directory, starts the scheduler and the detokenizer from the forkserver, loads its own
-tokenizer while they load, waits for both to report ready, then serves HTTP in the main
-thread. However it stops (SIGINT, SIGTERM, a startup error, a child that died or is stuck:
-then `RuntimeError`, and the CLI exits 1), the children are terminated and joined and the
-ipc directory is removed before `launch_server` returns; if this process is killed
-outright, the children remove the directory as they exit.
+tokenizer on a thread while they load, waits for both to report ready (a child that fails
+ends the wait at once), then serves HTTP in the main thread. However it stops (SIGINT,
+SIGTERM, a startup error, a child that died or is stuck: then `RuntimeError`, and the CLI
+exits 1), the children are terminated and joined and the ipc directory is removed before
+`launch_server` returns; if this process is killed outright, the children remove the
+directory as they exit.
 
 Only the children's arguments (config dataclasses, the ipc paths, a pipe end) go through
 multiprocessing's own pickling, over the forkserver's pipe; everything else is msgpack.
@@ -67,9 +68,11 @@ def launch_server(model_path: str, server: ServerConfig, engine: EngineConfig) -
     link = None
     try:
         startup, link = _spawn_children(model_path, server, engine, ipc, children)
-        tokenizer = load_tokenizer(model_path)
+        loading = ThreadPoolExecutor(1, thread_name_prefix="sprig-tokenizer")
+        tokenizer = loading.submit(load_tokenizer, model_path)
+        loading.shutdown(wait=False)
         info = _await_startup(startup, children)["scheduler"].info
-        _serve(sock, model_path, server, engine, ipc, children, tokenizer, info)
+        _serve(sock, model_path, server, engine, ipc, children, tokenizer.result(), info)
     finally:
         ignore_stop_signals()
         _stop_children(children)
