@@ -38,16 +38,38 @@ sys.dont_write_bytecode = False
 # worker, in collection order (`--no-loadscope-reorder`): these first, so that no worker
 # ends the run alone on a long one.
 SLOWEST_FILES = (
-    "runtime/test_speculative_engine.py",  # 114
-    "runtime/test_gateway.py",  # 107
-    "runtime/test_tp_engine.py",  # 103
-    "runtime/test_speculative_draft_model.py",  # 70
-    "runtime/test_engine_fuzz.py",  # 68
-    "runtime/test_speculative_server.py",  # 62
-    "runtime/test_server_schemathesis.py",  # 60
-    "runtime/test_tp_server.py",  # 55
-    "runtime/test_server_liveness.py",  # 52
-    "lang/test_sglang_frontend.py",  # 50 (skipped without .venv-sglang)
+    "runtime/test_gateway.py",  # 70
+    "runtime/test_tp_engine.py",  # 66
+    "runtime/test_engine_fuzz.py",  # 61
+    "runtime/test_speculative_engine.py",  # 60
+    "runtime/test_speculative_server.py",  # 56
+    "runtime/test_server_schemathesis.py",  # 49
+    "lang/test_sglang_frontend.py",  # 41 (skipped without .venv-sglang)
+    "runtime/test_server_reasoning.py",  # 39
+    "runtime/test_tp_server.py",  # 33
+    "runtime/test_speculative_draft_model.py",  # 29
+    "runtime/test_server_liveness.py",  # 28
+    "runtime/test_quant_server.py",  # 27
+    "runtime/test_server_langchain.py",  # 26
+    "runtime/test_server_weight_updates.py",  # 25
+    "runtime/test_server_messages.py",  # 23
+    "kernels/test_sliding_window.py",  # 23
+    "runtime/test_server_agent_clients.py",  # 22 (skipped without .venv-clients)
+    "runtime/test_priority_scheduling.py",  # 19
+    "kernels/test_image_blocks.py",  # 19
+    "test_examples.py",  # 19
+    "runtime/test_batch_invariance.py",  # 19
+    "runtime/test_server_mistral_reasoning.py",  # 18
+    "runtime/test_server_flags.py",  # 18
+    "test_import_graph.py",  # 17
+    "runtime/test_server_images.py",  # 16
+    "runtime/test_weights_from_distributed.py",  # 16
+    "runtime/test_quant_parity.py",  # 16
+    "runtime/test_server_hostile.py",  # 16
+    "runtime/test_weight_update_engine.py",  # 16
+    "kernels/test_attention_sinks.py",  # 16
+    "runtime/test_kv_int8.py",  # 15
+)
     "runtime/test_server_langchain.py",  # 48
     "runtime/test_quant_server.py",  # 47
     "runtime/test_server_agent_clients.py",  # 44 (skipped without .venv-clients)

@@ -122,9 +122,10 @@ def on_device(device: str, args: tuple[torch.Tensor, ...], scales: dict[str, tor
 # ---------------------------------------------------------------- references vs the definition
 
 
-@pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2), (4, 1)])
-@pytest.mark.parametrize("storage", [None, torch.int8])
+@pytest.mark.parametrize(("window", "hq", "hkv", "storage"), [  # every pair of values
+    (window, hq, hkv, [None, torch.int8][(i + j) % 2])
+    for i, window in enumerate(WINDOWS) for j, (hq, hkv) in enumerate([(4, 4), (8, 2), (4, 1)])
+])
 def test_references_match_the_definition(window: int | None, hq: int, hkv: int, storage: torch.dtype | None) -> None:
     args, scales = make_case([1] * len(DECODE_LENS), DECODE_LENS, hq, hkv, 16, torch.float32, storage)
     got = decode_attention_ref(*decode_args(args), sm_scale=0.3, window=window, **scales)
@@ -170,8 +171,9 @@ def test_references_read_only_what_the_window_shows(storage: torch.dtype | None)
 BANDED_Q, BANDED_PREFIX = [300, 150, 1], [0, 90, 400]
 
 
-@pytest.mark.parametrize("window", [1, 5, 64, 100, 299])
-@pytest.mark.parametrize("storage", [None, torch.int8])
+@pytest.mark.parametrize(("window", "storage"), [
+    (1, None), (5, torch.int8), (64, None), (100, torch.int8), (299, None), (299, torch.int8),
+])
 def test_the_banded_reference_matches_the_definition(window: int, storage: torch.dtype | None) -> None:
     """The CPU backend's windowed extend, in blocks of queries each over what its window
     reaches: the definition (with a softcap and sinks too), never reading an unseen slot."""
@@ -213,8 +215,11 @@ def test_a_window_holds_at_least_one_position(window: int, force_triton: None) -
 TOL = {torch.float32: 2e-5, torch.bfloat16: 4e-2}
 
 
-@pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize(("hq", "hkv", "splits"), [(8, 2, 1), (4, 1, 4), (4, 4, 16)])  # 16: empty splits
+@pytest.mark.parametrize(("window", "hq", "hkv", "splits"), [
+    *((w, 8, 2, 1) for w in WINDOWS),
+    *((w, 4, 1, 4) for w in WINDOWS),
+    (3, 4, 4, 16),  # 16: empty splits, past the window's 3 positions in every context
+])  # unwindowed, past the short contexts: test_softcap.py; with sinks: test_attention_sinks.py
 def test_decode_triton_matches_the_definition(
     window: int | None, hq: int, hkv: int, splits: int, device: str, force_triton: None,
 ) -> None:

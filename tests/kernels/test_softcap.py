@@ -36,10 +36,10 @@ WINDOWS = [None, 6]  # 6 bites every context but the shortest
 # ---------------------------------------------------------------- references vs the definition
 
 
-@pytest.mark.parametrize("softcap", CAPS)
-@pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2)])
-@pytest.mark.parametrize("storage", [None, torch.int8])
+@pytest.mark.parametrize(("softcap", "window", "hq", "hkv", "storage"), [  # every pair of values
+    (softcap, window, *[(4, 4), (8, 2)][(i + j) % 2], [None, torch.int8][(i // 2 + j) % 2])
+    for i, softcap in enumerate(CAPS) for j, window in enumerate(WINDOWS)
+])
 def test_references_match_the_definition(
     softcap: float | None, window: int | None, hq: int, hkv: int, storage: torch.dtype | None,
 ) -> None:
@@ -122,9 +122,10 @@ def test_attention_lse_caps_before_the_mask(softcap: float | None, masked: bool)
 # ---------------------------------------------------------------- Triton vs the definition
 
 
-@pytest.mark.parametrize("softcap", CAPS)
-@pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize(("hq", "hkv", "splits"), [(8, 2, 1), (4, 1, 4), (4, 4, 16)])  # 16: empty splits
+@pytest.mark.parametrize(("softcap", "window", "hq", "hkv", "splits"), [  # every pair of values
+    *((cap, w, *[(8, 2, 1), (4, 1, 4)][(i + j) % 2]) for i, cap in enumerate(CAPS) for j, w in enumerate(WINDOWS)),
+    (1.0, None, 4, 4, 16),  # 16: empty splits past the short contexts
+])
 def test_decode_triton_matches_the_definition(
     softcap: float | None, window: int | None, hq: int, hkv: int, splits: int, device: str, force_triton: None,
 ) -> None:
@@ -138,9 +139,9 @@ def test_decode_triton_matches_the_definition(
     torch.testing.assert_close(got.cpu().double(), want, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("softcap", CAPS)
-@pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize(("hq", "hkv"), [(8, 2), (4, 4)])
+@pytest.mark.parametrize(("softcap", "window", "hq", "hkv"), [  # every pair of values
+    (cap, w, *[(8, 2), (4, 4)][(i + j) % 2]) for i, cap in enumerate(CAPS) for j, w in enumerate(WINDOWS)
+])
 def test_extend_triton_matches_the_definition(
     softcap: float | None, window: int | None, hq: int, hkv: int, device: str, force_triton: None,
 ) -> None:
@@ -154,11 +155,9 @@ def test_extend_triton_matches_the_definition(
 
 
 @pytest.mark.parametrize(("dtype", "storage", "window", "softcap"), [
-    (torch.float32, torch.int8, None, 1.0),
-    (torch.float32, torch.int8, 5, 5.0),
-    (torch.bfloat16, torch.int8, 37, 2.0),
-    (torch.bfloat16, None, None, 50.0),
-])
+    (torch.float32, torch.int8, 5, 1.0),
+    (torch.bfloat16, None, 37, 50.0),
+])  # with sinks too, over int8 pools in bfloat16 and with caps 5.0 and 2.0: test_attention_sinks.py
 def test_triton_caps_in_16_bit_and_over_int8_pools(
     dtype: torch.dtype, storage: torch.dtype | None, window: int | None, softcap: float,
     device: str, force_triton: None, tol: dict[torch.dtype, dict[str, float]],

@@ -143,12 +143,17 @@ def test_vision_config_refusals_name_the_key(vision: dict[str, Any], key: str) -
         VisionConfig.from_hf(vision)
 
 
+# the Hub's 64 x 64 patch grid in a narrow one-layer tower (the grid alone decides the pooling)
+NARROW_HUB_VISION = {**HUB_VISION, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2}
+
+
 @pytest.mark.parametrize("tokens", [0, 8, 9, 64 * 64 * 4])
 def test_tokens_that_do_not_pool_evenly_are_refused(tokens: int) -> None:
     with pytest.raises(ValueError, match="mm_tokens_per_image"):
         tokens_per_image({"vision_config": HUB_VISION, "mm_tokens_per_image": tokens})  # a 64 x 64 grid
     with pytest.raises(ValueError, match="mm_tokens_per_image"):
-        Gemma3ImageEncoder(VisionConfig.from_hf(HUB_VISION), TEXT_HIDDEN, tokens, 1e-6)
+        Gemma3ImageEncoder(VisionConfig.from_hf(NARROW_HUB_VISION), TEXT_HIDDEN, tokens, 1e-6)
 
 
 def test_transformers_default_config_is_refused() -> None:

@@ -6,7 +6,8 @@ the Triton backend (compiled on CUDA, in the interpreter on the CPU) equal the r
 backend layer by layer, over an extend step with images (at the start, in the middle and
 at the end of prompts, one begun in the cached prefix, one wholly in it) and the decode
 steps after it, with windows (shorter than every image, and one that bites nothing) and
-soft caps; shadow mode passes them and catches a backend that ignores the images."""
+soft caps; shadow mode passes them (the Triton backend runs inside it) and catches a
+backend that ignores the images."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from sprig.runtime.attention import backend_class, make_backend
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.attention.cpu.plan import widened_requests
 from sprig.runtime.attention.shadow import ShadowAttention, ShadowMismatch
+from sprig.runtime.attention.triton_backend import TritonAttentionBackend
 from sprig.runtime.forward_batch import ForwardBatch, ForwardMode
 from sprig.runtime.model_config import ModelConfig
 
@@ -86,27 +88,31 @@ def _qkv(
 
 
 def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype | None, decode_steps: int,
-                           device: torch.device) -> object:
+                           device: torch.device, shadow: bool = False) -> object:
     """Run the steps through backend `name` and the reference backend, each on its own copy
     of the pool, with the same q/k/v: every layer's output agrees, the pools stay bit-equal.
-    Returns the backend."""
+    With `shadow`, backend `name` runs in shadow mode, which passes every layer. Returns the
+    backend."""
     mine, ref_pool = random_pools(config, len(LAYERS), 2, storage, device)
-    backend = backend_class(name)(config, mine)
+    runner = make_backend(name, config, mine, shadow=shadow)
+    backend = runner.backend if shadow else runner
     reference = backend_class("reference")(config, ref_pool)
     g = torch.Generator().manual_seed(3)
     for batch in step_batches(decode_steps, mine):
         ref_batch = dataclasses.replace(batch, kv_cache=ref_pool)
-        backend.begin_step(batch)
+        runner.begin_step(batch)
         reference.begin_step(ref_batch)
         for layer, (window, cap) in enumerate(LAYERS):
             q, k, v = _qkv(batch, config, g, device)
-            got = backend.forward(q, k, v, layer, batch, sm_scale=0.25, window=window, softcap=cap).clone()
+            got = runner.forward(q, k, v, layer, batch, sm_scale=0.25, window=window, softcap=cap).clone()
             want = reference.forward(q, k, v, layer, ref_batch, sm_scale=0.25, window=window, softcap=cap)
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5,
                                        msg=lambda m, w=window, c=cap, s=batch.mode: f"{s} window {w} softcap {c}: {m}")
             for buf in ("k", "v", "k_scale", "v_scale"):
                 for a, b in zip(getattr(mine, buf), getattr(ref_pool, buf), strict=True):
                     assert torch.equal(a, b)
+    if shadow:
+        assert runner.checked == runner.steps * len(LAYERS)
     return backend
 
 
@@ -161,21 +167,22 @@ def test_torch_backend_widens_exactly_the_image_tokens(tiny_llama: Path, window:
 
 def test_triton_backend_equals_the_reference(tiny_llama: Path) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else CPU
-    compare_with_reference("triton", ModelConfig.from_pretrained(tiny_llama), None, decode_steps=2, device=device)
+    backend = compare_with_reference("triton", ModelConfig.from_pretrained(tiny_llama), None, decode_steps=1,
+                                     device=device, shadow=True)
+    assert isinstance(backend, TritonAttentionBackend)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_shadow_mode_passes_image_blocks(tiny_llama: Path, backend: str) -> None:
+def test_shadow_mode_passes_image_blocks(tiny_llama: Path) -> None:
+    """The torch backend in shadow mode (the Triton one: test_triton_backend_equals_the_reference)."""
     config = ModelConfig.from_pretrained(tiny_llama)
-    device = torch.device("cuda") if backend == "triton" and torch.cuda.is_available() else CPU
-    (pool,) = random_pools(config, len(LAYERS), 1, None, device)
-    shadow = make_backend(backend, config, pool, shadow=True)
+    (pool,) = random_pools(config, len(LAYERS), 1, None, CPU)
+    shadow = make_backend("torch", config, pool, shadow=True)
     assert isinstance(shadow, ShadowAttention)
     g = torch.Generator().manual_seed(7)
     for batch in step_batches(2, pool):
         shadow.begin_step(batch)
         for layer, (window, cap) in enumerate(LAYERS):
-            shadow.forward(*_qkv(batch, config, g, device), layer, batch, sm_scale=0.25, window=window, softcap=cap)
+            shadow.forward(*_qkv(batch, config, g, CPU), layer, batch, sm_scale=0.25, window=window, softcap=cap)
     assert shadow.checked == shadow.steps * len(LAYERS)
 
 

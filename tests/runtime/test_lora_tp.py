@@ -73,12 +73,12 @@ def assert_same(got: list[dict], expected: list[dict]) -> None:
     assert worst < 1e-4, worst
 
 
-def serve(base: Path, paths: dict[str, Path], tp: int) -> dict[str, list[dict]]:
+def serve(base: Path, paths: dict[str, Path], tp: int, **options: object) -> dict[str, list[dict]]:
     """What an engine at `tp` answers, started with adapters attn and mlp: a mixed batch;
     after loading late, another; after unloading mlp and refusing big, the latter again."""
     start = {name: str(paths[name]) for name in ("attn", "mlp")}
     out = {}
-    with Engine(str(base), **ENGINE, tp_size=tp, lora_paths=start) as engine:
+    with Engine(str(base), **ENGINE, **options, tp_size=tp, lora_paths=start) as engine:
         out["start"] = mixed(engine, [None, "attn", "mlp"])
         assert engine.load_lora_adapter("late", str(paths["late"]))["success"]
         out["loaded"] = mixed(engine, ["late", None, "attn", "mlp"])
@@ -100,30 +100,30 @@ def serve(base: Path, paths: dict[str, Path], tp: int) -> dict[str, list[dict]]:
 
 
 def test_adapters_at_tp2_equal_tp1_loaded_unloaded_and_refused(checkpoints: dict[str, Path], adapters) -> None:
+    """On int8 base weights: the split quantized layers (o and down summed by their own
+    all-reduce) take adapters, loaded at start and while serving, as the float ones do."""
     base, paths = checkpoints["llama"], adapters("llama")
-    expected = serve(base, paths, tp=1)
+    expected = serve(base, paths, tp=1, quantization="int8")
     tokens = [o["output_ids"] for o in expected["loaded"]]
     n = len(PROMPTS)
     assert len({str(tokens[i * n : (i + 1) * n]) for i in range(4)}) == 4  # each adapter moves the tokens
-    got = serve(base, paths, tp=2)
+    got = serve(base, paths, tp=2, quantization="int8")
     for key in ("start", "loaded", "after"):
         assert_same(got[key], expected[key])
     assert [o["output_ids"] for o in got["after"]] == [o["output_ids"] for o in expected["loaded"][: 3 * n]]
 
 
-@pytest.mark.parametrize(("name", "options"), [("gqa1", {}), ("qwen2_moe", {}), ("llama", {"quantization": "int8"}),
-                                               ("phi3", {})], ids=["gqa1", "qwen2_moe", "llama-int8", "phi3"])
-def test_a_mixed_batch_at_tp2_equals_tp1(name: str, options: dict, checkpoints: dict[str, Path], adapters) -> None:
-    """gqa1: each rank keeps the rows of k/v's B of the KV head it replicates; qwen2_moe:
-    attention and the shared expert's MLP adapted, the experts and the router not; int8:
-    the split quantized layers (o and down summed by their own all-reduce) take adapters
-    as the float ones do; phi3: adapters of its fused qkv_proj and gate_up_proj, cut into
-    the shards and then into each rank's rows."""
+@pytest.mark.parametrize("name", ["gqa1", "qwen2_moe", "phi3"])
+def test_a_mixed_batch_at_tp2_equals_tp1(name: str, checkpoints: dict[str, Path], adapters) -> None:
+    """Float weights. gqa1: each rank keeps the rows of k/v's B of the KV head it
+    replicates; qwen2_moe: attention (each rank its KV head's rows) and the shared expert's
+    MLP adapted, the experts and the router not; phi3: adapters of its fused qkv_proj and
+    gate_up_proj, cut into the shards and then into each rank's rows."""
     base, paths = checkpoints[name], adapters(name)
     lora = {name: str(paths[name]) for name in ("attn", "mlp")}
     results = []
     for tp in (1, 2):
-        with Engine(str(base), **ENGINE, **options, tp_size=tp, lora_paths=lora) as engine:
+        with Engine(str(base), **ENGINE, tp_size=tp, lora_paths=lora) as engine:
             results.append(mixed(engine, [None, "attn", "mlp"]))
             assert_idle_and_intact(engine)
     tokens = [o["output_ids"] for o in results[0]]

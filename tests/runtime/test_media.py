@@ -124,7 +124,7 @@ class ImageServer(ThreadingHTTPServer):
 @pytest.fixture
 def server() -> Iterator[ImageServer]:
     httpd = ImageServer()
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)  # shutdown() waits up to one poll
     thread.start()
     yield httpd
     httpd.release.set()

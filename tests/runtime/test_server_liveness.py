@@ -48,10 +48,10 @@ def test_a_killed_scheduler_fails_requests_at_once_and_the_server_exits_1(tiny_l
 
 
 def test_a_stopped_scheduler_is_noticed_by_the_watchdog(tiny_llama: Path) -> None:
-    """SIGSTOP: the process is alive but makes no progress. With --watchdog-timeout 3 the
-    server answers 503, kills it (a stopped process ignores SIGTERM) and exits 1 within
-    seconds."""
-    with running_server(tiny_llama, "--watchdog-timeout", "3", exit_code=1) as server:
+    """SIGSTOP: the process is alive but makes no progress. With --watchdog-timeout 2 (the
+    least it takes) the server answers 503, kills it (a stopped process ignores SIGTERM) and
+    exits 1 within seconds."""
+    with running_server(tiny_llama, "--watchdog-timeout", "2", exit_code=1) as server:
         assert server.post("/generate", OK).status_code == 200
         os.kill(server.pids["scheduler"], signal.SIGSTOP)
         try:

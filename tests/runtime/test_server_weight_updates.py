@@ -292,7 +292,7 @@ def test_updates_waiting_their_turn_are_bounded(server: Server, checkpoints: tup
 
 # ---------------------------------------------------------------- pausing generation
 
-PAUSED = {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}  # long enough to pause part-way
+PAUSED = {"temperature": 0, "max_new_tokens": 600, "ignore_eos": True}  # long enough to pause part-way
 
 
 def _pause(server: Server, body: dict[str, Any] | None) -> dict[str, Any]:

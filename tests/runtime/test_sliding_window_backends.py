@@ -3,7 +3,7 @@ over contexts cut to the window, K/V kept across decode steps) and the Triton ba
 (compiled on CUDA, in the interpreter on the CPU) equal the reference backend layer by
 layer, through an extend step over cached prefixes and decode steps whose contexts grow
 past the windows (the cut contexts slide a slot a step) while requests share a prefix and
-leave; and shadow mode passes them."""
+leave; and shadow mode passes them (the Triton backend runs inside it)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from sprig.runtime.attention import backend_class, make_backend
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.attention.cpu.plan import trim_to_window
 from sprig.runtime.attention.shadow import ShadowAttention
+from sprig.runtime.attention.triton_backend import TritonAttentionBackend
 from sprig.runtime.forward_batch import ForwardMode
 from sprig.runtime.model_config import ModelConfig
 
@@ -50,12 +51,14 @@ def _steps(decode_steps: int) -> list[tuple[ForwardMode, list[int], list[list[in
 
 
 def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype | None, decode_steps: int,
-                           device: torch.device, num_sms: int | None = None) -> object:
+                           device: torch.device, num_sms: int | None = None, shadow: bool = False) -> object:
     """Run the steps through backend `name` and the reference backend, each on its own copy
     of the pool, with the same q/k/v: every layer's output agrees, the pools stay bit-equal.
-    Returns the backend."""
+    With `shadow`, backend `name` runs in shadow mode, which passes every layer. Returns the
+    backend."""
     mine, ref_pool = random_pools(config, len(LAYER_WINDOWS), 2, storage, device)
-    backend = backend_class(name)(config, mine)
+    runner = make_backend(name, config, mine, shadow=shadow)
+    backend = runner.backend if shadow else runner
     if num_sms is not None:
         backend.num_sms = num_sms  # as a GPU's: decode contexts are split, and stage 2 merges
     reference = backend_class("reference")(config, ref_pool)
@@ -64,24 +67,26 @@ def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype 
     for mode, q_lens, contexts in _steps(decode_steps):
         batch = step_batch(mode, q_lens, contexts, mine)
         ref_batch = dataclasses.replace(batch, kv_cache=ref_pool)
-        backend.begin_step(batch)
+        runner.begin_step(batch)
         reference.begin_step(ref_batch)
         for layer, window in enumerate(LAYER_WINDOWS):
             q = (torch.randn(batch.num_tokens, Hq, D, generator=g) * 3).to(device)  # sharp: mix-ups show
             k, v = (torch.randn(batch.num_tokens, Hkv, D, generator=g).to(device) for _ in range(2))
-            got = backend.forward(q, k, v, layer, batch, sm_scale=D**-0.5, window=window)
+            got = runner.forward(q, k, v, layer, batch, sm_scale=D**-0.5, window=window)
             want = reference.forward(q, k, v, layer, ref_batch, sm_scale=D**-0.5, window=window)
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5, msg=lambda m, w=window, s=mode: f"{s} window {w}: {m}")
             for buf in ("k", "v", "k_scale", "v_scale"):
                 for a, b in zip(getattr(mine, buf), getattr(ref_pool, buf), strict=True):
                     assert torch.equal(a, b)
+    if shadow:
+        assert runner.checked == runner.steps * len(LAYER_WINDOWS)
     return backend
 
 
 @pytest.mark.parametrize("storage", [None, torch.int8])
 def test_torch_backend_equals_the_reference(tiny_llama: Path, storage: torch.dtype | None) -> None:
     config = ModelConfig.from_pretrained(tiny_llama)
-    backend = compare_with_reference("torch", config, storage, decode_steps=14, device=CPU)
+    backend = compare_with_reference("torch", config, storage, decode_steps=8, device=CPU)
     assert isinstance(backend, TorchAttentionBackend)
     # remainders are kept by the full layer and by windowed layers with contexts still
     # shorter than the window; those of windows 8 and 1 slide every step: never kept
@@ -91,8 +96,9 @@ def test_torch_backend_equals_the_reference(tiny_llama: Path, storage: torch.dty
 
 def test_triton_backend_equals_the_reference(tiny_llama: Path) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else CPU
-    compare_with_reference("triton", ModelConfig.from_pretrained(tiny_llama), None, decode_steps=8,
-                           device=device, num_sms=16)
+    backend = compare_with_reference("triton", ModelConfig.from_pretrained(tiny_llama), None, decode_steps=1,
+                                     device=device, num_sms=16, shadow=True)
+    assert isinstance(backend, TritonAttentionBackend)
 
 
 def test_windowed_layers_attend_within_the_window(tiny_llama: Path) -> None:
@@ -129,20 +135,19 @@ def test_cut_contexts_are_each_contexts_last_slots() -> None:
     assert cut_indices.tolist() == [100, 101, 102, 106, 107, 108, 109, 110]
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_shadow_mode_passes_windowed_layers(tiny_llama: Path, backend: str) -> None:
+def test_shadow_mode_passes_windowed_layers(tiny_llama: Path) -> None:
+    """The torch backend in shadow mode (the Triton one: test_triton_backend_equals_the_reference)."""
     config = ModelConfig.from_pretrained(tiny_llama)
-    device = torch.device("cuda") if backend == "triton" and torch.cuda.is_available() else CPU
-    (pool,) = random_pools(config, len(LAYER_WINDOWS), 1, None, device)
-    shadow = make_backend(backend, config, pool, shadow=True)
+    (pool,) = random_pools(config, len(LAYER_WINDOWS), 1, None, CPU)
+    shadow = make_backend("torch", config, pool, shadow=True)
     assert isinstance(shadow, ShadowAttention)
     Hq, Hkv, D = config.num_heads, config.num_kv_heads, config.head_dim
     g = torch.Generator().manual_seed(7)
-    for mode, q_lens, contexts in _steps(6 if backend == "torch" else 3):
+    for mode, q_lens, contexts in _steps(6):
         batch = step_batch(mode, q_lens, contexts, pool)
         shadow.begin_step(batch)
         for layer, window in enumerate(LAYER_WINDOWS):
-            q = (torch.randn(batch.num_tokens, Hq, D, generator=g) * 3).to(device)
-            k, v = (torch.randn(batch.num_tokens, Hkv, D, generator=g).to(device) for _ in range(2))
+            q = torch.randn(batch.num_tokens, Hq, D, generator=g) * 3
+            k, v = (torch.randn(batch.num_tokens, Hkv, D, generator=g) for _ in range(2))
             shadow.forward(q, k, v, layer, batch, sm_scale=0.25, window=window)
     assert shadow.checked == shadow.steps * len(LAYER_WINDOWS)

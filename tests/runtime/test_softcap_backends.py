@@ -4,7 +4,8 @@ buckets, short extends, the per-request reference for prefills; K/V kept across 
 steps) and the Triton backend (compiled on CUDA, in the interpreter on the CPU) equal the
 reference backend layer by layer, over an extend step with cached shared prefixes and
 decode steps whose contexts grow (some past the windows) while a request leaves; shadow
-mode passes them and catches a backend that drops the cap."""
+mode passes them (the Triton backend runs inside it) and catches a backend that drops the
+cap."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from attention_helpers import random_pools, shared_prefix_steps, step_batch
 from sprig.runtime.attention import backend_class, make_backend
 from sprig.runtime.attention.cpu import TorchAttentionBackend
 from sprig.runtime.attention.shadow import ShadowAttention, ShadowMismatch
+from sprig.runtime.attention.triton_backend import TritonAttentionBackend
 from sprig.runtime.forward_batch import ForwardBatch
 from sprig.runtime.model_config import ModelConfig
 
@@ -39,12 +41,14 @@ def _qkv(batch: ForwardBatch, config: ModelConfig, g: torch.Generator, device: t
 
 
 def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype | None, decode_steps: int,
-                           device: torch.device, num_sms: int | None = None) -> object:
+                           device: torch.device, num_sms: int | None = None, shadow: bool = False) -> object:
     """Run the steps through backend `name` and the reference backend, each on its own
     copy of the pool, with the same q/k/v: every layer's output agrees, and a capped
-    layer's differs from what the same layer gives uncapped. Returns the backend."""
+    layer's differs from what the same layer gives uncapped. With `shadow`, backend `name`
+    runs in shadow mode, which passes every layer. Returns the backend."""
     mine, ref_pool = random_pools(config, len(LAYERS), 2, storage, device)
-    backend = backend_class(name)(config, mine)
+    runner = make_backend(name, config, mine, shadow=shadow)
+    backend = runner.backend if shadow else runner
     if num_sms is not None:
         backend.num_sms = num_sms  # as a GPU's: decode contexts are split, and stage 2 merges
     reference = backend_class("reference")(config, ref_pool)
@@ -53,17 +57,19 @@ def compare_with_reference(name: str, config: ModelConfig, storage: torch.dtype 
     for mode, q_lens, contexts in shared_prefix_steps(decode_steps):
         batch = step_batch(mode, q_lens, contexts, mine)
         ref_batch = dataclasses.replace(batch, kv_cache=ref_pool)
-        backend.begin_step(batch)
+        runner.begin_step(batch)
         reference.begin_step(ref_batch)
         for layer, (window, cap) in enumerate(LAYERS):
             q, k, v = _qkv(batch, config, g, device)
-            got = backend.forward(q, k, v, layer, batch, sm_scale=scale, window=window, softcap=cap).clone()
+            got = runner.forward(q, k, v, layer, batch, sm_scale=scale, window=window, softcap=cap).clone()
             want = reference.forward(q, k, v, layer, ref_batch, sm_scale=scale, window=window, softcap=cap)
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5,
                                        msg=lambda m, c=cap, s=mode: f"{s} softcap {c}: {m}")
             if cap is not None and cap < 10:
                 uncapped = reference.forward(q, k, v, layer, ref_batch, sm_scale=scale, window=window)
                 assert float((got - uncapped).abs().max()) > 0.1
+    if shadow:
+        assert runner.checked == runner.steps * len(LAYERS)
     return backend
 
 
@@ -81,8 +87,9 @@ def test_torch_backend_equals_the_reference(tiny_llama: Path, storage: torch.dty
 
 def test_triton_backend_equals_the_reference(tiny_llama: Path) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else CPU
-    compare_with_reference("triton", ModelConfig.from_pretrained(tiny_llama), None, decode_steps=5,
-                           device=device, num_sms=16)
+    backend = compare_with_reference("triton", ModelConfig.from_pretrained(tiny_llama), None, decode_steps=1,
+                                     device=device, num_sms=16, shadow=True)
+    assert isinstance(backend, TritonAttentionBackend)
 
 
 @pytest.mark.parametrize("name", ["torch", "reference", "triton"])
@@ -99,19 +106,18 @@ def test_backends_refuse_a_cap_that_is_not_positive(tiny_llama: Path, name: str)
         backend.forward(q, k, v, 0, batch, sm_scale=0.25, softcap=0.0)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_shadow_mode_passes_capped_layers(tiny_llama: Path, backend: str) -> None:
+def test_shadow_mode_passes_capped_layers(tiny_llama: Path) -> None:
+    """The torch backend in shadow mode (the Triton one: test_triton_backend_equals_the_reference)."""
     config = ModelConfig.from_pretrained(tiny_llama)
-    device = torch.device("cuda") if backend == "triton" and torch.cuda.is_available() else CPU
-    (pool,) = random_pools(config, len(LAYERS), 1, None, device)
-    shadow = make_backend(backend, config, pool, shadow=True)
+    (pool,) = random_pools(config, len(LAYERS), 1, None, CPU)
+    shadow = make_backend("torch", config, pool, shadow=True)
     assert isinstance(shadow, ShadowAttention)
     g = torch.Generator().manual_seed(7)
-    for mode, q_lens, contexts in shared_prefix_steps(4 if backend == "torch" else 2):
+    for mode, q_lens, contexts in shared_prefix_steps(4):
         batch = step_batch(mode, q_lens, contexts, pool)
         shadow.begin_step(batch)
         for layer, (window, cap) in enumerate(LAYERS):
-            shadow.forward(*_qkv(batch, config, g, device), layer, batch, sm_scale=0.25, window=window, softcap=cap)
+            shadow.forward(*_qkv(batch, config, g, CPU), layer, batch, sm_scale=0.25, window=window, softcap=cap)
     assert shadow.checked == shadow.steps * len(LAYERS)
 
 

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from draft_checkpoints import truncated_draft
 from server_helpers import Server, running_server
 
 import sprig as sgl
@@ -87,15 +86,7 @@ def _frontend_costs_count_drafts(spec: Server) -> None:
     assert state.cost().drafts_accepted > 0 and state.cost().verify_passes == 0  # passes are not in usage
 
 
-def test_a_draft_model_server_gives_the_same_tokens(tiny_llama: Path, server, tmp_path) -> None:
-    plain = server.generate(BODY)
-    draft = truncated_draft(tiny_llama)
-    with running_server(tiny_llama, "--speculative-algorithm", "draft", "--speculative-draft-model-path", str(draft),
-                        "--speculative-pass-costs", "1,0,0,0,0,0,0") as spec:
-        got = spec.generate(BODY)
-        assert got["output_ids"] == plain["output_ids"]
-        assert got["meta_info"]["spec_verify_ct"] < got["meta_info"]["completion_tokens"]  # drafts were accepted
-        assert spec.get("/debug/check_integrity").status_code == 200
+def test_a_draft_the_target_cannot_serve_stops_the_server(tiny_llama: Path, tmp_path) -> None:
     other = build_tiny_checkpoint(tmp_path / "other", "llama", vocab_size=400)
     proc = subprocess.run(
         [sys.executable, "-m", "sprig.runtime", "serve", "--model", str(tiny_llama), "--port", "0",
@@ -155,13 +146,20 @@ def _same(got, want, path: str = "") -> None:
 def test_the_openai_client_gets_the_same_answers_with_a_draft_model(demo_server: Server) -> None:
     """The demo model and its draft, drafting whenever it can (several tokens a step, so a
     stop string can end a step's run of kept tokens part way): every text, finish reason,
-    token and logprob the client sees equals the plain server's."""
+    token and logprob the client sees equals the plain server's, `/generate` gives the same
+    tokens with drafts kept, and the pools pass the integrity check."""
     questions = [p.question for p in take("heldout", 2, seed=3)]
+    body = {"text": questions[0], "sampling_params": BODY["sampling_params"]}
+    plain = demo_server.generate(body)
     want = _client_answers(demo_server, questions)
     with running_server(DEMO_MODEL_PATH, "--speculative-algorithm", "draft", "--speculative-draft-model-path",
                         str(DEMO_MODEL_PATH.parent / "draft"), "--speculative-pass-costs", "1,0,0,0,0,0,0") as spec:
+        native = spec.generate(body)
         got = _client_answers(spec, questions)
         accept_length = _metric(spec.get("/metrics").text, "sprig_spec_accept_length")
+        assert spec.get("/debug/check_integrity").status_code == 200
+    assert native["output_ids"] == plain["output_ids"]
+    assert native["meta_info"]["spec_verify_ct"] < native["meta_info"]["completion_tokens"]  # drafts were accepted
     _same(got, want)
     assert all(c[1] == "stop" and c[0] for a in want for c in a["chat"])  # each cut by a stop string
     assert accept_length > 1.5  # most steps kept drafts
