@@ -70,28 +70,6 @@ SLOWEST_FILES = (
     "kernels/test_attention_sinks.py",  # 16
     "runtime/test_kv_int8.py",  # 15
 )
-    "runtime/test_server_langchain.py",  # 48
-    "runtime/test_quant_server.py",  # 47
-    "runtime/test_server_agent_clients.py",  # 44 (skipped without .venv-clients)
-    "runtime/test_server_reasoning.py",  # 42
-    "test_examples.py",  # 42
-    "runtime/test_server_flags.py",  # 40
-    "runtime/test_batch_invariance.py",  # 40
-    "test_import_graph.py",  # 33
-    "runtime/test_kv_int8.py",  # 30
-    "runtime/test_tp_quant.py",  # 25
-    "runtime/test_server_hostile.py",  # 24
-    "test_without_triton.py",  # 24
-    "runtime/test_speculative_distribution.py",  # 22
-    "runtime/test_constrained_compiler.py",  # 16
-    "runtime/test_server_lifecycle.py",  # 15
-    "runtime/test_quant_parity.py",  # 15
-    "runtime/test_server_tools.py",  # 14
-    "runtime/test_triton_backend.py",  # 14
-    "runtime/test_tp_failure.py",  # 14
-    "runtime/test_server_api_keys.py",  # 14
-    "runtime/test_engine_parity.py",  # 14
-)
 
 
 def _slowest_first(items: list[pytest.Item]) -> None:
