@@ -185,12 +185,11 @@ class WeightGroups:
         if self.announce is not None:
             self.announce("update", plan.as_args())
         spec, group = self.groups[plan.group_name]
-        on = self.device if spec.backend == "nccl" else torch.device("cpu")
         staged: list[tuple[str, torch.Tensor]] = []
         error = None
         try:
             for name, dtype, shape in zip(plan.names, plan.dtypes, plan.shapes, strict=True):
-                tensor = torch.empty(shape, dtype=getattr(torch, dtype_name(dtype)), device=on)
+                tensor = self._buffer(spec, dtype, shape)
                 broadcast(group, tensor)
                 staged.append((name, self._part(name, tensor)))
         except Exception as e:  # the trainer stopped sending, or a tensor did not fit in memory
@@ -208,11 +207,10 @@ class WeightGroups:
         """Receive every tensor of `plan` over its (joined) group and drop it, one at a time,
         on every rank; returns what happened, for the refusal's message. Nothing changes."""
         spec, group = self.groups[plan.group_name]
-        on = self.device if spec.backend == "nccl" else torch.device("cpu")
         received, error = 0, None
         try:
             for dtype, shape in zip(plan.dtypes, plan.shapes, strict=True):
-                broadcast(group, torch.empty(shape, dtype=getattr(torch, dtype_name(dtype)), device=on))
+                broadcast(group, self._buffer(spec, dtype, shape))
                 received += 1
         except Exception as e:  # the trainer stopped sending
             error = e
@@ -260,6 +258,12 @@ class WeightGroups:
 
     def _agree(self, ok: bool) -> bool:
         return ok if self.tp is None else self.tp.all_agree(ok)
+
+    def _buffer(self, spec: GroupSpec, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """An empty tensor to receive one broadcast into: on the model's CUDA device over
+        NCCL, on the CPU over gloo."""
+        on = self.device if spec.backend == "nccl" else torch.device("cpu")
+        return torch.empty(shape, dtype=getattr(torch, dtype_name(dtype)), device=on)
 
     def _whole_model(self) -> nn.Module:
         """The model whose shapes a broadcast tensor has (unsplit, as a checkpoint holds
